@@ -1,0 +1,98 @@
+//! Build script: find (or fetch) the pinned MLX wheel, compile our C++ shim over MLX's C++ API,
+//! generate Rust bindings for the shim's flat C header, and link libmlx with a runpath.
+//!
+//! Environment:
+//! - `MLX_DIR`: an unpacked MLX prefix (holding `mlx/include` and `mlx/lib`); skips the fetch.
+//! - `MLEX_BACKEND=cpu|cuda|metal`: which pinned wheel to fetch (default metal on macOS, cpu on Linux).
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn main() {
+    println!("cargo:rerun-if-changed=src/mlx/shim.h");
+    println!("cargo:rerun-if-changed=src/mlx/shim.cpp");
+    println!("cargo:rerun-if-changed=vendor/mlx.lock");
+    println!("cargo:rerun-if-env-changed=MLX_DIR");
+    println!("cargo:rerun-if-env-changed=MLEX_BACKEND");
+
+    let target_os = env::var("CARGO_CFG_TARGET_OS").unwrap();
+    let backend = env::var("MLEX_BACKEND").unwrap_or_else(|_| {
+        if target_os == "macos" { "metal".into() } else { "cpu".into() }
+    });
+    let prefix = match env::var("MLX_DIR") {
+        Ok(dir) => PathBuf::from(dir),
+        Err(_) => fetch_mlx(&backend),
+    };
+    let include = prefix.join("mlx/include");
+    let lib = prefix.join("mlx/lib");
+    if !include.join("mlx/mlx.h").exists() {
+        panic!("MLX headers not found under {} (set MLX_DIR to an unpacked MLX wheel)", include.display());
+    }
+
+    cc::Build::new()
+        .cpp(true)
+        .std("c++20") // C++17 fails inside mlx/device.h
+        .file("src/mlx/shim.cpp")
+        .include(&include)
+        .flag_if_supported("-Wno-unused-parameter")
+        .flag_if_supported("-Wno-deprecated-declarations")
+        .opt_level(2)
+        .compile("mlex_shim");
+
+    let bindings = bindgen::Builder::default()
+        .header("src/mlx/shim.h")
+        .allowlist_function("mlex_.*")
+        .allowlist_type("mlex_.*")
+        .allowlist_var("MLEX_.*")
+        .default_enum_style(bindgen::EnumVariation::Consts)
+        .layout_tests(false)
+        .generate()
+        .expect("bindgen failed on src/mlx/shim.h");
+    let out = PathBuf::from(env::var("OUT_DIR").unwrap());
+    bindings.write_to_file(out.join("shim_bindings.rs")).unwrap();
+
+    println!("cargo:rustc-link-search=native={}", lib.display());
+    println!("cargo:rustc-link-lib=dylib=mlx");
+    // The shim is C++: link the C++ runtime libmlx was built against.
+    if target_os == "macos" {
+        println!("cargo:rustc-link-lib=dylib=c++");
+        // Packaged: libmlx.dylib (and mlx.metallib beside it) in mlx/lib next to the .node/binary.
+        println!("cargo:rustc-link-arg=-Wl,-rpath,@loader_path/mlx/lib");
+        println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+    } else {
+        println!("cargo:rustc-link-lib=dylib=stdc++");
+        // RUNPATH (new dtags), not RPATH, so LD_LIBRARY_PATH can swap in the CUDA libmlx.so.
+        println!("cargo:rustc-link-arg=-Wl,--enable-new-dtags");
+        println!("cargo:rustc-link-arg=-Wl,-rpath,$ORIGIN/mlx/lib");
+        println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+        // The CUDA libmlx.so names NVIDIA libraries that only the GPU machine has.
+        println!("cargo:rustc-link-arg=-Wl,--allow-shlib-undefined");
+    }
+    println!("cargo:rustc-env=MLEX_MLX_PREFIX={}", prefix.display());
+    println!("cargo:rustc-env=MLEX_MLX_BACKEND={backend}");
+
+    if env::var_os("CARGO_FEATURE_NODE").is_some() {
+        napi_build::setup();
+    }
+}
+
+/// Runs vendor/fetch-mlx.sh (pip download of the hash-pinned wheel, cached) and returns its prefix.
+fn fetch_mlx(backend: &str) -> PathBuf {
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    let script = manifest.join("vendor/fetch-mlx.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg(backend)
+        .output()
+        .unwrap_or_else(|e| panic!("could not run {}: {e}", script.display()));
+    if !out.status.success() {
+        panic!(
+            "{} {backend} failed:\n{}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let prefix = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(Path::new(&prefix).exists(), "fetch-mlx.sh printed a missing prefix: {prefix}");
+    prefix.into()
+}

@@ -1,0 +1,477 @@
+// mlex's flat extern "C" shim over MLX's C++ API. Only the ops mlex uses; every entry catches
+// everything so that no C++ exception ever unwinds into Rust (DESIGN.md §8.4).
+#include "shim.h"
+
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "mlx/mlx.h"
+
+namespace mx = mlx::core;
+
+struct mlex_array_s {
+  mx::array a;
+};
+
+namespace {
+
+thread_local std::string g_last_error;
+
+mlex_array wrap(mx::array a) { return new mlex_array_s{std::move(a)}; }
+
+const mx::array& unwrap(mlex_array h) {
+  if (h == nullptr) throw std::invalid_argument("null array handle");
+  return h->a;
+}
+
+std::optional<mx::array> opt(mlex_array h) {
+  if (h == nullptr) return std::nullopt;
+  return h->a;
+}
+
+mx::Dtype to_dtype(mlex_dtype d) {
+  switch (d) {
+    case MLEX_BOOL: return mx::bool_;
+    case MLEX_UINT8: return mx::uint8;
+    case MLEX_UINT16: return mx::uint16;
+    case MLEX_UINT32: return mx::uint32;
+    case MLEX_UINT64: return mx::uint64;
+    case MLEX_INT8: return mx::int8;
+    case MLEX_INT16: return mx::int16;
+    case MLEX_INT32: return mx::int32;
+    case MLEX_INT64: return mx::int64;
+    case MLEX_FLOAT16: return mx::float16;
+    case MLEX_FLOAT32: return mx::float32;
+    case MLEX_FLOAT64: return mx::float64;
+    case MLEX_BFLOAT16: return mx::bfloat16;
+    case MLEX_COMPLEX64: return mx::complex64;
+  }
+  throw std::invalid_argument("unknown dtype code " + std::to_string(static_cast<int>(d)));
+}
+
+mlex_dtype from_dtype(mx::Dtype d) { return static_cast<mlex_dtype>(static_cast<int>(d.val())); }
+
+mx::Shape to_shape(const int32_t* shape, size_t ndim) {
+  if (ndim > 0 && shape == nullptr) throw std::invalid_argument("null shape");
+  return mx::Shape(shape, shape + ndim);
+}
+
+std::vector<mx::array> to_vec(const mlex_array* arrays, size_t n) {
+  std::vector<mx::array> v;
+  v.reserve(n);
+  for (size_t i = 0; i < n; ++i) v.push_back(unwrap(arrays[i]));
+  return v;
+}
+
+// Runs `f`, turning any exception into status 1 + a thread-local message.
+template <typename F>
+int guard(F&& f) {
+  try {
+    f();
+    return 0;
+  } catch (const std::exception& e) {
+    g_last_error = e.what();
+  } catch (...) {
+    g_last_error = "unknown C++ exception in MLX";
+  }
+  return 1;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* mlex_last_error(void) { return g_last_error.c_str(); }
+const char* mlex_version(void) { return mx::version(); }
+
+void mlex_array_free(mlex_array a) { delete a; }
+
+int mlex_array_clone(mlex_array a, mlex_array* out) {
+  return guard([&] { *out = wrap(unwrap(a)); });
+}
+int mlex_array_ndim(mlex_array a, size_t* out) {
+  return guard([&] { *out = unwrap(a).ndim(); });
+}
+int mlex_array_shape(mlex_array a, int32_t* out, size_t cap) {
+  return guard([&] {
+    const auto& s = unwrap(a).shape();
+    if (s.size() > cap) throw std::invalid_argument("shape buffer too small");
+    for (size_t i = 0; i < s.size(); ++i) out[i] = s[i];
+  });
+}
+int mlex_array_dtype(mlex_array a, mlex_dtype* out) {
+  return guard([&] { *out = from_dtype(unwrap(a).dtype()); });
+}
+int mlex_array_size(mlex_array a, size_t* out) {
+  return guard([&] { *out = unwrap(a).size(); });
+}
+int mlex_array_nbytes(mlex_array a, size_t* out) {
+  return guard([&] { *out = unwrap(a).nbytes(); });
+}
+int mlex_array_read(mlex_array a, mlex_dtype dtype, void* dst, size_t nbytes) {
+  return guard([&] {
+    mx::array x = unwrap(a);
+    auto dt = to_dtype(dtype);
+    if (x.dtype() != dt) x = mx::astype(x, dt);
+    // Row-major contiguous copy regardless of the source's strides.
+    x = mx::contiguous(x);
+    x.eval();
+    if (x.nbytes() != nbytes)
+      throw std::invalid_argument("read of " + std::to_string(nbytes) + " bytes from an array of " +
+                                  std::to_string(x.nbytes()));
+    if (nbytes) std::memcpy(dst, x.data<void>(), nbytes);
+  });
+}
+
+int mlex_array_from_data(void* data, const int32_t* shape, size_t ndim, mlex_dtype dtype,
+                         mlex_release_fn release, void* ctx, mlex_array* out) {
+  return guard([&] {
+    auto deleter = [release, ctx](void*) {
+      if (release) release(ctx);
+    };
+    *out = wrap(mx::array(data, to_shape(shape, ndim), to_dtype(dtype), deleter));
+  });
+}
+int mlex_array_from_copy(const void* data, const int32_t* shape, size_t ndim, mlex_dtype dtype,
+                         mlex_array* out) {
+  return guard([&] {
+    auto dt = to_dtype(dtype);
+    auto sh = to_shape(shape, ndim);
+    size_t n = 1;
+    for (auto d : sh) n *= static_cast<size_t>(d);
+    mx::array a(mx::allocator::malloc(n * dt.size()), sh, dt);
+    if (n) std::memcpy(a.data<void>(), data, n * dt.size());
+    *out = wrap(std::move(a));
+  });
+}
+int mlex_array_scalar_f32(float v, mlex_dtype dtype, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::array(v, to_dtype(dtype))); });
+}
+int mlex_array_scalar_i32(int32_t v, mlex_dtype dtype, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::array(v, to_dtype(dtype))); });
+}
+int mlex_zeros(const int32_t* shape, size_t ndim, mlex_dtype dtype, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::zeros(to_shape(shape, ndim), to_dtype(dtype))); });
+}
+int mlex_ones(const int32_t* shape, size_t ndim, mlex_dtype dtype, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::ones(to_shape(shape, ndim), to_dtype(dtype))); });
+}
+int mlex_full(const int32_t* shape, size_t ndim, float v, mlex_dtype dtype, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::full(to_shape(shape, ndim), v, to_dtype(dtype))); });
+}
+int mlex_arange(double start, double stop, double step, mlex_dtype dtype, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::arange(start, stop, step, to_dtype(dtype))); });
+}
+
+int mlex_eval(const mlex_array* arrays, size_t n) {
+  return guard([&] { mx::eval(to_vec(arrays, n)); });
+}
+int mlex_async_eval(const mlex_array* arrays, size_t n) {
+  return guard([&] { mx::async_eval(to_vec(arrays, n)); });
+}
+int mlex_synchronize(void) {
+  return guard([&] { mx::synchronize(); });
+}
+int mlex_set_default_device(mlex_device d) {
+  return guard([&] {
+    mx::Device dev = d == MLEX_DEVICE_GPU ? mx::Device::gpu : mx::Device::cpu;
+    if (!mx::is_available(dev)) throw std::runtime_error("this MLX build has no GPU backend");
+    mx::set_default_device(dev);
+  });
+}
+int mlex_default_device(mlex_device* out) {
+  return guard([&] {
+    *out = mx::default_device().type == mx::Device::gpu ? MLEX_DEVICE_GPU : MLEX_DEVICE_CPU;
+  });
+}
+int mlex_gpu_available(bool* out) {
+  return guard([&] { *out = mx::is_available(mx::Device::gpu); });
+}
+int mlex_memory_active(size_t* out) {
+  return guard([&] { *out = mx::get_active_memory(); });
+}
+int mlex_memory_peak(size_t* out) {
+  return guard([&] { *out = mx::get_peak_memory(); });
+}
+int mlex_memory_cache(size_t* out) {
+  return guard([&] { *out = mx::get_cache_memory(); });
+}
+int mlex_memory_reset_peak(void) {
+  return guard([&] { mx::reset_peak_memory(); });
+}
+int mlex_memory_clear_cache(void) {
+  return guard([&] { mx::clear_cache(); });
+}
+int mlex_set_memory_limit(size_t limit, size_t* previous) {
+  return guard([&] { *previous = mx::set_memory_limit(limit); });
+}
+int mlex_set_cache_limit(size_t limit, size_t* previous) {
+  return guard([&] { *previous = mx::set_cache_limit(limit); });
+}
+int mlex_set_wired_limit(size_t limit, size_t* previous) {
+  return guard([&] { *previous = mx::set_wired_limit(limit); });
+}
+
+int mlex_unary(mlex_unary_op op, mlex_array a, mlex_array* out) {
+  return guard([&] {
+    const auto& x = unwrap(a);
+    switch (op) {
+      case MLEX_UNARY_NEGATIVE: *out = wrap(mx::negative(x)); return;
+      case MLEX_UNARY_EXP: *out = wrap(mx::exp(x)); return;
+      case MLEX_UNARY_LOG: *out = wrap(mx::log(x)); return;
+      case MLEX_UNARY_SQRT: *out = wrap(mx::sqrt(x)); return;
+      case MLEX_UNARY_RSQRT: *out = wrap(mx::rsqrt(x)); return;
+      case MLEX_UNARY_SQUARE: *out = wrap(mx::square(x)); return;
+      case MLEX_UNARY_ABS: *out = wrap(mx::abs(x)); return;
+      case MLEX_UNARY_SIGMOID: *out = wrap(mx::sigmoid(x)); return;
+      case MLEX_UNARY_TANH: *out = wrap(mx::tanh(x)); return;
+      case MLEX_UNARY_ERF: *out = wrap(mx::erf(x)); return;
+      case MLEX_UNARY_SIN: *out = wrap(mx::sin(x)); return;
+      case MLEX_UNARY_COS: *out = wrap(mx::cos(x)); return;
+      case MLEX_UNARY_LOGICAL_NOT: *out = wrap(mx::logical_not(x)); return;
+      case MLEX_UNARY_STOP_GRADIENT: *out = wrap(mx::stop_gradient(x)); return;
+      case MLEX_UNARY_COPY: *out = wrap(mx::copy(x)); return;
+      case MLEX_UNARY_FLOOR: *out = wrap(mx::floor(x)); return;
+      case MLEX_UNARY_ISNAN: *out = wrap(mx::isnan(x)); return;
+    }
+    throw std::invalid_argument("unknown unary op");
+  });
+}
+
+int mlex_binary(mlex_binary_op op, mlex_array a, mlex_array b, mlex_array* out) {
+  return guard([&] {
+    const auto& x = unwrap(a);
+    const auto& y = unwrap(b);
+    switch (op) {
+      case MLEX_BINARY_ADD: *out = wrap(mx::add(x, y)); return;
+      case MLEX_BINARY_SUBTRACT: *out = wrap(mx::subtract(x, y)); return;
+      case MLEX_BINARY_MULTIPLY: *out = wrap(mx::multiply(x, y)); return;
+      case MLEX_BINARY_DIVIDE: *out = wrap(mx::divide(x, y)); return;
+      case MLEX_BINARY_MAXIMUM: *out = wrap(mx::maximum(x, y)); return;
+      case MLEX_BINARY_MINIMUM: *out = wrap(mx::minimum(x, y)); return;
+      case MLEX_BINARY_POWER: *out = wrap(mx::power(x, y)); return;
+      case MLEX_BINARY_EQUAL: *out = wrap(mx::equal(x, y)); return;
+      case MLEX_BINARY_NOT_EQUAL: *out = wrap(mx::not_equal(x, y)); return;
+      case MLEX_BINARY_LESS: *out = wrap(mx::less(x, y)); return;
+      case MLEX_BINARY_LESS_EQUAL: *out = wrap(mx::less_equal(x, y)); return;
+      case MLEX_BINARY_GREATER: *out = wrap(mx::greater(x, y)); return;
+      case MLEX_BINARY_GREATER_EQUAL: *out = wrap(mx::greater_equal(x, y)); return;
+      case MLEX_BINARY_LOGICAL_AND: *out = wrap(mx::logical_and(x, y)); return;
+      case MLEX_BINARY_LOGICAL_OR: *out = wrap(mx::logical_or(x, y)); return;
+      case MLEX_BINARY_MATMUL: *out = wrap(mx::matmul(x, y)); return;
+      case MLEX_BINARY_REMAINDER: *out = wrap(mx::remainder(x, y)); return;
+    }
+    throw std::invalid_argument("unknown binary op");
+  });
+}
+
+int mlex_where(mlex_array cond, mlex_array a, mlex_array b, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::where(unwrap(cond), unwrap(a), unwrap(b))); });
+}
+int mlex_astype(mlex_array a, mlex_dtype dtype, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::astype(unwrap(a), to_dtype(dtype))); });
+}
+int mlex_addmm(mlex_array c, mlex_array a, mlex_array b, float alpha, float beta, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::addmm(unwrap(c), unwrap(a), unwrap(b), alpha, beta)); });
+}
+
+int mlex_reduce(mlex_reduce_op op, mlex_array a, const int32_t* axes, size_t n_axes, bool keepdims,
+                mlex_array* out) {
+  return guard([&] {
+    const auto& x = unwrap(a);
+    std::vector<int> ax;
+    if (n_axes == 0) {
+      for (int i = 0; i < static_cast<int>(x.ndim()); ++i) ax.push_back(i);
+    } else {
+      ax.assign(axes, axes + n_axes);
+    }
+    switch (op) {
+      case MLEX_REDUCE_SUM: *out = wrap(mx::sum(x, ax, keepdims)); return;
+      case MLEX_REDUCE_MEAN: *out = wrap(mx::mean(x, ax, keepdims)); return;
+      case MLEX_REDUCE_MAX: *out = wrap(mx::max(x, ax, keepdims)); return;
+      case MLEX_REDUCE_MIN: *out = wrap(mx::min(x, ax, keepdims)); return;
+      case MLEX_REDUCE_LOGSUMEXP: *out = wrap(mx::logsumexp(x, ax, keepdims)); return;
+    }
+    throw std::invalid_argument("unknown reduction");
+  });
+}
+int mlex_argmax(mlex_array a, int32_t axis, bool keepdims, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::argmax(unwrap(a), axis, keepdims)); });
+}
+int mlex_softmax(mlex_array a, int32_t axis, bool precise, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::softmax(unwrap(a), std::vector<int>{axis}, precise)); });
+}
+int mlex_cumsum(mlex_array a, int32_t axis, bool reverse, bool inclusive, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::cumsum(unwrap(a), axis, reverse, inclusive)); });
+}
+int mlex_sort(mlex_array a, int32_t axis, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::sort(unwrap(a), axis)); });
+}
+int mlex_argsort(mlex_array a, int32_t axis, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::argsort(unwrap(a), axis)); });
+}
+int mlex_argpartition(mlex_array a, int32_t kth, int32_t axis, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::argpartition(unwrap(a), kth, axis)); });
+}
+
+int mlex_reshape(mlex_array a, const int32_t* shape, size_t ndim, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::reshape(unwrap(a), to_shape(shape, ndim))); });
+}
+int mlex_transpose(mlex_array a, const int32_t* axes, size_t n, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::transpose(unwrap(a), std::vector<int>(axes, axes + n))); });
+}
+int mlex_swapaxes(mlex_array a, int32_t axis1, int32_t axis2, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::swapaxes(unwrap(a), axis1, axis2)); });
+}
+int mlex_expand_dims(mlex_array a, int32_t axis, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::expand_dims(unwrap(a), axis)); });
+}
+int mlex_squeeze(mlex_array a, int32_t axis, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::squeeze(unwrap(a), axis)); });
+}
+int mlex_broadcast_to(mlex_array a, const int32_t* shape, size_t ndim, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::broadcast_to(unwrap(a), to_shape(shape, ndim))); });
+}
+int mlex_concatenate(const mlex_array* arrays, size_t n, int32_t axis, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::concatenate(to_vec(arrays, n), axis)); });
+}
+int mlex_split_sections(mlex_array a, const int32_t* indices, size_t n_indices, int32_t axis,
+                        mlex_array* outs) {
+  return guard([&] {
+    auto parts = mx::split(unwrap(a), mx::Shape(indices, indices + n_indices), axis);
+    for (size_t i = 0; i < parts.size(); ++i) outs[i] = wrap(parts[i]);
+  });
+}
+int mlex_slice(mlex_array a, const int32_t* start, const int32_t* stop, const int32_t* strides,
+               size_t ndim, mlex_array* out) {
+  return guard([&] {
+    *out = wrap(mx::slice(unwrap(a), to_shape(start, ndim), to_shape(stop, ndim),
+                          to_shape(strides, ndim)));
+  });
+}
+int mlex_slice_update(mlex_array a, mlex_array update, const int32_t* start, const int32_t* stop,
+                      const int32_t* strides, size_t ndim, mlex_array* out) {
+  return guard([&] {
+    *out = wrap(mx::slice_update(unwrap(a), unwrap(update), to_shape(start, ndim), to_shape(stop, ndim),
+                                 to_shape(strides, ndim)));
+  });
+}
+int mlex_take(mlex_array a, mlex_array indices, int32_t axis, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::take(unwrap(a), unwrap(indices), axis)); });
+}
+int mlex_take_along_axis(mlex_array a, mlex_array indices, int32_t axis, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::take_along_axis(unwrap(a), unwrap(indices), axis)); });
+}
+int mlex_put_along_axis(mlex_array a, mlex_array indices, mlex_array values, int32_t axis,
+                        mlex_array* out) {
+  return guard(
+      [&] { *out = wrap(mx::put_along_axis(unwrap(a), unwrap(indices), unwrap(values), axis)); });
+}
+int mlex_contiguous(mlex_array a, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::contiguous(unwrap(a))); });
+}
+
+int mlex_fast_rms_norm(mlex_array x, mlex_array weight, float eps, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::fast::rms_norm(unwrap(x), opt(weight), eps)); });
+}
+int mlex_fast_layer_norm(mlex_array x, mlex_array weight, mlex_array bias, float eps, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::fast::layer_norm(unwrap(x), opt(weight), opt(bias), eps)); });
+}
+int mlex_fast_rope(mlex_array x, int32_t dims, bool traditional, float base, float scale, int32_t offset,
+                   mlex_array freqs, mlex_array* out) {
+  return guard([&] {
+    std::optional<float> b;
+    if (freqs == nullptr) b = base;
+    *out = wrap(mx::fast::rope(unwrap(x), dims, traditional, b, scale, offset, opt(freqs)));
+  });
+}
+int mlex_fast_sdpa(mlex_array q, mlex_array k, mlex_array v, float scale, const char* mask_mode,
+                   mlex_array mask, mlex_array* out) {
+  return guard([&] {
+    std::string mode = mask_mode ? mask_mode : "";
+    if (mask != nullptr && mode.empty()) mode = "array";
+    *out = wrap(mx::fast::scaled_dot_product_attention(unwrap(q), unwrap(k), unwrap(v), scale, mode,
+                                                       opt(mask)));
+  });
+}
+
+int mlex_quantize(mlex_array w, int32_t group_size, int32_t bits, const char* mode, mlex_array* outs,
+                  size_t* n_out) {
+  return guard([&] {
+    auto parts = mx::quantize(unwrap(w), group_size, bits, mode ? mode : "affine");
+    for (size_t i = 0; i < parts.size(); ++i) outs[i] = wrap(parts[i]);
+    *n_out = parts.size();
+  });
+}
+int mlex_dequantize(mlex_array w, mlex_array scales, mlex_array biases, int32_t group_size, int32_t bits,
+                    const char* mode, int32_t out_dtype, mlex_array* out) {
+  return guard([&] {
+    std::optional<mx::Dtype> dt;
+    if (out_dtype >= 0) dt = to_dtype(static_cast<mlex_dtype>(out_dtype));
+    *out = wrap(mx::dequantize(unwrap(w), unwrap(scales), opt(biases), group_size, bits,
+                               mode ? mode : "affine", std::nullopt, dt));
+  });
+}
+int mlex_quantized_matmul(mlex_array x, mlex_array w, mlex_array scales, mlex_array biases, bool transpose,
+                          int32_t group_size, int32_t bits, const char* mode, mlex_array* out) {
+  return guard([&] {
+    *out = wrap(mx::quantized_matmul(unwrap(x), unwrap(w), unwrap(scales), opt(biases), transpose,
+                                     group_size, bits, mode ? mode : "affine"));
+  });
+}
+
+int mlex_random_key(uint64_t seed, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::random::key(seed)); });
+}
+int mlex_random_split(mlex_array key, mlex_array* out_a, mlex_array* out_b) {
+  return guard([&] {
+    auto [a, b] = mx::random::split(unwrap(key));
+    *out_a = wrap(a);
+    *out_b = wrap(b);
+  });
+}
+int mlex_random_categorical(mlex_array logits, int32_t axis, mlex_array key, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::random::categorical(unwrap(logits), axis, opt(key))); });
+}
+
+namespace {
+std::vector<mx::array> swiglu_impl(const std::vector<mx::array>& in) {
+  const auto& g = in[0];
+  return {mx::multiply(mx::multiply(g, mx::sigmoid(g)), in[1])};
+}
+std::vector<mx::array> geglu_impl(const std::vector<mx::array>& in) {
+  // gelu, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+  const auto& x = in[0];
+  auto dt = x.dtype();
+  auto c = mx::array(0.7978845608028654f, dt);
+  auto inner = mx::multiply(c, mx::add(x, mx::multiply(mx::array(0.044715f, dt), mx::power(x, mx::array(3.0f, dt)))));
+  auto g = mx::multiply(mx::multiply(mx::array(0.5f, dt), x), mx::add(mx::array(1.0f, dt), mx::tanh(inner)));
+  return {mx::multiply(g, in[1])};
+}
+}  // namespace
+
+int mlex_compiled_swiglu(mlex_array gate, mlex_array up, mlex_array* out) {
+  return guard([&] {
+    // Compiled once, shapeless: one fused kernel instead of three element-wise ops per layer.
+    static auto fn = mx::compile(swiglu_impl, /*shapeless=*/true);
+    *out = wrap(fn({unwrap(gate), unwrap(up)})[0]);
+  });
+}
+int mlex_compiled_geglu(mlex_array gate, mlex_array up, mlex_array* out) {
+  return guard([&] {
+    static auto fn = mx::compile(geglu_impl, /*shapeless=*/true);
+    *out = wrap(fn({unwrap(gate), unwrap(up)})[0]);
+  });
+}
+
+int mlex_save_safetensors(const char* path, const char* const* names, const mlex_array* arrays, size_t n) {
+  return guard([&] {
+    std::unordered_map<std::string, mx::array> m;
+    for (size_t i = 0; i < n; ++i) m.insert({names[i], unwrap(arrays[i])});
+    mx::save_safetensors(std::string(path), m, {{"format", "mlx"}});
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,215 @@
+/* mlex's flat C ABI over MLX's C++ API (see shim.cpp).
+ *
+ * Conventions (DESIGN.md §8.4):
+ * - every entry returns an int status: 0 on success, non-zero on failure, and never throws;
+ *   on failure mlex_last_error() holds MLX's message for the calling thread;
+ * - results come back through out-parameters; arrays are opaque heap handles freed with
+ *   mlex_array_free (the Rust side wraps each one in an RAII type);
+ * - every op runs on the calling thread's default stream of the default device.
+ */
+#ifndef MLEX_SHIM_H
+#define MLEX_SHIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mlex_array_s* mlex_array;
+
+/* Same order as mlx::core::Dtype::Val. */
+typedef enum {
+  MLEX_BOOL = 0,
+  MLEX_UINT8,
+  MLEX_UINT16,
+  MLEX_UINT32,
+  MLEX_UINT64,
+  MLEX_INT8,
+  MLEX_INT16,
+  MLEX_INT32,
+  MLEX_INT64,
+  MLEX_FLOAT16,
+  MLEX_FLOAT32,
+  MLEX_FLOAT64,
+  MLEX_BFLOAT16,
+  MLEX_COMPLEX64,
+} mlex_dtype;
+
+typedef enum { MLEX_DEVICE_CPU = 0, MLEX_DEVICE_GPU = 1 } mlex_device;
+
+/* Called once MLX no longer needs memory handed over by mlex_array_from_data. */
+typedef void (*mlex_release_fn)(void* ctx);
+
+const char* mlex_last_error(void);
+const char* mlex_version(void);
+
+/* ---- lifetime and inspection ---- */
+void mlex_array_free(mlex_array a);
+int mlex_array_clone(mlex_array a, mlex_array* out);
+int mlex_array_ndim(mlex_array a, size_t* out);
+int mlex_array_shape(mlex_array a, int32_t* out, size_t cap);
+int mlex_array_dtype(mlex_array a, mlex_dtype* out);
+int mlex_array_size(mlex_array a, size_t* out);
+int mlex_array_nbytes(mlex_array a, size_t* out);
+/* Evaluates `a`, converts to `dtype` and copies `nbytes` bytes (must equal size*itemsize) into dst. */
+int mlex_array_read(mlex_array a, mlex_dtype dtype, void* dst, size_t nbytes);
+
+/* ---- construction ---- */
+/* Wraps `data` without copying where MLX can (CPU); `release(ctx)` runs once MLX is done with it. */
+int mlex_array_from_data(void* data, const int32_t* shape, size_t ndim, mlex_dtype dtype,
+                         mlex_release_fn release, void* ctx, mlex_array* out);
+/* Copies `data` into a new array. */
+int mlex_array_from_copy(const void* data, const int32_t* shape, size_t ndim, mlex_dtype dtype,
+                         mlex_array* out);
+int mlex_array_scalar_f32(float v, mlex_dtype dtype, mlex_array* out);
+int mlex_array_scalar_i32(int32_t v, mlex_dtype dtype, mlex_array* out);
+int mlex_zeros(const int32_t* shape, size_t ndim, mlex_dtype dtype, mlex_array* out);
+int mlex_ones(const int32_t* shape, size_t ndim, mlex_dtype dtype, mlex_array* out);
+int mlex_full(const int32_t* shape, size_t ndim, float v, mlex_dtype dtype, mlex_array* out);
+int mlex_arange(double start, double stop, double step, mlex_dtype dtype, mlex_array* out);
+
+/* ---- evaluation, devices, memory ---- */
+int mlex_eval(const mlex_array* arrays, size_t n);
+int mlex_async_eval(const mlex_array* arrays, size_t n);
+int mlex_synchronize(void);
+int mlex_set_default_device(mlex_device d);
+int mlex_default_device(mlex_device* out);
+int mlex_gpu_available(bool* out);
+int mlex_memory_active(size_t* out);
+int mlex_memory_peak(size_t* out);
+int mlex_memory_cache(size_t* out);
+int mlex_memory_reset_peak(void);
+int mlex_memory_clear_cache(void);
+int mlex_set_memory_limit(size_t limit, size_t* previous);
+int mlex_set_cache_limit(size_t limit, size_t* previous);
+int mlex_set_wired_limit(size_t limit, size_t* previous);
+
+/* ---- element-wise ---- */
+typedef enum {
+  MLEX_UNARY_NEGATIVE = 0,
+  MLEX_UNARY_EXP,
+  MLEX_UNARY_LOG,
+  MLEX_UNARY_SQRT,
+  MLEX_UNARY_RSQRT,
+  MLEX_UNARY_SQUARE,
+  MLEX_UNARY_ABS,
+  MLEX_UNARY_SIGMOID,
+  MLEX_UNARY_TANH,
+  MLEX_UNARY_ERF,
+  MLEX_UNARY_SIN,
+  MLEX_UNARY_COS,
+  MLEX_UNARY_LOGICAL_NOT,
+  MLEX_UNARY_STOP_GRADIENT,
+  MLEX_UNARY_COPY,
+  MLEX_UNARY_FLOOR,
+  MLEX_UNARY_ISNAN,
+} mlex_unary_op;
+
+typedef enum {
+  MLEX_BINARY_ADD = 0,
+  MLEX_BINARY_SUBTRACT,
+  MLEX_BINARY_MULTIPLY,
+  MLEX_BINARY_DIVIDE,
+  MLEX_BINARY_MAXIMUM,
+  MLEX_BINARY_MINIMUM,
+  MLEX_BINARY_POWER,
+  MLEX_BINARY_EQUAL,
+  MLEX_BINARY_NOT_EQUAL,
+  MLEX_BINARY_LESS,
+  MLEX_BINARY_LESS_EQUAL,
+  MLEX_BINARY_GREATER,
+  MLEX_BINARY_GREATER_EQUAL,
+  MLEX_BINARY_LOGICAL_AND,
+  MLEX_BINARY_LOGICAL_OR,
+  MLEX_BINARY_MATMUL,
+  MLEX_BINARY_REMAINDER,
+} mlex_binary_op;
+
+int mlex_unary(mlex_unary_op op, mlex_array a, mlex_array* out);
+int mlex_binary(mlex_binary_op op, mlex_array a, mlex_array b, mlex_array* out);
+int mlex_where(mlex_array cond, mlex_array a, mlex_array b, mlex_array* out);
+int mlex_astype(mlex_array a, mlex_dtype dtype, mlex_array* out);
+/* c + alpha * (a @ b) * beta-free form of addmm used by biased linears: out = c + a @ b */
+int mlex_addmm(mlex_array c, mlex_array a, mlex_array b, float alpha, float beta, mlex_array* out);
+
+/* ---- reductions (axes == NULL / n_axes == 0 reduces everything) ---- */
+typedef enum {
+  MLEX_REDUCE_SUM = 0,
+  MLEX_REDUCE_MEAN,
+  MLEX_REDUCE_MAX,
+  MLEX_REDUCE_MIN,
+  MLEX_REDUCE_LOGSUMEXP,
+} mlex_reduce_op;
+int mlex_reduce(mlex_reduce_op op, mlex_array a, const int32_t* axes, size_t n_axes, bool keepdims,
+                mlex_array* out);
+int mlex_argmax(mlex_array a, int32_t axis, bool keepdims, mlex_array* out);
+int mlex_softmax(mlex_array a, int32_t axis, bool precise, mlex_array* out);
+int mlex_cumsum(mlex_array a, int32_t axis, bool reverse, bool inclusive, mlex_array* out);
+int mlex_sort(mlex_array a, int32_t axis, mlex_array* out);
+int mlex_argsort(mlex_array a, int32_t axis, mlex_array* out);
+/* Indices such that element kth is in sorted position (smaller ones before it). */
+int mlex_argpartition(mlex_array a, int32_t kth, int32_t axis, mlex_array* out);
+
+/* ---- shapes and indexing ---- */
+int mlex_reshape(mlex_array a, const int32_t* shape, size_t ndim, mlex_array* out);
+int mlex_transpose(mlex_array a, const int32_t* axes, size_t n, mlex_array* out);
+int mlex_swapaxes(mlex_array a, int32_t axis1, int32_t axis2, mlex_array* out);
+int mlex_expand_dims(mlex_array a, int32_t axis, mlex_array* out);
+int mlex_squeeze(mlex_array a, int32_t axis, mlex_array* out);
+int mlex_broadcast_to(mlex_array a, const int32_t* shape, size_t ndim, mlex_array* out);
+int mlex_concatenate(const mlex_array* arrays, size_t n, int32_t axis, mlex_array* out);
+int mlex_split_sections(mlex_array a, const int32_t* indices, size_t n_indices, int32_t axis,
+                        mlex_array* outs /* n_indices + 1 */);
+int mlex_slice(mlex_array a, const int32_t* start, const int32_t* stop, const int32_t* strides,
+               size_t ndim, mlex_array* out);
+int mlex_slice_update(mlex_array a, mlex_array update, const int32_t* start, const int32_t* stop,
+                      const int32_t* strides, size_t ndim, mlex_array* out);
+int mlex_take(mlex_array a, mlex_array indices, int32_t axis, mlex_array* out);
+int mlex_take_along_axis(mlex_array a, mlex_array indices, int32_t axis, mlex_array* out);
+int mlex_put_along_axis(mlex_array a, mlex_array indices, mlex_array values, int32_t axis,
+                        mlex_array* out);
+int mlex_contiguous(mlex_array a, mlex_array* out);
+
+/* ---- fast (fused) ops ---- */
+/* weight may be NULL */
+int mlex_fast_rms_norm(mlex_array x, mlex_array weight, float eps, mlex_array* out);
+int mlex_fast_layer_norm(mlex_array x, mlex_array weight, mlex_array bias, float eps, mlex_array* out);
+/* base is used when freqs is NULL; freqs (per-dimension frequencies) replaces it otherwise. */
+int mlex_fast_rope(mlex_array x, int32_t dims, bool traditional, float base, float scale, int32_t offset,
+                   mlex_array freqs, mlex_array* out);
+/* mask_mode: "" (none, or mask given), "causal"; mask may be NULL. */
+int mlex_fast_sdpa(mlex_array q, mlex_array k, mlex_array v, float scale, const char* mask_mode,
+                   mlex_array mask, mlex_array* out);
+
+/* ---- quantization (mode: "affine", "mxfp4", "mxfp8", "nvfp4") ---- */
+/* outs receives 2 (no biases: mx* / nv modes) or 3 arrays; n_out tells how many were written. */
+int mlex_quantize(mlex_array w, int32_t group_size, int32_t bits, const char* mode, mlex_array* outs,
+                  size_t* n_out);
+/* biases may be NULL; out_dtype < 0 keeps MLX's default. */
+int mlex_dequantize(mlex_array w, mlex_array scales, mlex_array biases, int32_t group_size, int32_t bits,
+                    const char* mode, int32_t out_dtype, mlex_array* out);
+int mlex_quantized_matmul(mlex_array x, mlex_array w, mlex_array scales, mlex_array biases, bool transpose,
+                          int32_t group_size, int32_t bits, const char* mode, mlex_array* out);
+
+/* ---- random ---- */
+int mlex_random_key(uint64_t seed, mlex_array* out);
+int mlex_random_split(mlex_array key, mlex_array* out_a, mlex_array* out_b);
+/* Samples indices from unnormalised log-probabilities along `axis`. */
+int mlex_random_categorical(mlex_array logits, int32_t axis, mlex_array key, mlex_array* out);
+
+/* ---- compile: fused element-wise helpers used by the models ---- */
+/* silu(gate) * up, compiled once per process (shapeless) so elementwise chains fuse. */
+int mlex_compiled_swiglu(mlex_array gate, mlex_array up, mlex_array* out);
+/* gelu_approx(gate) * up (tanh approximation), compiled likewise. */
+int mlex_compiled_geglu(mlex_array gate, mlex_array up, mlex_array* out);
+
+/* ---- io ---- */
+int mlex_save_safetensors(const char* path, const char* const* names, const mlex_array* arrays, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
