@@ -45,6 +45,7 @@ fn main() {
         .allowlist_type("mlex_.*")
         .allowlist_var("MLEX_.*")
         .default_enum_style(bindgen::EnumVariation::Consts)
+        .prepend_enum_name(false)
         .layout_tests(false)
         .generate()
         .expect("bindgen failed on src/mlx/shim.h");

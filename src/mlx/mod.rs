@@ -1,2 +1,18 @@
-//! Safe Rust over MLX (through the C++ shim in `shim.cpp`).
+//! Safe Rust over MLX, through our C++ shim (`shim.h` / `shim.cpp`).
+//!
+//! MLX is not thread-safe: every [`Array`] is created and used on the engine thread
+//! (`crate::generate::engine`); arrays are `Send` so they can be built there, never `Sync`.
+mod array;
+mod device;
+mod dtype;
+mod error;
+mod ops;
+pub mod quant;
+pub mod random;
 pub mod sys;
+
+pub use array::{async_eval, eval, Array};
+pub use device::*;
+pub use dtype::{Dtype, Element};
+pub use ops::fast;
+pub use quant::QuantMode;

@@ -1,0 +1,99 @@
+//! Device selection and memory figures.
+use super::error::check;
+use super::sys;
+use crate::error::Result;
+use std::ffi::CStr;
+
+/// Where MLX runs the graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    /// Metal on macOS, CUDA on Linux builds against the CUDA wheel.
+    Gpu,
+}
+
+impl Device {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Device::Cpu => "cpu",
+            Device::Gpu => "gpu",
+        }
+    }
+}
+
+/// Whether the loaded libmlx has a GPU backend (and a GPU).
+pub fn gpu_available() -> bool {
+    let mut ok = false;
+    check(unsafe { sys::mlex_gpu_available(&mut ok) }).map(|_| ok).unwrap_or(false)
+}
+
+/// Makes `device` the default for ops created on this thread from now on.
+pub fn set_default_device(device: Device) -> Result<()> {
+    let d = match device {
+        Device::Cpu => sys::MLEX_DEVICE_CPU,
+        Device::Gpu => sys::MLEX_DEVICE_GPU,
+    };
+    check(unsafe { sys::mlex_set_default_device(d) })
+}
+
+pub fn default_device() -> Result<Device> {
+    let mut d = sys::MLEX_DEVICE_CPU;
+    check(unsafe { sys::mlex_default_device(&mut d) })?;
+    Ok(if d == sys::MLEX_DEVICE_GPU { Device::Gpu } else { Device::Cpu })
+}
+
+/// MLX's version string, as the loaded libmlx reports it.
+pub fn mlx_version() -> String {
+    unsafe { CStr::from_ptr(sys::mlex_version()) }.to_string_lossy().into_owned()
+}
+
+/// Bytes MLX holds in live arrays, at its peak since the last reset, and in its buffer cache.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MemoryStats {
+    pub active: usize,
+    pub peak: usize,
+    pub cache: usize,
+}
+
+pub fn memory_stats() -> MemoryStats {
+    let mut m = MemoryStats::default();
+    unsafe {
+        let _ = sys::mlex_memory_active(&mut m.active);
+        let _ = sys::mlex_memory_peak(&mut m.peak);
+        let _ = sys::mlex_memory_cache(&mut m.cache);
+    }
+    m
+}
+
+pub fn reset_peak_memory() {
+    unsafe {
+        let _ = sys::mlex_memory_reset_peak();
+    }
+}
+
+pub fn clear_cache() {
+    unsafe {
+        let _ = sys::mlex_memory_clear_cache();
+    }
+}
+
+/// Sets MLX's memory limit; returns the previous one.
+pub fn set_memory_limit(bytes: usize) -> Result<usize> {
+    let mut prev = 0;
+    check(unsafe { sys::mlex_set_memory_limit(bytes, &mut prev) })?;
+    Ok(prev)
+}
+
+/// Sets the size of MLX's buffer cache; returns the previous one.
+pub fn set_cache_limit(bytes: usize) -> Result<usize> {
+    let mut prev = 0;
+    check(unsafe { sys::mlex_set_cache_limit(bytes, &mut prev) })?;
+    Ok(prev)
+}
+
+/// Wired-memory limit (Metal only; a no-op elsewhere).
+pub fn set_wired_limit(bytes: usize) -> Result<usize> {
+    let mut prev = 0;
+    check(unsafe { sys::mlex_set_wired_limit(bytes, &mut prev) })?;
+    Ok(prev)
+}

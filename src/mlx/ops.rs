@@ -1,0 +1,292 @@
+//! MLX operations as methods on [`Array`]. Each builds a graph node; nothing runs until eval.
+use super::array::Array;
+use super::dtype::Dtype;
+use super::error::check;
+use super::sys;
+use crate::error::Result;
+
+macro_rules! unary {
+    ($($(#[$m:meta])* $name:ident => $op:ident),* $(,)?) => {$(
+        $(#[$m])*
+        pub fn $name(&self) -> Result<Array> {
+            Array::try_from_op(|out| unsafe { sys::mlex_unary(sys::$op, self.raw(), out) })
+        }
+    )*};
+}
+
+macro_rules! binary {
+    ($($(#[$m:meta])* $name:ident => $op:ident),* $(,)?) => {$(
+        $(#[$m])*
+        pub fn $name(&self, other: &Array) -> Result<Array> {
+            Array::try_from_op(|out| unsafe { sys::mlex_binary(sys::$op, self.raw(), other.raw(), out) })
+        }
+    )*};
+}
+
+macro_rules! reduce {
+    ($($name:ident => $op:ident),* $(,)?) => {$(
+        /// Reduces over `axes` (all axes when empty).
+        pub fn $name(&self, axes: &[i32], keepdims: bool) -> Result<Array> {
+            Array::try_from_op(|out| unsafe {
+                sys::mlex_reduce(sys::$op, self.raw(), axes.as_ptr(), axes.len(), keepdims, out)
+            })
+        }
+    )*};
+}
+
+fn raw_or_null(a: Option<&Array>) -> sys::mlex_array {
+    a.map_or(std::ptr::null_mut(), |a| a.raw())
+}
+
+impl Array {
+    unary! {
+        negative => MLEX_UNARY_NEGATIVE,
+        exp => MLEX_UNARY_EXP,
+        log => MLEX_UNARY_LOG,
+        sqrt => MLEX_UNARY_SQRT,
+        rsqrt => MLEX_UNARY_RSQRT,
+        square => MLEX_UNARY_SQUARE,
+        abs => MLEX_UNARY_ABS,
+        sigmoid => MLEX_UNARY_SIGMOID,
+        tanh => MLEX_UNARY_TANH,
+        erf => MLEX_UNARY_ERF,
+        sin => MLEX_UNARY_SIN,
+        cos => MLEX_UNARY_COS,
+        logical_not => MLEX_UNARY_LOGICAL_NOT,
+        /// A copy that owns its own buffer.
+        copy => MLEX_UNARY_COPY,
+        floor => MLEX_UNARY_FLOOR,
+        isnan => MLEX_UNARY_ISNAN,
+    }
+
+    binary! {
+        add => MLEX_BINARY_ADD,
+        subtract => MLEX_BINARY_SUBTRACT,
+        multiply => MLEX_BINARY_MULTIPLY,
+        divide => MLEX_BINARY_DIVIDE,
+        maximum => MLEX_BINARY_MAXIMUM,
+        minimum => MLEX_BINARY_MINIMUM,
+        power => MLEX_BINARY_POWER,
+        equal => MLEX_BINARY_EQUAL,
+        not_equal => MLEX_BINARY_NOT_EQUAL,
+        less => MLEX_BINARY_LESS,
+        less_equal => MLEX_BINARY_LESS_EQUAL,
+        greater => MLEX_BINARY_GREATER,
+        greater_equal => MLEX_BINARY_GREATER_EQUAL,
+        logical_and => MLEX_BINARY_LOGICAL_AND,
+        logical_or => MLEX_BINARY_LOGICAL_OR,
+        /// Matrix product with NumPy broadcasting of batch axes.
+        matmul => MLEX_BINARY_MATMUL,
+        remainder => MLEX_BINARY_REMAINDER,
+    }
+
+    reduce! {
+        sum => MLEX_REDUCE_SUM,
+        mean => MLEX_REDUCE_MEAN,
+        max => MLEX_REDUCE_MAX,
+        min => MLEX_REDUCE_MIN,
+        logsumexp => MLEX_REDUCE_LOGSUMEXP,
+    }
+
+    /// x · sigmoid(x)
+    pub fn silu(&self) -> Result<Array> {
+        self.multiply(&self.sigmoid()?)
+    }
+
+    pub fn astype(&self, dtype: Dtype) -> Result<Array> {
+        if self.dtype() == dtype {
+            return Ok(self.clone());
+        }
+        Array::try_from_op(|out| unsafe { sys::mlex_astype(self.raw(), dtype.to_sys(), out) })
+    }
+
+    /// `beta·c + alpha·(a @ b)` in one op (biased linear layers).
+    pub fn addmm(c: &Array, a: &Array, b: &Array, alpha: f32, beta: f32) -> Result<Array> {
+        Array::try_from_op(|out| unsafe { sys::mlex_addmm(c.raw(), a.raw(), b.raw(), alpha, beta, out) })
+    }
+
+    pub fn where_(cond: &Array, a: &Array, b: &Array) -> Result<Array> {
+        Array::try_from_op(|out| unsafe { sys::mlex_where(cond.raw(), a.raw(), b.raw(), out) })
+    }
+
+    pub fn argmax(&self, axis: i32, keepdims: bool) -> Result<Array> {
+        Array::try_from_op(|out| unsafe { sys::mlex_argmax(self.raw(), axis, keepdims, out) })
+    }
+
+    pub fn softmax(&self, axis: i32, precise: bool) -> Result<Array> {
+        Array::try_from_op(|out| unsafe { sys::mlex_softmax(self.raw(), axis, precise, out) })
+    }
+
+    pub fn cumsum(&self, axis: i32, reverse: bool, inclusive: bool) -> Result<Array> {
+        Array::try_from_op(|out| unsafe { sys::mlex_cumsum(self.raw(), axis, reverse, inclusive, out) })
+    }
+
+    pub fn sort(&self, axis: i32) -> Result<Array> {
+        Array::try_from_op(|out| unsafe { sys::mlex_sort(self.raw(), axis, out) })
+    }
+
+    pub fn argsort(&self, axis: i32) -> Result<Array> {
+        Array::try_from_op(|out| unsafe { sys::mlex_argsort(self.raw(), axis, out) })
+    }
+
+    pub fn argpartition(&self, kth: i32, axis: i32) -> Result<Array> {
+        Array::try_from_op(|out| unsafe { sys::mlex_argpartition(self.raw(), kth, axis, out) })
+    }
+
+    pub fn reshape(&self, shape: &[i32]) -> Result<Array> {
+        Array::try_from_op(|out| unsafe { sys::mlex_reshape(self.raw(), shape.as_ptr(), shape.len(), out) })
+    }
+
+    pub fn transpose(&self, axes: &[i32]) -> Result<Array> {
+        Array::try_from_op(|out| unsafe { sys::mlex_transpose(self.raw(), axes.as_ptr(), axes.len(), out) })
+    }
+
+    pub fn swapaxes(&self, a: i32, b: i32) -> Result<Array> {
+        Array::try_from_op(|out| unsafe { sys::mlex_swapaxes(self.raw(), a, b, out) })
+    }
+
+    pub fn expand_dims(&self, axis: i32) -> Result<Array> {
+        Array::try_from_op(|out| unsafe { sys::mlex_expand_dims(self.raw(), axis, out) })
+    }
+
+    pub fn squeeze(&self, axis: i32) -> Result<Array> {
+        Array::try_from_op(|out| unsafe { sys::mlex_squeeze(self.raw(), axis, out) })
+    }
+
+    pub fn broadcast_to(&self, shape: &[i32]) -> Result<Array> {
+        Array::try_from_op(|out| unsafe { sys::mlex_broadcast_to(self.raw(), shape.as_ptr(), shape.len(), out) })
+    }
+
+    pub fn concatenate(arrays: &[&Array], axis: i32) -> Result<Array> {
+        let raws: Vec<sys::mlex_array> = arrays.iter().map(|a| a.raw()).collect();
+        Array::try_from_op(|out| unsafe { sys::mlex_concatenate(raws.as_ptr(), raws.len(), axis, out) })
+    }
+
+    /// Splits along `axis` at the given indices (n indices → n+1 parts).
+    pub fn split_at(&self, indices: &[i32], axis: i32) -> Result<Vec<Array>> {
+        let mut raws: Vec<sys::mlex_array> = vec![std::ptr::null_mut(); indices.len() + 1];
+        check(unsafe {
+            sys::mlex_split_sections(self.raw(), indices.as_ptr(), indices.len(), axis, raws.as_mut_ptr())
+        })?;
+        Ok(raws.into_iter().map(Array::from_raw).collect())
+    }
+
+    /// `a[start:stop:strides]` over every axis.
+    pub fn slice(&self, start: &[i32], stop: &[i32], strides: &[i32]) -> Result<Array> {
+        Array::try_from_op(|out| unsafe {
+            sys::mlex_slice(self.raw(), start.as_ptr(), stop.as_ptr(), strides.as_ptr(), start.len(), out)
+        })
+    }
+
+    /// Slices `[start, stop)` of one axis, keeping the others whole.
+    pub fn slice_axis(&self, axis: i32, start: i32, stop: i32) -> Result<Array> {
+        let shape = self.shape();
+        let ax = if axis < 0 { shape.len() as i32 + axis } else { axis } as usize;
+        let mut lo = vec![0; shape.len()];
+        let mut hi = shape.clone();
+        lo[ax] = start;
+        hi[ax] = stop;
+        self.slice(&lo, &hi, &vec![1; shape.len()])
+    }
+
+    /// A copy of `self` with `[start, stop)` replaced by `update`.
+    pub fn slice_update(&self, update: &Array, start: &[i32], stop: &[i32]) -> Result<Array> {
+        let strides = vec![1; start.len()];
+        Array::try_from_op(|out| unsafe {
+            sys::mlex_slice_update(
+                self.raw(),
+                update.raw(),
+                start.as_ptr(),
+                stop.as_ptr(),
+                strides.as_ptr(),
+                start.len(),
+                out,
+            )
+        })
+    }
+
+    pub fn take(&self, indices: &Array, axis: i32) -> Result<Array> {
+        Array::try_from_op(|out| unsafe { sys::mlex_take(self.raw(), indices.raw(), axis, out) })
+    }
+
+    pub fn take_along_axis(&self, indices: &Array, axis: i32) -> Result<Array> {
+        Array::try_from_op(|out| unsafe { sys::mlex_take_along_axis(self.raw(), indices.raw(), axis, out) })
+    }
+
+    pub fn put_along_axis(&self, indices: &Array, values: &Array, axis: i32) -> Result<Array> {
+        Array::try_from_op(|out| unsafe {
+            sys::mlex_put_along_axis(self.raw(), indices.raw(), values.raw(), axis, out)
+        })
+    }
+
+    pub fn contiguous(&self) -> Result<Array> {
+        Array::try_from_op(|out| unsafe { sys::mlex_contiguous(self.raw(), out) })
+    }
+}
+
+/// Fused kernels of `mlx::core::fast`.
+pub mod fast {
+    use super::*;
+
+    /// RMS normalisation over the last axis, times `weight` when given.
+    pub fn rms_norm(x: &Array, weight: Option<&Array>, eps: f32) -> Result<Array> {
+        Array::try_from_op(|out| unsafe { sys::mlex_fast_rms_norm(x.raw(), raw_or_null(weight), eps, out) })
+    }
+
+    pub fn layer_norm(x: &Array, weight: Option<&Array>, bias: Option<&Array>, eps: f32) -> Result<Array> {
+        Array::try_from_op(|out| unsafe {
+            sys::mlex_fast_layer_norm(x.raw(), raw_or_null(weight), raw_or_null(bias), eps, out)
+        })
+    }
+
+    /// Rotary embedding of the first `dims` features of the last axis, positions starting at
+    /// `offset`. `freqs` (per-pair inverse frequencies, already scaled) replaces `base` when given.
+    pub fn rope(
+        x: &Array,
+        dims: i32,
+        traditional: bool,
+        base: f32,
+        scale: f32,
+        offset: i32,
+        freqs: Option<&Array>,
+    ) -> Result<Array> {
+        Array::try_from_op(|out| unsafe {
+            sys::mlex_fast_rope(x.raw(), dims, traditional, base, scale, offset, raw_or_null(freqs), out)
+        })
+    }
+
+    /// The attention mask of [`scaled_dot_product_attention`].
+    pub enum AttentionMask<'a> {
+        None,
+        Causal,
+        Array(&'a Array),
+    }
+
+    /// softmax(q·kᵀ·scale + mask)·v with grouped-query broadcasting; q `[B, Hq, L, D]`, k/v `[B, Hkv, S, D]`.
+    pub fn scaled_dot_product_attention(
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        scale: f32,
+        mask: AttentionMask<'_>,
+    ) -> Result<Array> {
+        let (mode, arr): (&[u8], Option<&Array>) = match mask {
+            AttentionMask::None => (b"\0", None),
+            AttentionMask::Causal => (b"causal\0", None),
+            AttentionMask::Array(a) => (b"\0", Some(a)),
+        };
+        Array::try_from_op(|out| unsafe {
+            sys::mlex_fast_sdpa(q.raw(), k.raw(), v.raw(), scale, mode.as_ptr().cast(), raw_or_null(arr), out)
+        })
+    }
+
+    /// silu(gate) · up, one compiled kernel.
+    pub fn swiglu(gate: &Array, up: &Array) -> Result<Array> {
+        Array::try_from_op(|out| unsafe { sys::mlex_compiled_swiglu(gate.raw(), up.raw(), out) })
+    }
+
+    /// gelu_tanh(gate) · up, one compiled kernel.
+    pub fn geglu(gate: &Array, up: &Array) -> Result<Array> {
+        Array::try_from_op(|out| unsafe { sys::mlex_compiled_geglu(gate.raw(), up.raw(), out) })
+    }
+}

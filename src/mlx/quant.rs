@@ -1,0 +1,140 @@
+//! Quantization: MLX's packed formats (affine, mxfp4, mxfp8, nvfp4) and the quantized matmul.
+use super::array::Array;
+use super::error::check;
+use super::sys;
+use crate::error::{Error, Result};
+use std::ffi::CString;
+
+/// MLX quantization modes. Only the mode string crosses into MLX, so every mode it knows works.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QuantMode {
+    /// scale·q + bias per group (mlx-lm's default).
+    Affine,
+    Mxfp4,
+    Mxfp8,
+    Nvfp4,
+}
+
+impl QuantMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QuantMode::Affine => "affine",
+            QuantMode::Mxfp4 => "mxfp4",
+            QuantMode::Mxfp8 => "mxfp8",
+            QuantMode::Nvfp4 => "nvfp4",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<QuantMode> {
+        match s {
+            "affine" => Some(QuantMode::Affine),
+            "mxfp4" => Some(QuantMode::Mxfp4),
+            "mxfp8" => Some(QuantMode::Mxfp8),
+            "nvfp4" => Some(QuantMode::Nvfp4),
+            _ => None,
+        }
+    }
+
+    /// Whether the mode stores a per-group bias next to the scales.
+    pub fn has_biases(self) -> bool {
+        matches!(self, QuantMode::Affine)
+    }
+
+    /// Checks a (bits, group size) pair against what MLX 0.32 implements for this mode.
+    pub fn validate(self, bits: u32, group_size: u32) -> std::result::Result<(), String> {
+        let ok = match self {
+            QuantMode::Affine => matches!(bits, 2 | 3 | 4 | 5 | 6 | 8) && matches!(group_size, 32 | 64 | 128),
+            QuantMode::Mxfp4 => bits == 4 && group_size == 32,
+            QuantMode::Mxfp8 => bits == 8 && group_size == 32,
+            QuantMode::Nvfp4 => bits == 4 && group_size == 16,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(format!(
+                "unsupported quantization: mode {} with bits {bits} and group_size {group_size} \
+                 (affine: bits 2/3/4/5/6/8, groups 32/64/128; mxfp4: 4/32; mxfp8: 8/32; nvfp4: 4/16)",
+                self.as_str()
+            ))
+        }
+    }
+}
+
+fn mode_cstr(mode: QuantMode) -> CString {
+    CString::new(mode.as_str()).expect("mode names have no NUL")
+}
+
+/// A quantized weight as MLX packs it.
+pub struct Quantized {
+    pub weight: Array,
+    pub scales: Array,
+    pub biases: Option<Array>,
+}
+
+/// Quantizes `w` along its last axis.
+pub fn quantize(w: &Array, group_size: i32, bits: i32, mode: QuantMode) -> Result<Quantized> {
+    let m = mode_cstr(mode);
+    let mut outs: [sys::mlex_array; 3] = [std::ptr::null_mut(); 3];
+    let mut n = 0usize;
+    check(unsafe { sys::mlex_quantize(w.raw(), group_size, bits, m.as_ptr(), outs.as_mut_ptr(), &mut n) })?;
+    let mut arrays: Vec<Array> = outs[..n].iter().map(|&r| Array::from_raw(r)).collect();
+    if arrays.len() < 2 {
+        return Err(Error::Mlx(format!("quantize returned {} arrays", arrays.len())));
+    }
+    let biases = if arrays.len() == 3 { arrays.pop() } else { None };
+    let scales = arrays.pop().unwrap();
+    let weight = arrays.pop().unwrap();
+    Ok(Quantized { weight, scales, biases })
+}
+
+/// Unpacks a quantized weight back to floats.
+pub fn dequantize(
+    w: &Array,
+    scales: &Array,
+    biases: Option<&Array>,
+    group_size: i32,
+    bits: i32,
+    mode: QuantMode,
+) -> Result<Array> {
+    let m = mode_cstr(mode);
+    Array::try_from_op(|out| unsafe {
+        sys::mlex_dequantize(
+            w.raw(),
+            scales.raw(),
+            biases.map_or(std::ptr::null_mut(), |b| b.raw()),
+            group_size,
+            bits,
+            m.as_ptr(),
+            -1,
+            out,
+        )
+    })
+}
+
+/// `x @ dequantize(w).T` (transpose) or `x @ dequantize(w)` without materialising the weight.
+#[allow(clippy::too_many_arguments)]
+pub fn quantized_matmul(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: Option<&Array>,
+    transpose: bool,
+    group_size: i32,
+    bits: i32,
+    mode: QuantMode,
+) -> Result<Array> {
+    let m = mode_cstr(mode);
+    Array::try_from_op(|out| unsafe {
+        sys::mlex_quantized_matmul(
+            x.raw(),
+            w.raw(),
+            scales.raw(),
+            biases.map_or(std::ptr::null_mut(), |b| b.raw()),
+            transpose,
+            group_size,
+            bits,
+            m.as_ptr(),
+            out,
+        )
+    })
+}
