@@ -2,5 +2,31 @@
 //!
 //! One Rust core over MLX's C++ API (through our own flat C shim), three backends (Metal, CUDA,
 //! CPU). Start with [`Session`]: load a checkpoint, then generate from chat messages.
+//!
+//! ```no_run
+//! use mlex::{ChatMessage, GenerateOptions, Session};
+//! let session = Session::load("models/SmolLM2-135M-Instruct")?;
+//! let reply = session.generate_cached(
+//!     &[ChatMessage::user("What is the capital of France?")],
+//!     None,
+//!     GenerateOptions { max_tokens: 32, ..Default::default() },
+//!     |tok| { print!("{}", tok.text); true },
+//! )?;
+//! println!("\n{:?} {:.1} tok/s", reply.finish_reason, reply.usage.decode_tokens_per_second);
+//! # Ok::<(), mlex::Error>(())
+//! ```
+pub mod chat;
 pub mod error;
+pub mod generate;
+pub mod loader;
 pub mod mlx;
+pub mod models;
+pub mod nn;
+mod session;
+pub mod tokenizer;
+
+pub use chat::{ChatMessage, Role, Tool, ToolCall};
+pub use error::{Error, Result};
+pub use generate::{FinishReason, GenerateOptions, GenerateReply, GeneratedToken, SamplingConfig, TokenKind, Usage};
+pub use mlx::{Device, Dtype};
+pub use session::{LoadOptions, ModelInfo, PromptCacheConfig, Session};

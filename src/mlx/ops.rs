@@ -219,6 +219,12 @@ impl Array {
         })
     }
 
+    /// Reinterprets the bytes as `dtype` (no conversion), reshaped to `shape`.
+    pub fn view_as(&self, dtype: Dtype, shape: &[i32]) -> Result<Array> {
+        let v = Array::try_from_op(|out| unsafe { sys::mlex_view(self.raw(), dtype.to_sys(), out) })?;
+        v.reshape(shape)
+    }
+
     pub fn contiguous(&self) -> Result<Array> {
         Array::try_from_op(|out| unsafe { sys::mlex_contiguous(self.raw(), out) })
     }

@@ -373,6 +373,10 @@ int mlex_contiguous(mlex_array a, mlex_array* out) {
   return guard([&] { *out = wrap(mx::contiguous(unwrap(a))); });
 }
 
+int mlex_view(mlex_array a, mlex_dtype dtype, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::view(unwrap(a), to_dtype(dtype))); });
+}
+
 int mlex_fast_rms_norm(mlex_array x, mlex_array weight, float eps, mlex_array* out) {
   return guard([&] { *out = wrap(mx::fast::rms_norm(unwrap(x), opt(weight), eps)); });
 }

@@ -172,6 +172,8 @@ int mlex_take_along_axis(mlex_array a, mlex_array indices, int32_t axis, mlex_ar
 int mlex_put_along_axis(mlex_array a, mlex_array indices, mlex_array values, int32_t axis,
                         mlex_array* out);
 int mlex_contiguous(mlex_array a, mlex_array* out);
+/* Reinterprets the bytes as another dtype (the last axis scales by the size ratio). */
+int mlex_view(mlex_array a, mlex_dtype dtype, mlex_array* out);
 
 /* ---- fast (fused) ops ---- */
 /* weight may be NULL */

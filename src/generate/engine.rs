@@ -1,0 +1,176 @@
+//! The engine thread: it alone touches MLX (MLX is not thread-safe and its GPU streams are
+//! thread-local). It loads the model, then serves generation jobs one at a time, FIFO, streaming
+//! events back over each job's channel (the mistral.rs pattern).
+use super::generator::{self, Flow, TokenStep};
+use super::options::{FinishReason, GenerateOptions, GenerateReply, GeneratedToken, TokenKind, Usage};
+use super::text::TextStream;
+use crate::error::{Error, Result};
+use crate::loader::{ModelConfig, WeightStore};
+use crate::mlx::{self, Device, Dtype};
+use crate::models::{build_model, DecoderModel};
+use crate::tokenizer::Tokenizer;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
+
+/// What the engine streams back for one job.
+pub enum Event {
+    Token(GeneratedToken),
+    Done(Result<GenerateReply>),
+}
+
+pub struct GenerateJob {
+    pub prompt: Vec<u32>,
+    pub options: GenerateOptions,
+    pub abort: Arc<AtomicBool>,
+    pub events: Sender<Event>,
+}
+
+pub enum Command {
+    Generate(GenerateJob),
+    Shutdown,
+}
+
+/// Everything the engine needs to load a model.
+pub struct EngineSpec {
+    pub dir: PathBuf,
+    pub config: ModelConfig,
+    pub device: Device,
+    pub dtype: Option<Dtype>,
+    pub tokenizer: Option<Arc<Tokenizer>>,
+    pub eos: Vec<u32>,
+}
+
+/// Facts about the loaded model reported back to the session.
+#[derive(Debug, Clone)]
+pub struct LoadedFacts {
+    pub dtype: Dtype,
+    pub device: Device,
+    pub weights_bytes: usize,
+}
+
+struct Engine {
+    model: DecoderModel,
+    tokenizer: Option<Arc<Tokenizer>>,
+    eos: Vec<u32>,
+}
+
+/// Entry point of the engine thread: load, report, serve until Shutdown or all senders drop.
+pub fn run(spec: EngineSpec, ready: Sender<Result<LoadedFacts>>, commands: Receiver<Command>) {
+    let engine = match load(&spec) {
+        Ok((engine, facts)) => {
+            let _ = ready.send(Ok(facts));
+            engine
+        }
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    while let Ok(cmd) = commands.recv() {
+        match cmd {
+            Command::Generate(job) => {
+                let events = job.events.clone();
+                // A panic inside one job must not take the engine (or the host process) down.
+                let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.generate(&job)));
+                let done = match res {
+                    Ok(r) => r,
+                    Err(p) => Err(Error::Mlx(format!("internal error: {}", panic_message(&p)))),
+                };
+                let _ = events.send(Event::Done(done));
+            }
+            Command::Shutdown => break,
+        }
+    }
+}
+
+fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default()
+}
+
+fn load(spec: &EngineSpec) -> Result<(Engine, LoadedFacts)> {
+    mlx::set_default_device(spec.device)?;
+    let mut weights = WeightStore::open(&spec.dir)?;
+    weights.compute_dtype = spec.dtype;
+    let model = build_model(&spec.dir, spec.config.clone(), &mut weights)?;
+    weights.finish()?;
+    let params = model.parameters();
+    mlx::eval(&params)?;
+    let weights_bytes = params.iter().map(|a| a.nbytes()).sum();
+    let dtype = model.norm.weight.dtype();
+    drop(params);
+    let facts = LoadedFacts { dtype, device: spec.device, weights_bytes };
+    Ok((Engine { model, tokenizer: spec.tokenizer.clone(), eos: spec.eos.clone() }, facts))
+}
+
+impl Engine {
+    fn generate(&self, job: &GenerateJob) -> Result<GenerateReply> {
+        let opts = &job.options;
+        let mut caches = self.model.new_caches();
+        let mut text = TextStream::new(self.tokenizer.as_deref(), &opts.stop);
+        let mut tokens = vec![];
+        let mut logprobs = vec![];
+        let mut finish = FinishReason::Length;
+        let emit = |t: GeneratedToken| job.events.send(Event::Token(t)).is_ok();
+
+        if job.abort.load(Ordering::Relaxed) {
+            return Err(Error::Aborted);
+        }
+        let stats = generator::run(&self.model, &mut caches, &job.prompt, opts, |step: TokenStep| {
+            if job.abort.load(Ordering::Relaxed) {
+                finish = FinishReason::Abort;
+                return Ok(Flow::Stop);
+            }
+            if !opts.ignore_eos && self.eos.contains(&step.id) {
+                finish = FinishReason::Stop;
+                return Ok(Flow::Stop);
+            }
+            tokens.push(step.id);
+            logprobs.push(step.logprob);
+            let delta = text.push(step.id)?;
+            let token = GeneratedToken { id: step.id, text: delta.text, logprob: step.logprob, kind: TokenKind::Text };
+            if !emit(token) {
+                finish = FinishReason::Abort;
+                return Ok(Flow::Stop);
+            }
+            if delta.stopped {
+                finish = FinishReason::Stop;
+                return Ok(Flow::Stop);
+            }
+            Ok(Flow::Continue)
+        })?;
+        if finish != FinishReason::Stop {
+            let tail = text.finish()?;
+            if !tail.text.is_empty() {
+                // Text held back (pending UTF-8, a partial stop string) belongs to the last token.
+                if let Some(&id) = tokens.last() {
+                    let lp = *logprobs.last().unwrap();
+                    emit(GeneratedToken { id, text: tail.text, logprob: lp, kind: TokenKind::Text });
+                }
+            }
+        }
+        let usage = Usage {
+            prompt_tokens: job.prompt.len(),
+            cached_tokens: job.prompt.len() - stats.prefilled,
+            completion_tokens: tokens.len(),
+            ttft_ms: stats.ttft_s * 1e3,
+            prefill_tokens_per_second: if stats.ttft_s > 0.0 { stats.prefilled as f64 / stats.ttft_s } else { 0.0 },
+            decode_tokens_per_second: if stats.decode_s > 0.0 && stats.generated > 1 {
+                (stats.generated - 1) as f64 / stats.decode_s
+            } else {
+                0.0
+            },
+            peak_memory_bytes: stats.peak_memory as u64,
+        };
+        Ok(GenerateReply {
+            text: text.text,
+            reasoning: None,
+            tool_calls: vec![],
+            tokens,
+            logprobs,
+            finish_reason: finish,
+            usage,
+        })
+    }
+}

@@ -1,0 +1,162 @@
+//! The token loop: chunked prefill, then decode with the next step's graph built and scheduled
+//! (async_eval) before the current token is read, so host work overlaps device work — the
+//! pipelining of mlx-lm's `generate_step`.
+use super::options::GenerateOptions;
+use super::sampler::Sampler;
+use crate::error::{Error, Result};
+use crate::mlx::{async_eval, eval, memory_stats, reset_peak_memory, Array, Dtype};
+use crate::models::DecoderModel;
+use crate::nn::KvCache;
+use std::time::Instant;
+
+/// One decoded token and its log probability.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenStep {
+    pub id: u32,
+    pub logprob: f32,
+}
+
+/// Timings of one run of the loop.
+#[derive(Debug, Clone, Default)]
+pub struct LoopStats {
+    /// Prompt tokens computed (not served from a cache).
+    pub prefilled: usize,
+    pub generated: usize,
+    pub ttft_s: f64,
+    pub decode_s: f64,
+    pub peak_memory: usize,
+}
+
+/// What to do after a token was handed to the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    Stop,
+}
+
+struct Stepper<'a> {
+    model: &'a DecoderModel,
+    sampler: Sampler,
+    /// The most recent tokens (lazy), for the repetition penalty.
+    history: Option<Array>,
+    history_len: usize,
+}
+
+impl Stepper<'_> {
+    /// Runs `input` `[1, L]` through the model and samples the next token: (token `[1]`, logprob `[1]`).
+    fn step(&mut self, input: &Array, caches: &mut [KvCache]) -> Result<(Array, Array)> {
+        let logits = self.model.forward(input, caches)?;
+        let l = logits.dim(1);
+        let logits = logits.slice_axis(1, l - 1, l)?.reshape(&[1, -1])?;
+        let logits = self.sampler.penalize(&logits, self.history.as_ref())?;
+        let logprobs = logits.subtract(&logits.logsumexp(&[-1], true)?)?;
+        let token = self.sampler.sample(&logprobs)?;
+        let lp = logprobs.take_along_axis(&token.reshape(&[1, 1])?, -1)?.reshape(&[1])?;
+        Ok((token, lp))
+    }
+
+    fn remember(&mut self, token: &Array) -> Result<()> {
+        if self.history_len == 0 {
+            return Ok(());
+        }
+        let t = token.astype(Dtype::Uint32)?.reshape(&[-1])?;
+        let h = match &self.history {
+            Some(h) => Array::concatenate(&[h, &t], 0)?,
+            None => t,
+        };
+        let n = h.dim(0);
+        let keep = self.history_len as i32;
+        self.history = Some(if n > keep { h.slice_axis(0, n - keep, n)? } else { h });
+        Ok(())
+    }
+}
+
+/// Generates from `prompt`, of which the first `caches[0].offset` tokens are already in `caches`.
+/// `on_token` is called once per token and decides whether to go on; `max_tokens` is enforced here.
+pub fn run(
+    model: &DecoderModel,
+    caches: &mut [KvCache],
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    mut on_token: impl FnMut(TokenStep) -> Result<Flow>,
+) -> Result<LoopStats> {
+    if prompt.is_empty() {
+        return Err(Error::InvalidArgument("the prompt is empty: at least one token is needed".into()));
+    }
+    let vocab = model.config.vocab_size as u32;
+    if let Some(bad) = prompt.iter().find(|&&t| t >= vocab) {
+        return Err(Error::InvalidArgument(format!("prompt token id {bad} is outside the vocabulary (size {vocab})")));
+    }
+    opts.sampling.validate().map_err(Error::InvalidArgument)?;
+    let cached = caches.first().map_or(0, |c| c.offset).min(prompt.len() - 1);
+    for c in caches.iter_mut() {
+        c.trim_to(cached);
+    }
+
+    reset_peak_memory();
+    let start = Instant::now();
+    let mut stepper = Stepper {
+        model,
+        sampler: Sampler::new(&opts.sampling)?,
+        history: None,
+        history_len: if opts.sampling.repetition_penalty != 1.0 { opts.sampling.repetition_context_size } else { 0 },
+    };
+    if stepper.history_len > 0 {
+        let tail = &prompt[prompt.len().saturating_sub(stepper.history_len)..];
+        stepper.history = Some(Array::from_slice(tail, &[tail.len() as i32])?);
+    }
+
+    // Prefill everything but the last prompt token in chunks, evaluating the cache after each so
+    // the graph (and its memory) stays bounded.
+    let step_size = opts.prefill_step_size.max(1);
+    let mut pos = cached;
+    while prompt.len() - pos > 1 {
+        let n = (prompt.len() - 1 - pos).min(step_size);
+        let chunk = Array::from_slice(&prompt[pos..pos + n], &[1, n as i32])?;
+        model.forward(&chunk, caches)?;
+        let state: Vec<&Array> = caches.iter().flat_map(|c| c.state()).collect();
+        eval(&state)?;
+        pos += n;
+    }
+    let last = Array::from_slice(&prompt[pos..], &[1, (prompt.len() - pos) as i32])?;
+    let (mut y, mut lp) = stepper.step(&last, caches)?;
+    async_eval(&[&y, &lp])?;
+
+    let mut stats = LoopStats { prefilled: prompt.len() - cached, ..Default::default() };
+    let mut decode_start = None;
+    let mut n = 0usize;
+    loop {
+        let next = if n + 1 < opts.max_tokens {
+            stepper.remember(&y)?;
+            let (ny, nlp) = stepper.step(&y.reshape(&[1, 1])?, caches)?;
+            async_eval(&[&ny, &nlp])?;
+            Some((ny, nlp))
+        } else {
+            None
+        };
+        if n >= opts.max_tokens {
+            break;
+        }
+        let id = y.to_vec::<u32>()?[0];
+        let logprob = lp.item_f32()?;
+        if n == 0 {
+            stats.ttft_s = start.elapsed().as_secs_f64();
+            decode_start = Some(Instant::now());
+        }
+        n += 1;
+        if on_token(TokenStep { id, logprob })? == Flow::Stop {
+            break;
+        }
+        match next {
+            Some((ny, nlp)) => {
+                y = ny;
+                lp = nlp;
+            }
+            None => break,
+        }
+    }
+    stats.generated = n;
+    stats.decode_s = decode_start.map_or(0.0, |t| t.elapsed().as_secs_f64());
+    stats.peak_memory = memory_stats().peak;
+    Ok(stats)
+}

@@ -1,0 +1,8 @@
+//! Generation: options and replies, the sampler, the token loop, streamed text, the engine thread.
+pub mod engine;
+pub mod generator;
+pub mod options;
+pub mod sampler;
+pub mod text;
+
+pub use options::{FinishReason, GenerateOptions, GenerateReply, GeneratedToken, SamplingConfig, TokenKind, Usage};

@@ -1,0 +1,160 @@
+//! All tensors of a checkpoint (single or sharded safetensors), handed out by name exactly once so
+//! that missing, mis-shaped and left-over tensors are all errors naming the tensor and its file.
+use super::safetensors::SafetensorsFile;
+use crate::error::{Error, Result};
+use crate::mlx::{Array, Dtype};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+pub struct WeightStore {
+    dir: PathBuf,
+    files: Vec<SafetensorsFile>,
+    /// tensor name → index into `files`; entries are removed as the model takes them.
+    remaining: BTreeMap<String, usize>,
+    /// The float dtype the model computes in; float tensors are cast to it as they are taken.
+    pub compute_dtype: Option<Dtype>,
+}
+
+impl WeightStore {
+    /// Opens `model.safetensors.index.json`'s shards, or every `*.safetensors` in `dir`.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let index = dir.join("model.safetensors.index.json");
+        let mut names: Vec<String> = if index.is_file() {
+            let text = std::fs::read_to_string(&index).map_err(|e| Error::io(format!("reading {}", index.display()), e))?;
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| Error::checkpoint(&index, format!("not valid JSON: {e}")))?;
+            let map = v
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| Error::checkpoint(&index, "missing field 'weight_map'"))?;
+            let mut files: Vec<String> = map.values().filter_map(|f| f.as_str().map(String::from)).collect();
+            files.sort();
+            files.dedup();
+            files
+        } else {
+            let rd = std::fs::read_dir(dir).map_err(|e| Error::io(format!("listing {}", dir.display()), e))?;
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(".safetensors"))
+                .collect()
+        };
+        names.sort();
+        if names.is_empty() {
+            return Err(Error::checkpoint(dir, "no .safetensors weights in the model directory"));
+        }
+        let mut files = vec![];
+        let mut remaining = BTreeMap::new();
+        for (i, name) in names.iter().enumerate() {
+            if name.contains('/') || name.contains("..") {
+                return Err(Error::checkpoint(&index, format!("shard name '{name}' leaves the model directory")));
+            }
+            let path = dir.join(name);
+            if !path.is_file() {
+                return Err(Error::checkpoint(&path, "shard listed in the index is missing"));
+            }
+            let f = SafetensorsFile::open(&path)?;
+            for t in f.tensors.keys() {
+                if let Some(prev) = remaining.insert(t.clone(), i) {
+                    return Err(Error::checkpoint(
+                        &path,
+                        format!("tensor '{t}' also appears in {}", names[prev]),
+                    ));
+                }
+            }
+            files.push(f);
+        }
+        Ok(WeightStore { dir: dir.to_path_buf(), files, remaining, compute_dtype: None })
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.remaining.contains_key(name)
+    }
+
+    /// Drops a tensor the model does not use (e.g. `rotary_emb.inv_freq`, a tied `lm_head`).
+    pub fn discard(&mut self, name: &str) {
+        self.remaining.remove(name);
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &String> {
+        self.remaining.keys()
+    }
+
+    /// Shape and dtype of a remaining tensor.
+    pub fn info(&self, name: &str) -> Option<(Vec<usize>, Dtype)> {
+        let i = *self.remaining.get(name)?;
+        let t = &self.files[i].tensors[name];
+        Some((t.shape.clone(), t.dtype))
+    }
+
+    /// Takes tensor `name`, checking its shape (and that it is a float tensor when `float`),
+    /// casting floats to the compute dtype.
+    pub fn take(&mut self, name: &str, shape: &[usize], kind: TensorKind) -> Result<Array> {
+        let i = self.remaining.remove(name).ok_or_else(|| {
+            Error::checkpoint(&self.dir, format!("missing tensor '{name}' (expected shape {shape:?})"))
+        })?;
+        let file = &self.files[i];
+        let t = &file.tensors[name];
+        if t.shape != shape {
+            return Err(Error::checkpoint(
+                &file.path,
+                format!("tensor '{name}' has shape {:?}, expected {shape:?}", t.shape),
+            ));
+        }
+        let ok = match kind {
+            TensorKind::Float => t.dtype.is_float(),
+            TensorKind::Packed => t.dtype == Dtype::Uint32,
+            TensorKind::Scales => t.dtype.is_float() || t.dtype == Dtype::Uint8,
+        };
+        if !ok {
+            return Err(Error::checkpoint(
+                &file.path,
+                format!("tensor '{name}' has dtype {}, expected {}", t.dtype.name(), kind.describe()),
+            ));
+        }
+        let arr = file.array(t)?;
+        match (kind, self.compute_dtype) {
+            (TensorKind::Float, Some(d)) | (TensorKind::Scales, Some(d)) if t.dtype.is_float() && t.dtype != d => {
+                arr.astype(d)
+            }
+            _ => Ok(arr),
+        }
+    }
+
+    /// Fails naming every tensor the model did not take.
+    pub fn finish(self) -> Result<()> {
+        if self.remaining.is_empty() {
+            return Ok(());
+        }
+        let mut extra: Vec<String> = self.remaining.keys().take(5).cloned().collect();
+        if self.remaining.len() > 5 {
+            extra.push(format!("… {} more", self.remaining.len() - 5));
+        }
+        let (first, i) = self.remaining.iter().next().unwrap();
+        let _ = first;
+        Err(Error::checkpoint(
+            &self.files[*i].path,
+            format!("unexpected tensor(s) the model does not use: {}", extra.join(", ")),
+        ))
+    }
+}
+
+/// What a tensor is expected to hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TensorKind {
+    /// Floating-point weights (cast to the compute dtype).
+    Float,
+    /// Packed quantized integers (uint32).
+    Packed,
+    /// Quantization scales/biases (float; uint8 for the E8M0 scales of mx modes).
+    Scales,
+}
+
+impl TensorKind {
+    fn describe(self) -> &'static str {
+        match self {
+            TensorKind::Float => "a float dtype",
+            TensorKind::Packed => "uint32 (packed quantized weights)",
+            TensorKind::Scales => "a float dtype (quantization scales)",
+        }
+    }
+}

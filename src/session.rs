@@ -1,0 +1,288 @@
+//! [`Session`]: the Rust API. A session owns one engine thread holding one model; every method
+//! can be called from any thread, and concurrent generations are served in order (FIFO).
+use crate::chat::{ChatMessage, Tool};
+use crate::error::{Error, Result};
+use crate::generate::engine::{self, Command, EngineSpec, Event, GenerateJob, LoadedFacts};
+use crate::generate::{GenerateOptions, GenerateReply, GeneratedToken};
+use crate::loader::{resolve_model_path, ModelConfig};
+use crate::mlx::{self, Device, Dtype};
+use crate::tokenizer::{TemplateOptions, Tokenizer};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Settings of the automatic prompt cache (the pool itself arrives with the chat-features work;
+/// the type is stable now so callers can already pass it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptCacheConfig {
+    /// Most cached prefixes kept.
+    pub max_entries: usize,
+    /// An entry unused for this long is dropped.
+    pub ttl: Duration,
+    /// Prompts shorter than this are not worth caching.
+    pub min_cacheable_tokens: usize,
+    /// Upper bound on the bytes of KV state kept (None = no byte budget).
+    pub max_bytes: Option<usize>,
+}
+
+impl Default for PromptCacheConfig {
+    fn default() -> Self {
+        PromptCacheConfig { max_entries: 16, ttl: Duration::from_secs(300), min_cacheable_tokens: 8, max_bytes: None }
+    }
+}
+
+/// How to load a model.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// Where to run (default: the GPU when this MLX build has one, else the CPU).
+    pub device: Option<Device>,
+    /// Compute dtype for float weights (default: float32 on CPU, where it is several times faster
+    /// than bfloat16 for quantized matmuls; the checkpoint's own dtype on GPU).
+    pub dtype: Option<Dtype>,
+    pub prompt_cache: PromptCacheConfig,
+}
+
+/// What a loaded model is.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    pub path: PathBuf,
+    pub model_type: String,
+    pub num_layers: usize,
+    pub vocab_size: usize,
+    pub context_length: Option<usize>,
+    /// e.g. "affine 4-bit g64", None for float checkpoints.
+    pub quantization: Option<String>,
+    /// The compute dtype ("float32", "bfloat16", …).
+    pub dtype: String,
+    /// "cpu" or "gpu".
+    pub device: String,
+    pub weights_bytes: usize,
+    pub supports_images: bool,
+    pub supports_audio: bool,
+}
+
+struct Inner {
+    commands: Mutex<mpsc::Sender<Command>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Ok(tx) = self.commands.lock() {
+            let _ = tx.send(Command::Shutdown);
+        }
+        if let Some(t) = self.thread.lock().ok().and_then(|mut t| t.take()) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A loaded model, ready to generate. Cheap to clone (clones share the engine).
+#[derive(Clone)]
+pub struct Session {
+    inner: Arc<Inner>,
+    tokenizer: Option<Arc<Tokenizer>>,
+    info: Arc<ModelInfo>,
+    cache_config: PromptCacheConfig,
+}
+
+/// Refuses values that would only ever exhaust memory.
+const MAX_TOKENS_LIMIT: usize = 1 << 24;
+
+impl Session {
+    /// Loads a model from a directory, a Hugging Face cache entry or a repo id found under
+    /// `MLEX_MODELS_DIR` / the HF cache.
+    pub fn load(model: impl AsRef<Path>) -> Result<Session> {
+        Self::load_with_options(model, LoadOptions::default())
+    }
+
+    /// [`Session::load`] with prompt-cache settings.
+    pub fn load_with_cache_config(model: impl AsRef<Path>, cache: PromptCacheConfig) -> Result<Session> {
+        Self::load_with_options(model, LoadOptions { prompt_cache: cache, ..Default::default() })
+    }
+
+    pub fn load_with_options(model: impl AsRef<Path>, options: LoadOptions) -> Result<Session> {
+        let dir = resolve_model_path(&model.as_ref().to_string_lossy())?;
+        let config = ModelConfig::from_dir(&dir)?;
+        let tokenizer = if dir.join("tokenizer.json").is_file() { Some(Arc::new(Tokenizer::from_dir(&dir)?)) } else { None };
+        let mut eos: Vec<u32> = tokenizer.as_ref().map(|t| t.eos_token_ids().to_vec()).unwrap_or_default();
+        if eos.is_empty() {
+            eos = ids_of(config.eos_token_id.as_ref());
+        }
+        let device = match options.device {
+            Some(d) => d,
+            None if mlx::gpu_available() => Device::Gpu,
+            None => Device::Cpu,
+        };
+        if device == Device::Gpu && !mlx::gpu_available() {
+            return Err(Error::InvalidArgument("device 'gpu' requested but this MLX build has no GPU".into()));
+        }
+        let dtype = options.dtype.or(if device == Device::Cpu { Some(Dtype::Float32) } else { None });
+        if let Some(d) = dtype {
+            if !d.is_float() {
+                return Err(Error::InvalidArgument(format!("compute dtype must be a float type, got {}", d.name())));
+            }
+        }
+        let spec = EngineSpec { dir: dir.clone(), config: config.clone(), device, dtype, tokenizer: tokenizer.clone(), eos };
+        let (cmd_tx, cmd_rx) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("mlex-engine".into())
+            .spawn(move || engine::run(spec, ready_tx, cmd_rx))
+            .map_err(|e| Error::io("spawning the engine thread", e))?;
+        let facts: LoadedFacts = match ready_rx.recv() {
+            Ok(r) => r?,
+            Err(_) => return Err(Error::Mlx("the engine thread stopped while loading".into())),
+        };
+        let quantization = config.quantization.as_ref().and_then(|q| q.default).map(|s| {
+            format!("{} {}-bit g{}", s.mode.as_str(), s.bits, s.group_size)
+        });
+        let info = ModelInfo {
+            path: dir,
+            model_type: config.model_type.clone(),
+            num_layers: config.num_hidden_layers,
+            vocab_size: config.vocab_size,
+            context_length: config.context_length(),
+            quantization,
+            dtype: facts.dtype.name().to_string(),
+            device: facts.device.as_str().to_string(),
+            weights_bytes: facts.weights_bytes,
+            supports_images: false,
+            supports_audio: false,
+        };
+        Ok(Session {
+            inner: Arc::new(Inner { commands: Mutex::new(cmd_tx), thread: Mutex::new(Some(thread)) }),
+            tokenizer,
+            info: Arc::new(info),
+            cache_config: options.prompt_cache,
+        })
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    pub fn prompt_cache_config(&self) -> &PromptCacheConfig {
+        &self.cache_config
+    }
+
+    /// The model's tokenizer, when its directory has one.
+    pub fn tokenizer(&self) -> Result<&Tokenizer> {
+        self.tokenizer.as_deref().ok_or_else(|| {
+            Error::Tokenizer(format!("{} has no tokenizer.json: only token-id prompts work", self.info.path.display()))
+        })
+    }
+
+    /// Renders `messages` through the model's chat template (with the generation prompt).
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[Tool]>,
+        enable_thinking: Option<bool>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let opts = TemplateOptions { add_generation_prompt, tools, enable_thinking, extra: Default::default() };
+        self.tokenizer()?.apply_chat_template(messages, &opts)
+    }
+
+    /// Token ids of a chat transcript, as the model will see it.
+    pub fn encode_messages(&self, messages: &[ChatMessage], tools: Option<&[Tool]>, enable_thinking: Option<bool>) -> Result<Vec<u32>> {
+        if messages.is_empty() {
+            return Err(Error::InvalidArgument("messages is empty".into()));
+        }
+        let tok = self.tokenizer()?;
+        if tok.has_chat_template() {
+            let text = self.apply_chat_template(messages, tools, enable_thinking, true)?;
+            tok.encode_prompt(&text, true)
+        } else {
+            // No template: the messages' contents, joined, as raw text (base models).
+            let text: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
+            tok.encode_prompt(&text.join("\n"), false)
+        }
+    }
+
+    /// Generates a reply to a chat transcript. `on_token` sees every token as it is produced;
+    /// returning `false` stops generation (finish reason `abort`).
+    pub fn generate_cached(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[Tool]>,
+        options: GenerateOptions,
+        on_token: impl FnMut(&GeneratedToken) -> bool,
+    ) -> Result<GenerateReply> {
+        let prompt = self.encode_messages(messages, tools, options.enable_thinking)?;
+        self.generate_tokens(&prompt, options, on_token)
+    }
+
+    /// [`Session::generate_cached`] without a streaming callback.
+    pub fn generate(&self, messages: &[ChatMessage], options: GenerateOptions) -> Result<GenerateReply> {
+        self.generate_cached(messages, None, options, |_| true)
+    }
+
+    /// Generates from raw text (no chat template); BOS is added as the tokenizer configures.
+    pub fn generate_text(&self, prompt: &str, options: GenerateOptions, on_token: impl FnMut(&GeneratedToken) -> bool) -> Result<GenerateReply> {
+        let ids = self.tokenizer()?.encode_prompt(prompt, false)?;
+        self.generate_tokens(&ids, options, on_token)
+    }
+
+    /// Generates from token ids as they are.
+    pub fn generate_tokens(
+        &self,
+        prompt: &[u32],
+        options: GenerateOptions,
+        on_token: impl FnMut(&GeneratedToken) -> bool,
+    ) -> Result<GenerateReply> {
+        self.generate_tokens_with_abort(prompt, options, Arc::new(AtomicBool::new(false)), on_token)
+    }
+
+    /// [`Session::generate_tokens`] with an abort flag another thread may set at any time.
+    pub fn generate_tokens_with_abort(
+        &self,
+        prompt: &[u32],
+        options: GenerateOptions,
+        abort: Arc<AtomicBool>,
+        mut on_token: impl FnMut(&GeneratedToken) -> bool,
+    ) -> Result<GenerateReply> {
+        if prompt.is_empty() {
+            return Err(Error::InvalidArgument("the prompt is empty: at least one token is needed".into()));
+        }
+        if options.max_tokens > MAX_TOKENS_LIMIT {
+            return Err(Error::InvalidArgument(format!(
+                "max_tokens = {} is beyond the limit of {MAX_TOKENS_LIMIT}",
+                options.max_tokens
+            )));
+        }
+        options.sampling.validate().map_err(Error::InvalidArgument)?;
+        let (tx, rx) = mpsc::channel();
+        let job = GenerateJob { prompt: prompt.to_vec(), options, abort: abort.clone(), events: tx };
+        self.inner
+            .commands
+            .lock()
+            .map_err(|_| Error::SessionClosed)?
+            .send(Command::Generate(job))
+            .map_err(|_| Error::SessionClosed)?;
+        let mut stopped = false;
+        for event in rx {
+            match event {
+                Event::Token(t) => {
+                    if !stopped && !on_token(&t) {
+                        stopped = true;
+                        abort.store(true, Ordering::Relaxed);
+                    }
+                }
+                Event::Done(r) => return r,
+            }
+        }
+        Err(Error::SessionClosed)
+    }
+}
+
+fn ids_of(v: Option<&serde_json::Value>) -> Vec<u32> {
+    match v {
+        Some(serde_json::Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+        Some(serde_json::Value::Array(a)) => a.iter().filter_map(|x| x.as_u64().map(|x| x as u32)).collect(),
+        _ => vec![],
+    }
+}
