@@ -1,1 +1,288 @@
-fn main() {}
+//! The `mlex` command line: generate, chat, template, convert, bench.
+//! Exit status: 0 success, 2 usage error (clap), 1 any other error (one line on stderr).
+use clap::{Args, Parser, Subcommand};
+use mlex::chat::{parse_messages_json, parse_tools_json};
+use mlex::{ChatMessage, Device, Dtype, GenerateOptions, LoadOptions, SamplingConfig, Session};
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "mlex", version, about = "Run local LLMs on Apple's MLX")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate a reply to a prompt, streaming it to stdout.
+    Generate(GenerateArgs),
+    /// Interactive chat that keeps the conversation history.
+    Chat(ChatArgs),
+    /// Print a chat transcript rendered through the model's chat template.
+    Template(TemplateArgs),
+    /// Convert a GGUF file into an MLX checkpoint directory.
+    Convert(ConvertArgs),
+}
+
+#[derive(Args)]
+struct ModelArgs {
+    /// Model directory, Hugging Face cache entry, or repo id (looked up under MLEX_MODELS_DIR and the HF cache).
+    #[arg(long)]
+    model: String,
+    /// cpu or gpu (default: gpu when available).
+    #[arg(long)]
+    device: Option<String>,
+    /// Compute dtype: float32, bfloat16 or float16 (default: float32 on CPU, the checkpoint's on GPU).
+    #[arg(long)]
+    dtype: Option<String>,
+}
+
+#[derive(Args)]
+struct SamplingArgs {
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 512)]
+    max_tokens: usize,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    #[arg(long, default_value_t = 0)]
+    top_k: u32,
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
+    #[arg(long, default_value_t = 20)]
+    repetition_context_size: usize,
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Stop before this string (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Keep generating past end-of-sequence tokens.
+    #[arg(long)]
+    ignore_eos: bool,
+}
+
+#[derive(Args)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "messages", "prompt_tokens"])))]
+struct GenerateArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// A user message (through the chat template when the model has one, unless --raw).
+    #[arg(long)]
+    prompt: Option<String>,
+    /// A JSON file with OpenAI-style messages.
+    #[arg(long)]
+    messages: Option<PathBuf>,
+    /// Comma-separated token ids fed as they are.
+    #[arg(long, value_delimiter = ',')]
+    prompt_tokens: Option<Vec<u32>>,
+    /// Use --prompt as raw text, without the chat template.
+    #[arg(long)]
+    raw: bool,
+    /// A JSON file with OpenAI-style tool definitions.
+    #[arg(long)]
+    tools: Option<PathBuf>,
+    /// Print exactly one JSON object instead of streaming text.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+}
+
+#[derive(Args)]
+struct ChatArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// A system prompt for the conversation.
+    #[arg(long)]
+    system: Option<String>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+}
+
+#[derive(Args)]
+struct TemplateArgs {
+    #[arg(long)]
+    model: String,
+    #[arg(long)]
+    messages: PathBuf,
+    #[arg(long)]
+    tools: Option<PathBuf>,
+    /// Leave out the assistant prompt at the end.
+    #[arg(long)]
+    no_generation_prompt: bool,
+}
+
+#[derive(Args)]
+struct ConvertArgs {
+    /// The GGUF file to convert.
+    #[arg(long)]
+    gguf: PathBuf,
+    /// Output directory (created).
+    #[arg(long)]
+    out: PathBuf,
+    /// Re-quantize tensors that have no lossless MLX layout (K-quants, Q5) to this many bits.
+    #[arg(long)]
+    q_bits: Option<u8>,
+    #[arg(long, default_value_t = 64)]
+    q_group_size: u32,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Generate(a) => generate(a),
+        Command::Chat(a) => chat(a),
+        Command::Template(a) => template(a),
+        Command::Convert(a) => convert(a),
+    };
+    if let Err(e) = result {
+        let _ = std::io::stdout().flush();
+        eprintln!("mlex: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn load(m: &ModelArgs) -> mlex::Result<Session> {
+    let device = match m.device.as_deref() {
+        None => None,
+        Some("cpu") => Some(Device::Cpu),
+        Some("gpu") => Some(Device::Gpu),
+        Some(other) => return Err(mlex::Error::InvalidArgument(format!("--device must be cpu or gpu, got '{other}'"))),
+    };
+    let dtype = match m.dtype.as_deref() {
+        None => None,
+        Some(s) => Some(Dtype::parse_float(s).ok_or_else(|| {
+            mlex::Error::InvalidArgument(format!("--dtype must be float32, bfloat16 or float16, got '{s}'"))
+        })?),
+    };
+    Session::load_with_options(&m.model, LoadOptions { device, dtype, ..Default::default() })
+}
+
+fn options(s: &SamplingArgs) -> GenerateOptions {
+    GenerateOptions {
+        max_tokens: s.max_tokens,
+        sampling: SamplingConfig {
+            temperature: s.temperature,
+            top_p: s.top_p,
+            top_k: s.top_k,
+            min_p: s.min_p,
+            repetition_penalty: s.repetition_penalty,
+            repetition_context_size: s.repetition_context_size,
+            seed: s.seed,
+        },
+        stop: s.stop.clone(),
+        ignore_eos: s.ignore_eos,
+        ..Default::default()
+    }
+}
+
+fn read(path: &PathBuf) -> mlex::Result<String> {
+    std::fs::read_to_string(path).map_err(|e| mlex::Error::io(format!("reading {}", path.display()), e))
+}
+
+fn generate(a: GenerateArgs) -> mlex::Result<()> {
+    let session = load(&a.model)?;
+    let opts = options(&a.sampling);
+    let tools = a.tools.as_ref().map(|p| read(p).and_then(|t| parse_tools_json(&t))).transpose()?;
+    let json = a.json;
+    let mut out = std::io::stdout();
+    let stream = |t: &mlex::GeneratedToken| {
+        if !json {
+            let _ = out.write_all(t.text.as_bytes());
+            let _ = out.flush();
+        }
+        true
+    };
+    let reply = if let Some(ids) = &a.prompt_tokens {
+        session.generate_tokens(ids, opts, stream)?
+    } else if let Some(path) = &a.messages {
+        let messages = parse_messages_json(&read(path)?)?;
+        session.generate_cached(&messages, tools.as_deref(), opts, stream)?
+    } else {
+        let prompt = a.prompt.as_deref().unwrap_or_default();
+        let templated = !a.raw && session.tokenizer()?.has_chat_template();
+        if templated {
+            session.generate_cached(&[ChatMessage::user(prompt)], tools.as_deref(), opts, stream)?
+        } else {
+            session.generate_text(prompt, opts, stream)?
+        }
+    };
+    if json {
+        let v = serde_json::json!({
+            "text": reply.text,
+            "tokens": reply.tokens,
+            "logprobs": reply.logprobs,
+            "finish_reason": reply.finish_reason.as_str(),
+            "reasoning": reply.reasoning,
+            "tool_calls": reply.tool_calls,
+            "usage": reply.usage,
+        });
+        println!("{v}");
+    } else {
+        println!();
+        let u = &reply.usage;
+        eprintln!(
+            "[{} prompt tokens, {:.1} tok/s prefill; {} tokens, {:.1} tok/s decode; ttft {:.0} ms; peak {:.1} MB; {}]",
+            u.prompt_tokens,
+            u.prefill_tokens_per_second,
+            u.completion_tokens,
+            u.decode_tokens_per_second,
+            u.ttft_ms,
+            u.peak_memory_bytes as f64 / 1e6,
+            reply.finish_reason.as_str()
+        );
+    }
+    Ok(())
+}
+
+fn chat(a: ChatArgs) -> mlex::Result<()> {
+    let session = load(&a.model)?;
+    let mut history: Vec<ChatMessage> = a.system.iter().map(ChatMessage::system).collect();
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout();
+    eprintln!("mlex chat — {} ({} layers). Empty line or Ctrl-D to quit.", session.info().model_type, session.info().num_layers);
+    loop {
+        eprint!("> ");
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line).map_err(|e| mlex::Error::io("reading stdin", e))? == 0 {
+            break;
+        }
+        let line = line.trim_end_matches(['\n', '\r']);
+        if line.is_empty() {
+            break;
+        }
+        history.push(ChatMessage::user(line));
+        let reply = session.generate_cached(&history, None, options(&a.sampling), |t| {
+            let _ = out.write_all(t.text.as_bytes());
+            let _ = out.flush();
+            true
+        })?;
+        println!();
+        history.push(ChatMessage::assistant(reply.text));
+    }
+    Ok(())
+}
+
+fn template(a: TemplateArgs) -> mlex::Result<()> {
+    let dir = mlex::loader::resolve_model_path(&a.model)?;
+    let tok = mlex::tokenizer::Tokenizer::from_dir(&dir)?;
+    let messages = parse_messages_json(&read(&a.messages)?)?;
+    let tools = a.tools.as_ref().map(|p| read(p).and_then(|t| parse_tools_json(&t))).transpose()?;
+    let opts = mlex::tokenizer::TemplateOptions {
+        add_generation_prompt: !a.no_generation_prompt,
+        tools: tools.as_deref(),
+        enable_thinking: None,
+        extra: Default::default(),
+    };
+    print!("{}", tok.apply_chat_template(&messages, &opts)?);
+    Ok(())
+}
+
+fn convert(_a: ConvertArgs) -> mlex::Result<()> {
+    Err(mlex::Error::InvalidArgument("convert is not wired yet".into()))
+}
