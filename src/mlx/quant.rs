@@ -65,6 +65,7 @@ fn mode_cstr(mode: QuantMode) -> CString {
 }
 
 /// A quantized weight as MLX packs it.
+#[derive(Debug)]
 pub struct Quantized {
     pub weight: Array,
     pub scales: Array,

@@ -1,0 +1,219 @@
+//! Each MLX op we wrap, checked against a naive Rust computation of the same thing.
+use mlex::mlx::{fast, quant, Array, Dtype, QuantMode};
+
+fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
+    // xorshift: deterministic, no dependency.
+    let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn arr(v: &[f32], shape: &[i32]) -> Array {
+    Array::from_slice(v, shape).unwrap()
+}
+
+fn close(a: &[f32], b: &[f32], tol: f32) {
+    assert_eq!(a.len(), b.len(), "length");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!((x - y).abs() <= tol * (1.0 + y.abs()), "element {i}: {x} vs {y}");
+    }
+}
+
+fn naive_matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    let mut out = vec![0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            out[i * n + j] = (0..k).map(|t| a[i * k + t] * b[t * n + j]).sum();
+        }
+    }
+    out
+}
+
+#[test]
+fn elementwise_and_reductions() {
+    let a = rand_vec(12, 1);
+    let b = rand_vec(12, 2);
+    let (x, y) = (arr(&a, &[3, 4]), arr(&b, &[3, 4]));
+    close(&x.add(&y).unwrap().to_vec::<f32>().unwrap(), &a.iter().zip(&b).map(|(p, q)| p + q).collect::<Vec<_>>(), 1e-6);
+    close(&x.multiply(&y).unwrap().to_vec::<f32>().unwrap(), &a.iter().zip(&b).map(|(p, q)| p * q).collect::<Vec<_>>(), 1e-6);
+    close(&x.exp().unwrap().to_vec::<f32>().unwrap(), &a.iter().map(|p| p.exp()).collect::<Vec<_>>(), 1e-6);
+    close(&x.silu().unwrap().to_vec::<f32>().unwrap(), &a.iter().map(|p| p / (1.0 + (-p).exp())).collect::<Vec<_>>(), 1e-6);
+    let rows: Vec<f32> = (0..3).map(|r| a[r * 4..r * 4 + 4].iter().sum()).collect();
+    close(&x.sum(&[1], false).unwrap().to_vec::<f32>().unwrap(), &rows, 1e-6);
+    let lse: Vec<f32> = (0..3).map(|r| a[r * 4..r * 4 + 4].iter().map(|v| v.exp()).sum::<f32>().ln()).collect();
+    close(&x.logsumexp(&[-1], false).unwrap().to_vec::<f32>().unwrap(), &lse, 1e-5);
+    let am: Vec<u32> = (0..3)
+        .map(|r| (0..4).max_by(|&i, &j| a[r * 4 + i].partial_cmp(&a[r * 4 + j]).unwrap()).unwrap() as u32)
+        .collect();
+    assert_eq!(x.argmax(-1, false).unwrap().to_vec::<u32>().unwrap(), am);
+    let sm = x.softmax(-1, true).unwrap().to_vec::<f32>().unwrap();
+    for r in 0..3 {
+        let e: Vec<f32> = a[r * 4..r * 4 + 4].iter().map(|v| v.exp()).collect();
+        let s: f32 = e.iter().sum();
+        close(&sm[r * 4..r * 4 + 4], &e.iter().map(|v| v / s).collect::<Vec<_>>(), 1e-6);
+    }
+}
+
+#[test]
+fn matmul_and_shapes() {
+    let (m, k, n) = (5, 7, 3);
+    let a = rand_vec(m * k, 3);
+    let b = rand_vec(k * n, 4);
+    let got = arr(&a, &[m as i32, k as i32]).matmul(&arr(&b, &[k as i32, n as i32])).unwrap();
+    assert_eq!(got.shape(), vec![5, 3]);
+    close(&got.to_vec::<f32>().unwrap(), &naive_matmul(&a, &b, m, k, n), 1e-5);
+    let t = arr(&a, &[m as i32, k as i32]).transpose(&[1, 0]).unwrap();
+    let tv = t.to_vec::<f32>().unwrap();
+    assert_eq!(tv[1 * m + 2], a[2 * k + 1]);
+    let parts = arr(&a, &[m as i32, k as i32]).split_at(&[2], 0).unwrap();
+    assert_eq!(parts[0].shape(), vec![2, 7]);
+    assert_eq!(parts[1].shape(), vec![3, 7]);
+    let cat = Array::concatenate(&[&parts[1], &parts[0]], 0).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(&cat[..k], &a[2 * k..3 * k]);
+    let z = Array::zeros(&[2, 4], Dtype::Float32).unwrap();
+    let upd = z.slice_update(&arr(&[1.0, 2.0], &[1, 2]), &[1, 1], &[2, 3]).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(upd, vec![0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 0.0]);
+    let idx = Array::from_slice(&[2u32, 0], &[2]).unwrap();
+    let rows = arr(&a, &[m as i32, k as i32]).take(&idx, 0).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(&rows[..k], &a[2 * k..3 * k]);
+    assert_eq!(&rows[k..], &a[..k]);
+    let c = arr(&[1.0, 2.0, 3.0], &[3]).cumsum(0, false, true).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(c, vec![1.0, 3.0, 6.0]);
+    let bf = arr(&[1.5, -2.25], &[2]).astype(Dtype::Bfloat16).unwrap();
+    assert_eq!(bf.dtype(), Dtype::Bfloat16);
+    assert_eq!(bf.to_vec::<f32>().unwrap(), vec![1.5, -2.25]);
+}
+
+#[test]
+fn rms_norm_matches_naive() {
+    let (rows, d) = (3, 16);
+    let x = rand_vec(rows * d, 5);
+    let w = rand_vec(d, 6);
+    let eps = 1e-5f32;
+    let got = fast::rms_norm(&arr(&x, &[rows as i32, d as i32]), Some(&arr(&w, &[d as i32])), eps).unwrap();
+    let mut want = vec![0f32; rows * d];
+    for r in 0..rows {
+        let row = &x[r * d..(r + 1) * d];
+        let ms = row.iter().map(|v| v * v).sum::<f32>() / d as f32;
+        let inv = 1.0 / (ms + eps).sqrt();
+        for j in 0..d {
+            want[r * d + j] = row[j] * inv * w[j];
+        }
+    }
+    close(&got.to_vec::<f32>().unwrap(), &want, 1e-5);
+}
+
+#[test]
+fn rope_matches_naive() {
+    // [B=1, H=1, L=3, D=8], non-traditional (rotate halves), base 10000, offset 2.
+    let (l, d, offset, base) = (3usize, 8usize, 2usize, 10000f32);
+    let x = rand_vec(l * d, 7);
+    let got = fast::rope(&arr(&x, &[1, 1, l as i32, d as i32]), d as i32, false, base, 1.0, offset as i32, None)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    let half = d / 2;
+    let mut want = vec![0f32; l * d];
+    for p in 0..l {
+        let pos = (p + offset) as f32;
+        for i in 0..half {
+            let theta = pos * base.powf(-((2 * i) as f32) / d as f32);
+            let (a, b) = (x[p * d + i], x[p * d + i + half]);
+            want[p * d + i] = a * theta.cos() - b * theta.sin();
+            want[p * d + i + half] = a * theta.sin() + b * theta.cos();
+        }
+    }
+    close(&got, &want, 1e-4);
+}
+
+#[test]
+fn sdpa_matches_naive_causal_gqa() {
+    // q: [1, 2 heads, 3, 4]; k/v: [1, 1 kv head, 3, 4]: both query heads share the kv head.
+    let (hq, l, d) = (2usize, 3usize, 4usize);
+    let q = rand_vec(hq * l * d, 8);
+    let k = rand_vec(l * d, 9);
+    let v = rand_vec(l * d, 10);
+    let scale = 0.5f32;
+    let got = fast::scaled_dot_product_attention(
+        &arr(&q, &[1, hq as i32, l as i32, d as i32]),
+        &arr(&k, &[1, 1, l as i32, d as i32]),
+        &arr(&v, &[1, 1, l as i32, d as i32]),
+        scale,
+        fast::AttentionMask::Causal,
+    )
+    .unwrap()
+    .to_vec::<f32>()
+    .unwrap();
+    let mut want = vec![0f32; hq * l * d];
+    for h in 0..hq {
+        for i in 0..l {
+            let qi = &q[(h * l + i) * d..(h * l + i + 1) * d];
+            let scores: Vec<f32> =
+                (0..=i).map(|j| qi.iter().zip(&k[j * d..(j + 1) * d]).map(|(a, b)| a * b).sum::<f32>() * scale).collect();
+            let mx = scores.iter().cloned().fold(f32::MIN, f32::max);
+            let e: Vec<f32> = scores.iter().map(|s| (s - mx).exp()).collect();
+            let z: f32 = e.iter().sum();
+            for c in 0..d {
+                want[(h * l + i) * d + c] = (0..=i).map(|j| e[j] / z * v[j * d + c]).sum();
+            }
+        }
+    }
+    close(&got, &want, 1e-5);
+}
+
+#[test]
+fn affine_quantization_round_trip_and_matmul() {
+    let (out, inp) = (8usize, 64usize);
+    let w = rand_vec(out * inp, 11);
+    let wa = arr(&w, &[out as i32, inp as i32]);
+    for (bits, group) in [(4, 32), (8, 64), (3, 64), (2, 32), (6, 32), (5, 64)] {
+        let q = quant::quantize(&wa, group, bits, QuantMode::Affine).unwrap();
+        assert_eq!(q.weight.dtype(), Dtype::Uint32);
+        assert_eq!(q.weight.shape(), vec![out as i32, (inp * bits as usize / 32) as i32]);
+        let deq = quant::dequantize(&q.weight, &q.scales, q.biases.as_ref(), group, bits, QuantMode::Affine).unwrap();
+        let dv = deq.to_vec::<f32>().unwrap();
+        // Per-group error bound: one quantization step of that group's range (MLX nudges the
+        // bias so that zero is exactly representable, which can cost up to a step at the edges).
+        let levels = ((1u32 << bits) - 1) as f32;
+        for r in 0..out {
+            for g in 0..inp / group as usize {
+                let s = &w[r * inp + g * group as usize..r * inp + (g + 1) * group as usize];
+                let (lo, hi) = s.iter().fold((f32::MAX, f32::MIN), |(a, b), &v| (a.min(v), b.max(v)));
+                let step = (hi - lo) / levels;
+                for j in 0..group as usize {
+                    let i = r * inp + g * group as usize + j;
+                    assert!((dv[i] - w[i]).abs() <= step * 1.0 + 1e-6, "bits {bits}: {} vs {}", dv[i], w[i]);
+                }
+            }
+        }
+        // quantized_matmul(x, w) == x @ dequantize(w).T
+        let x = rand_vec(2 * inp, 12);
+        let xa = arr(&x, &[2, inp as i32]);
+        let got = quant::quantized_matmul(&xa, &q.weight, &q.scales, q.biases.as_ref(), true, group, bits, QuantMode::Affine)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        let mut dt = vec![0f32; inp * out];
+        for r in 0..out {
+            for c in 0..inp {
+                dt[c * out + r] = dv[r * inp + c];
+            }
+        }
+        close(&got, &naive_matmul(&x, &dt, 2, inp, out), 1e-4);
+    }
+}
+
+#[test]
+fn unsupported_quantization_is_an_error_not_an_abort() {
+    let wa = arr(&rand_vec(64, 13), &[1, 64]);
+    let e = quant::quantize(&wa, 64, 7, QuantMode::Affine).unwrap_err();
+    assert!(e.to_string().contains("MLX"), "{e}");
+    let e = arr(&[1.0; 6], &[2, 3]).matmul(&arr(&[1.0; 6], &[2, 3])).unwrap_err();
+    assert!(e.to_string().to_lowercase().contains("shape") || e.to_string().contains("matmul"), "{e}");
+}
