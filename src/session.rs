@@ -107,6 +107,24 @@ impl Session {
         let dir = resolve_model_path(&model.as_ref().to_string_lossy())?;
         let config = ModelConfig::from_dir(&dir)?;
         let tokenizer = if dir.join("tokenizer.json").is_file() { Some(Arc::new(Tokenizer::from_dir(&dir)?)) } else { None };
+        Self::start(dir, config, tokenizer, options, None)
+    }
+
+    /// A model of the architecture and shape `config_json` (a config.json document) with seeded
+    /// random weights and no tokenizer: for benchmarks of real shapes without their checkpoints.
+    pub fn load_random(config_json: &str, seed: u64, options: LoadOptions) -> Result<Session> {
+        let dir = PathBuf::from("<random weights>");
+        let config = ModelConfig::from_json(config_json, &dir.join("config.json"))?;
+        Self::start(dir, config, None, options, Some(seed))
+    }
+
+    fn start(
+        dir: PathBuf,
+        config: ModelConfig,
+        tokenizer: Option<Arc<Tokenizer>>,
+        options: LoadOptions,
+        synthetic_seed: Option<u64>,
+    ) -> Result<Session> {
         let mut eos: Vec<u32> = tokenizer.as_ref().map(|t| t.eos_token_ids().to_vec()).unwrap_or_default();
         if eos.is_empty() {
             eos = ids_of(config.eos_token_id.as_ref());
@@ -125,7 +143,7 @@ impl Session {
                 return Err(Error::InvalidArgument(format!("compute dtype must be a float type, got {}", d.name())));
             }
         }
-        let spec = EngineSpec { dir: dir.clone(), config: config.clone(), device, dtype, tokenizer: tokenizer.clone(), eos };
+        let spec = EngineSpec { dir: dir.clone(), config: config.clone(), device, dtype, tokenizer: tokenizer.clone(), eos, synthetic_seed };
         let (cmd_tx, cmd_rx) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::channel();
         let thread = std::thread::Builder::new()

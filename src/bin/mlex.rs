@@ -23,6 +23,38 @@ enum Command {
     Template(TemplateArgs),
     /// Convert a GGUF file into an MLX checkpoint directory.
     Convert(ConvertArgs),
+    /// Measure load, prefill, time to first token, decode speed and peak memory.
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["model", "shape"])))]
+struct BenchArgs {
+    /// A checkpoint (directory, HF cache entry or repo id).
+    #[arg(long)]
+    model: Option<String>,
+    /// Random weights of a real shape: qwen3-0.6b, llama-3.2-3b, qwen2.5-7b, smollm2-135m.
+    #[arg(long)]
+    shape: Option<String>,
+    /// Quantize the random weights to this many bits (affine; 0 = keep floats).
+    #[arg(long, default_value_t = 0)]
+    bits: u32,
+    #[arg(long, default_value_t = 64)]
+    group_size: u32,
+    /// Compute dtype (float32, bfloat16; default: float32 on CPU, checkpoint's/bfloat16 on GPU).
+    #[arg(long)]
+    dtype: Option<String>,
+    #[arg(long)]
+    device: Option<String>,
+    #[arg(long, default_value_t = 512)]
+    prompt_len: usize,
+    #[arg(long, default_value_t = 256)]
+    gen: usize,
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// JSON lines only (default also prints a summary line per run to stderr).
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -139,6 +171,7 @@ fn main() {
         Command::Chat(a) => chat(a),
         Command::Template(a) => template(a),
         Command::Convert(a) => convert(a),
+        Command::Bench(a) => bench(a),
     };
     if let Err(e) = result {
         let _ = std::io::stdout().flush();
@@ -148,19 +181,46 @@ fn main() {
 }
 
 fn load(m: &ModelArgs) -> mlex::Result<Session> {
-    let device = match m.device.as_deref() {
+    Session::load_with_options(&m.model, load_options(m.device.as_deref(), m.dtype.as_deref())?)
+}
+
+fn load_options(device: Option<&str>, dtype: Option<&str>) -> mlex::Result<LoadOptions> {
+    let device = match device {
         None => None,
         Some("cpu") => Some(Device::Cpu),
         Some("gpu") => Some(Device::Gpu),
         Some(other) => return Err(mlex::Error::InvalidArgument(format!("--device must be cpu or gpu, got '{other}'"))),
     };
-    let dtype = match m.dtype.as_deref() {
+    let dtype = match dtype {
         None => None,
         Some(s) => Some(Dtype::parse_float(s).ok_or_else(|| {
             mlex::Error::InvalidArgument(format!("--dtype must be float32, bfloat16 or float16, got '{s}'"))
         })?),
     };
-    Session::load_with_options(&m.model, LoadOptions { device, dtype, ..Default::default() })
+    Ok(LoadOptions { device, dtype, ..Default::default() })
+}
+
+fn bench(a: BenchArgs) -> mlex::Result<()> {
+    let spec = mlex::bench::BenchSpec {
+        model: a.model,
+        shape: a.shape,
+        bits: a.bits,
+        group_size: a.group_size,
+        load: load_options(a.device.as_deref(), a.dtype.as_deref())?,
+        prompt_len: a.prompt_len,
+        gen: a.gen,
+        runs: a.runs,
+    };
+    let json = a.json;
+    mlex::bench::run(&spec, |v| {
+        println!("{v}");
+        if !json {
+            eprintln!(
+                "run {}: prefill {} tok/s, ttft {} ms, decode {} tok/s, peak {} GiB",
+                v["run"], v["prefill_tok_s"], v["ttft_ms"], v["decode_tok_s"], v["peak_gib"]
+            );
+        }
+    })
 }
 
 fn options(s: &SamplingArgs) -> GenerateOptions {

@@ -40,6 +40,8 @@ pub struct EngineSpec {
     pub dtype: Option<Dtype>,
     pub tokenizer: Option<Arc<Tokenizer>>,
     pub eos: Vec<u32>,
+    /// Random weights (seeded) instead of the directory's safetensors: benchmarks of real shapes.
+    pub synthetic_seed: Option<u64>,
 }
 
 /// Facts about the loaded model reported back to the session.
@@ -91,7 +93,10 @@ fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
 
 fn load(spec: &EngineSpec) -> Result<(Engine, LoadedFacts)> {
     mlx::set_default_device(spec.device)?;
-    let mut weights = WeightStore::open(&spec.dir)?;
+    let mut weights = match spec.synthetic_seed {
+        Some(seed) => WeightStore::synthetic(spec.config.quantization.clone(), spec.dtype.unwrap_or(Dtype::Bfloat16), seed)?,
+        None => WeightStore::open(&spec.dir)?,
+    };
     weights.compute_dtype = spec.dtype;
     let model = build_model(&spec.dir, spec.config.clone(), &mut weights)?;
     weights.finish()?;

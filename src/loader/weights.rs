@@ -1,9 +1,10 @@
 //! All tensors of a checkpoint (single or sharded safetensors), handed out by name exactly once so
 //! that missing, mis-shaped and left-over tensors are all errors naming the tensor and its file.
+use super::quant_config::QuantConfig;
 use super::safetensors::SafetensorsFile;
 use crate::error::{Error, Result};
-use crate::mlx::{Array, Dtype};
-use std::collections::BTreeMap;
+use crate::mlx::{quant, random, Array, Dtype};
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 pub struct WeightStore {
@@ -13,6 +14,16 @@ pub struct WeightStore {
     remaining: BTreeMap<String, usize>,
     /// The float dtype the model computes in; float tensors are cast to it as they are taken.
     pub compute_dtype: Option<Dtype>,
+    /// Random weights made on demand instead of read from files (benchmarks of real shapes).
+    synthetic: Option<Synthetic>,
+}
+
+/// Random weights of whatever shape the model asks for, quantized as `quant` says.
+struct Synthetic {
+    quant: Option<QuantConfig>,
+    key: random::RandomKey,
+    /// Scales/biases made together with a packed weight, waiting to be taken.
+    pending: HashMap<String, Array>,
 }
 
 impl WeightStore {
@@ -63,10 +74,28 @@ impl WeightStore {
             }
             files.push(f);
         }
-        Ok(WeightStore { dir: dir.to_path_buf(), files, remaining, compute_dtype: None })
+        Ok(WeightStore { dir: dir.to_path_buf(), files, remaining, compute_dtype: None, synthetic: None })
+    }
+
+    /// A store that invents random weights (normal, std 0.02) for every tensor the model takes,
+    /// quantized per `quant`: real shapes without a checkpoint on disk.
+    pub fn synthetic(quant: Option<QuantConfig>, dtype: Dtype, seed: u64) -> Result<Self> {
+        Ok(WeightStore {
+            dir: PathBuf::from("<random weights>"),
+            files: vec![],
+            remaining: BTreeMap::new(),
+            compute_dtype: Some(dtype),
+            synthetic: Some(Synthetic { quant, key: random::RandomKey::new(seed)?, pending: HashMap::new() }),
+        })
     }
 
     pub fn contains(&self, name: &str) -> bool {
+        if let Some(s) = &self.synthetic {
+            return match name.strip_suffix(".scales") {
+                Some(prefix) => s.quant.as_ref().and_then(|q| q.for_module(prefix)).is_some(),
+                None => true,
+            };
+        }
         self.remaining.contains_key(name)
     }
 
@@ -89,6 +118,9 @@ impl WeightStore {
     /// Takes tensor `name`, checking its shape (and that it is a float tensor when `float`),
     /// casting floats to the compute dtype.
     pub fn take(&mut self, name: &str, shape: &[usize], kind: TensorKind) -> Result<Array> {
+        if self.synthetic.is_some() {
+            return self.take_synthetic(name, shape, kind);
+        }
         let i = self.remaining.remove(name).ok_or_else(|| {
             Error::checkpoint(&self.dir, format!("missing tensor '{name}' (expected shape {shape:?})"))
         })?;
@@ -117,6 +149,34 @@ impl WeightStore {
                 arr.astype(d)
             }
             _ => Ok(arr),
+        }
+    }
+
+    fn take_synthetic(&mut self, name: &str, shape: &[usize], kind: TensorKind) -> Result<Array> {
+        let dtype = self.compute_dtype.unwrap_or(Dtype::Bfloat16);
+        let s = self.synthetic.as_mut().expect("synthetic store");
+        let dims: Vec<i32> = shape.iter().map(|&d| d as i32).collect();
+        match kind {
+            TensorKind::Float if dims.len() == 1 => Array::ones(&dims, dtype),
+            TensorKind::Float => random::normal(&dims, dtype, 0.02, &s.key.next()?),
+            TensorKind::Packed => {
+                let prefix = name.strip_suffix(".weight").unwrap_or(name);
+                let spec = s.quant.as_ref().and_then(|q| q.for_module(prefix)).ok_or_else(|| {
+                    Error::InvalidArgument(format!("no quantization for synthetic '{prefix}'"))
+                })?;
+                let cols = dims[1] as usize * 32 / spec.bits as usize;
+                let w = random::normal(&[dims[0], cols as i32], dtype, 0.02, &s.key.next()?)?;
+                let q = quant::quantize(&w, spec.group_size as i32, spec.bits as i32, spec.mode)?;
+                s.pending.insert(format!("{prefix}.scales"), q.scales);
+                if let Some(b) = q.biases {
+                    s.pending.insert(format!("{prefix}.biases"), b);
+                }
+                Ok(q.weight)
+            }
+            TensorKind::Scales => s
+                .pending
+                .remove(name)
+                .ok_or_else(|| Error::InvalidArgument(format!("synthetic '{name}' requested before its weight"))),
         }
     }
 

@@ -27,3 +27,10 @@ impl RandomKey {
 pub fn categorical(logits: &Array, axis: i32, key: &Array) -> Result<Array> {
     Array::try_from_op(|out| unsafe { sys::mlex_random_categorical(logits.raw(), axis, key.raw(), out) })
 }
+
+/// Normal(0, `scale`) samples.
+pub fn normal(shape: &[i32], dtype: crate::mlx::Dtype, scale: f32, key: &Array) -> Result<Array> {
+    Array::try_from_op(|out| unsafe {
+        sys::mlex_random_normal(shape.as_ptr(), shape.len(), dtype.to_sys(), scale, key.raw(), out)
+    })
+}

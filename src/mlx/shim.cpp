@@ -436,6 +436,12 @@ int mlex_random_split(mlex_array key, mlex_array* out_a, mlex_array* out_b) {
     *out_b = wrap(b);
   });
 }
+int mlex_random_normal(const int32_t* shape, size_t ndim, mlex_dtype dtype, float scale, mlex_array key,
+                       mlex_array* out) {
+  return guard([&] {
+    *out = wrap(mx::random::normal(to_shape(shape, ndim), to_dtype(dtype), 0.0f, scale, opt(key)));
+  });
+}
 int mlex_random_categorical(mlex_array logits, int32_t axis, mlex_array key, mlex_array* out) {
   return guard([&] { *out = wrap(mx::random::categorical(unwrap(logits), axis, opt(key))); });
 }

@@ -199,6 +199,9 @@ int mlex_quantized_matmul(mlex_array x, mlex_array w, mlex_array scales, mlex_ar
 /* ---- random ---- */
 int mlex_random_key(uint64_t seed, mlex_array* out);
 int mlex_random_split(mlex_array key, mlex_array* out_a, mlex_array* out_b);
+/* Normal(0, scale) samples of `shape`. */
+int mlex_random_normal(const int32_t* shape, size_t ndim, mlex_dtype dtype, float scale, mlex_array key,
+                       mlex_array* out);
 /* Samples indices from unnormalised log-probabilities along `axis`. */
 int mlex_random_categorical(mlex_array logits, int32_t axis, mlex_array key, mlex_array* out);
 
