@@ -3,7 +3,9 @@
 //! Expected strings: tests/templates/expected/*.json, written by tests/templates/make_expected.py
 //! (transformers is the reference renderer). Tokenizer assets: scripts/fetch-test-assets.sh
 //! (`--templates` adds llama.cpp's 70 templates). Tests whose assets are absent print a note and pass.
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use mlex::chat::{parse_messages_json, parse_tools_json, ChatMessage, Tool};
 use mlex::tokenizer::{ChatTemplate, SpecialTokens, TemplateOptions, TemplateSource, Tokenizer};
@@ -32,13 +34,21 @@ fn expected(name: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
 }
 
+/// Loads each real tokenizer once for all tests (Gemma's 33 MB tokenizer.json takes seconds).
 fn load(name: &str) -> Option<Tokenizer> {
-    let dir = assets_dir().join(name);
-    if !dir.join("tokenizer.json").exists() {
-        eprintln!("note: skipping {name}: no {} (run scripts/fetch-test-assets.sh)", dir.display());
-        return None;
-    }
-    Some(Tokenizer::from_dir(&dir).unwrap())
+    static CACHE: Mutex<BTreeMap<String, Option<Tokenizer>>> = Mutex::new(BTreeMap::new());
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    cache
+        .entry(name.to_string())
+        .or_insert_with(|| {
+            let dir = assets_dir().join(name);
+            if !dir.join("tokenizer.json").exists() {
+                eprintln!("note: skipping {name}: no {} (run scripts/fetch-test-assets.sh)", dir.display());
+                return None;
+            }
+            Some(Tokenizer::from_dir(&dir).unwrap())
+        })
+        .clone()
 }
 
 struct Case {

@@ -7,7 +7,7 @@ use minijinja::value::{Value, ValueKind};
 use minijinja::{Error, ErrorKind};
 
 /// The knobs of `json.dumps` that templates use.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct DumpOptions {
     pub ensure_ascii: bool,
     /// `None`: one line. `Some(s)`: newline + `s` repeated per level (an int n means n spaces).
@@ -15,12 +15,6 @@ pub struct DumpOptions {
     /// `(item, key)` separators; `None` means Python's default for the indent.
     pub separators: Option<(String, String)>,
     pub sort_keys: bool,
-}
-
-impl Default for DumpOptions {
-    fn default() -> Self {
-        DumpOptions { ensure_ascii: false, indent: None, separators: None, sort_keys: false }
-    }
 }
 
 pub fn dumps(value: &Value, opts: &DumpOptions) -> Result<String, Error> {
