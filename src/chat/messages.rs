@@ -1,0 +1,506 @@
+//! OpenAI-style chat messages and tool definitions, (de)serialized in the shapes OpenAI clients
+//! send, so `--messages FILE.json` and the Node API can take a request body as it is.
+use std::fmt;
+use std::str::FromStr;
+
+use serde::de::{self, Deserializer};
+use serde::ser::{SerializeMap, Serializer};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::error::{Error, Result};
+
+/// Who wrote a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    Developer,
+    User,
+    Assistant,
+    Tool,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::Developer => "developer",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Role {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "system" => Role::System,
+            "developer" => Role::Developer,
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            "tool" => Role::Tool,
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "unknown message role {other:?} (expected system, developer, user, assistant or tool)"
+                )))
+            }
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for Role {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(|e: Error| de::Error::custom(strip_prefix(&e)))
+    }
+}
+
+/// One message of a conversation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatMessage {
+    pub role: Role,
+    /// The text; content parts are joined on input, `null` becomes "".
+    pub content: String,
+    /// The model's thinking, for templates that re-render it (`reasoning_content`).
+    pub reasoning: Option<String>,
+    pub tool_calls: Vec<ToolCall>,
+    /// For `role: tool`: which call this result answers.
+    pub tool_call_id: Option<String>,
+    pub name: Option<String>,
+}
+
+impl ChatMessage {
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role,
+            content: content.into(),
+            reasoning: None,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
+        }
+    }
+    pub fn system(content: impl Into<String>) -> Self {
+        Self::new(Role::System, content)
+    }
+    pub fn developer(content: impl Into<String>) -> Self {
+        Self::new(Role::Developer, content)
+    }
+    pub fn user(content: impl Into<String>) -> Self {
+        Self::new(Role::User, content)
+    }
+    pub fn assistant(content: impl Into<String>) -> Self {
+        Self::new(Role::Assistant, content)
+    }
+    /// A tool result answering the call `tool_call_id`.
+    pub fn tool(tool_call_id: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage { tool_call_id: Some(tool_call_id.into()), ..Self::new(Role::Tool, content) }
+    }
+    pub fn assistant_with_reasoning(content: impl Into<String>, reasoning: impl Into<String>) -> Self {
+        ChatMessage { reasoning: Some(reasoning.into()), ..Self::assistant(content) }
+    }
+    pub fn assistant_with_tool_calls(content: impl Into<String>, tool_calls: Vec<ToolCall>) -> Self {
+        ChatMessage { tool_calls, ..Self::assistant(content) }
+    }
+}
+
+/// A tool the model may call (OpenAI `{"type": "function", "function": {...}}`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Tool {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionDef,
+}
+
+impl Tool {
+    pub fn function(name: impl Into<String>, description: Option<String>, parameters: Value) -> Self {
+        Tool {
+            kind: "function".into(),
+            function: FunctionDef { name: name.into(), description, parameters },
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionDef {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// JSON Schema of the arguments; `Null` when the tool declared none.
+    #[serde(default, skip_serializing_if = "Value::is_null")]
+    pub parameters: Value,
+}
+
+/// A call the assistant made. `arguments` is parsed JSON (OpenAI sends it as a JSON string).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub arguments: Value,
+}
+
+impl ToolCall {
+    pub fn new(id: impl Into<String>, name: impl Into<String>, arguments: Value) -> Self {
+        ToolCall { id: id.into(), name: name.into(), arguments }
+    }
+
+    /// The OpenAI object with `arguments` kept as a JSON value (what chat templates expect).
+    pub fn to_template_value(&self) -> Value {
+        self.openai_value(self.arguments.clone())
+    }
+
+    fn openai_value(&self, arguments: Value) -> Value {
+        let mut function = Map::new();
+        function.insert("name".into(), Value::String(self.name.clone()));
+        function.insert("arguments".into(), arguments);
+        let mut call = Map::new();
+        call.insert("id".into(), Value::String(self.id.clone()));
+        call.insert("type".into(), Value::String("function".into()));
+        call.insert("function".into(), Value::Object(function));
+        Value::Object(call)
+    }
+}
+
+/// Parses `--messages FILE.json`: a bare array of messages or `{"messages": [...]}`.
+pub fn parse_messages_json(text: &str) -> Result<Vec<ChatMessage>> {
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| Error::InvalidArgument(format!("messages are not valid JSON: {e}")))?;
+    let list = match value {
+        Value::Array(_) => value,
+        Value::Object(mut obj) => match obj.remove("messages") {
+            Some(list @ Value::Array(_)) => list,
+            _ => {
+                return Err(Error::InvalidArgument(
+                    "expected a JSON array of messages or an object with a \"messages\" array".into(),
+                ))
+            }
+        },
+        _ => {
+            return Err(Error::InvalidArgument(
+                "expected a JSON array of messages or an object with a \"messages\" array".into(),
+            ))
+        }
+    };
+    let Value::Array(items) = list else { unreachable!() };
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| message_from_value(item).map_err(|e| prefix_index("message", i, e)))
+        .collect()
+}
+
+/// Parses a tools list: a bare array or `{"tools": [...]}`.
+pub fn parse_tools_json(text: &str) -> Result<Vec<Tool>> {
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| Error::InvalidArgument(format!("tools are not valid JSON: {e}")))?;
+    let items = match value {
+        Value::Array(items) => items,
+        Value::Object(mut obj) if obj.contains_key("tools") => match obj.remove("tools") {
+            Some(Value::Array(items)) => items,
+            _ => return Err(Error::InvalidArgument("\"tools\" must be an array".into())),
+        },
+        _ => return Err(Error::InvalidArgument("expected a JSON array of tools".into())),
+    };
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| tool_from_value(item).map_err(|e| prefix_index("tool", i, e)))
+        .collect()
+}
+
+fn prefix_index(what: &str, i: usize, e: Error) -> Error {
+    Error::InvalidArgument(format!("{what} {i}: {}", strip_prefix(&e)))
+}
+
+/// Our InvalidArgument messages without the "invalid argument: " prefix Display adds.
+fn strip_prefix(e: &Error) -> String {
+    match e {
+        Error::InvalidArgument(m) => m.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> Error {
+    Error::InvalidArgument(msg.into())
+}
+
+fn message_from_value(value: Value) -> Result<ChatMessage> {
+    let Value::Object(mut obj) = value else {
+        return Err(invalid("a message must be a JSON object"));
+    };
+    let role = match obj.remove("role") {
+        Some(Value::String(s)) => s.parse::<Role>()?,
+        Some(_) => return Err(invalid("\"role\" must be a string")),
+        None => return Err(invalid("missing \"role\"")),
+    };
+    let content = content_from_value(obj.remove("content").unwrap_or(Value::Null))?;
+    let reasoning = match (obj.remove("reasoning"), obj.remove("reasoning_content")) {
+        (Some(a), _) if !a.is_null() => Some(string_field("reasoning", a)?),
+        (_, Some(b)) if !b.is_null() => Some(string_field("reasoning_content", b)?),
+        _ => None,
+    };
+    let tool_calls = match obj.remove("tool_calls") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(calls)) => calls
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| {
+                tool_call_from_value(c)
+                    .map_err(|e| invalid(format!("tool_calls[{i}]: {}", strip_prefix(&e))))
+            })
+            .collect::<Result<_>>()?,
+        Some(_) => return Err(invalid("\"tool_calls\" must be an array")),
+    };
+    let tool_call_id = optional_string(&mut obj, "tool_call_id")?;
+    let name = optional_string(&mut obj, "name")?;
+    Ok(ChatMessage { role, content, reasoning, tool_calls, tool_call_id, name })
+}
+
+fn string_field(field: &str, v: Value) -> Result<String> {
+    match v {
+        Value::String(s) => Ok(s),
+        _ => Err(invalid(format!("\"{field}\" must be a string"))),
+    }
+}
+
+fn optional_string(obj: &mut Map<String, Value>, field: &str) -> Result<Option<String>> {
+    match obj.remove(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => string_field(field, v).map(Some),
+    }
+}
+
+/// `content` may be a string, null, or OpenAI content parts; text parts are joined with no
+/// separator (as mlx-lm's server does).
+fn content_from_value(v: Value) -> Result<String> {
+    match v {
+        Value::Null => Ok(String::new()),
+        Value::String(s) => Ok(s),
+        Value::Array(parts) => {
+            let mut text = String::new();
+            for part in parts {
+                match part {
+                    Value::String(s) => text.push_str(&s),
+                    Value::Object(p) => {
+                        let kind = p.get("type").and_then(Value::as_str).unwrap_or("text");
+                        match kind {
+                            "text" | "input_text" => match p.get("text") {
+                                Some(Value::String(s)) => text.push_str(s),
+                                _ => return Err(invalid("a text content part needs a string \"text\"")),
+                            },
+                            "image_url" | "image" | "input_image" => {
+                                return Err(invalid(
+                                    "image content parts are not supported yet (text-only models)",
+                                ))
+                            }
+                            other => {
+                                return Err(invalid(format!(
+                                    "unsupported content part type {other:?} (only \"text\")"
+                                )))
+                            }
+                        }
+                    }
+                    _ => return Err(invalid("content parts must be objects")),
+                }
+            }
+            Ok(text)
+        }
+        _ => Err(invalid("\"content\" must be a string, null or an array of content parts")),
+    }
+}
+
+/// Accepts the OpenAI shape `{id, type: "function", function: {name, arguments}}` and the flat
+/// `{id, name, arguments}`; `arguments` may be a JSON string or a JSON value.
+fn tool_call_from_value(v: Value) -> Result<ToolCall> {
+    let Value::Object(mut obj) = v else {
+        return Err(invalid("a tool call must be a JSON object"));
+    };
+    if let Some(kind) = obj.get("type").and_then(Value::as_str) {
+        if kind != "function" {
+            return Err(invalid(format!("unsupported tool call type {kind:?} (only \"function\")")));
+        }
+    }
+    let id = optional_string(&mut obj, "id")?.unwrap_or_default();
+    let mut func = match obj.remove("function") {
+        Some(Value::Object(f)) => f,
+        Some(_) => return Err(invalid("\"function\" must be an object")),
+        None => obj,
+    };
+    let name = optional_string(&mut func, "name")?.ok_or_else(|| invalid("missing function \"name\""))?;
+    let arguments = match func.remove("arguments") {
+        None | Some(Value::Null) => Value::Object(Map::new()),
+        Some(Value::String(s)) if s.trim().is_empty() => Value::Object(Map::new()),
+        // Models sometimes emit arguments that are not JSON; keep the raw text rather than fail.
+        Some(Value::String(s)) => serde_json::from_str(&s).unwrap_or(Value::String(s)),
+        Some(other) => other,
+    };
+    Ok(ToolCall { id, name, arguments })
+}
+
+/// Accepts `{type: "function", function: {...}}` and a bare `{name, description, parameters}`.
+fn tool_from_value(v: Value) -> Result<Tool> {
+    let Value::Object(mut obj) = v else {
+        return Err(invalid("a tool must be a JSON object"));
+    };
+    let kind = optional_string(&mut obj, "type")?.unwrap_or_else(|| "function".into());
+    if kind != "function" {
+        return Err(invalid(format!("unsupported tool type {kind:?} (only \"function\")")));
+    }
+    let func = match obj.remove("function") {
+        Some(f) => f,
+        None => Value::Object(obj),
+    };
+    let function: FunctionDef = serde_json::from_value(func)
+        .map_err(|e| invalid(format!("invalid function definition: {e}")))?;
+    Ok(Tool { kind, function })
+}
+
+impl<'de> Deserialize<'de> for ChatMessage {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        message_from_value(Value::deserialize(d)?).map_err(|e| de::Error::custom(strip_prefix(&e)))
+    }
+}
+
+impl<'de> Deserialize<'de> for ToolCall {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        tool_call_from_value(Value::deserialize(d)?).map_err(|e| de::Error::custom(strip_prefix(&e)))
+    }
+}
+
+impl<'de> Deserialize<'de> for Tool {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        tool_from_value(Value::deserialize(d)?).map_err(|e| de::Error::custom(strip_prefix(&e)))
+    }
+}
+
+/// OpenAI wire shape: `arguments` as a JSON string.
+impl Serialize for ToolCall {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let args = match &self.arguments {
+            Value::String(raw) => raw.clone(),
+            v => v.to_string(),
+        };
+        self.openai_value(Value::String(args)).serialize(s)
+    }
+}
+
+/// OpenAI wire shape; optional fields are left out rather than written as null.
+impl Serialize for ChatMessage {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("role", &self.role)?;
+        m.serialize_entry("content", &self.content)?;
+        if let Some(r) = &self.reasoning {
+            m.serialize_entry("reasoning", r)?;
+        }
+        if !self.tool_calls.is_empty() {
+            m.serialize_entry("tool_calls", &self.tool_calls)?;
+        }
+        if let Some(id) = &self.tool_call_id {
+            m.serialize_entry("tool_call_id", id)?;
+        }
+        if let Some(n) = &self.name {
+            m.serialize_entry("name", n)?;
+        }
+        m.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn content_shapes() {
+        let msgs = parse_messages_json(
+            r#"[{"role":"system","content":"s"},
+                {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},
+                {"role":"assistant","content":null}]"#,
+        )
+        .unwrap();
+        assert_eq!(msgs[0], ChatMessage::system("s"));
+        assert_eq!(msgs[1].content, "ab");
+        assert_eq!(msgs[2], ChatMessage::assistant(""));
+    }
+
+    #[test]
+    fn wrapped_messages_object() {
+        let msgs = parse_messages_json(r#"{"model":"x","messages":[{"role":"user","content":"hi"}]}"#).unwrap();
+        assert_eq!(msgs, vec![ChatMessage::user("hi")]);
+        assert!(parse_messages_json(r#"{"msgs":[]}"#).is_err());
+        assert!(parse_messages_json("[").is_err());
+    }
+
+    #[test]
+    fn image_parts_rejected() {
+        let err = parse_messages_json(
+            r#"[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]"#,
+        )
+        .unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)));
+        assert!(err.to_string().contains("image"), "{err}");
+    }
+
+    #[test]
+    fn unknown_role_named() {
+        let err = parse_messages_json(r#"[{"role":"wizard","content":"x"}]"#).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)));
+        assert!(err.to_string().contains("\"wizard\""), "{err}");
+        let err = serde_json::from_str::<ChatMessage>(r#"{"role":"robot"}"#).unwrap_err();
+        assert!(err.to_string().contains("\"robot\""), "{err}");
+    }
+
+    #[test]
+    fn tool_calls_openai_shape() {
+        let msgs = parse_messages_json(
+            r#"[{"role":"assistant","content":null,"reasoning_content":"hmm","tool_calls":[
+                 {"id":"c1","type":"function","function":{"name":"f","arguments":"{\"x\": 1}"}},
+                 {"id":"c2","type":"function","function":{"name":"g","arguments":{"y":[2]}}}]},
+                {"role":"tool","tool_call_id":"c1","content":"42"}]"#,
+        )
+        .unwrap();
+        assert_eq!(msgs[0].reasoning.as_deref(), Some("hmm"));
+        assert_eq!(msgs[0].tool_calls[0], ToolCall::new("c1", "f", json!({"x": 1})));
+        assert_eq!(msgs[0].tool_calls[1], ToolCall::new("c2", "g", json!({"y": [2]})));
+        assert_eq!(msgs[1], ChatMessage::tool("c1", "42"));
+    }
+
+    #[test]
+    fn serialize_round_trip() {
+        let msgs = vec![
+            ChatMessage::system("s"),
+            ChatMessage::assistant_with_reasoning("a", "r"),
+            ChatMessage::assistant_with_tool_calls("", vec![ToolCall::new("c", "f", json!({"b": 1, "a": 2}))]),
+            ChatMessage::tool("c", "ok"),
+        ];
+        let text = serde_json::to_string(&msgs).unwrap();
+        assert!(text.contains(r#""arguments":"{\"b\":1,\"a\":2}""#), "{text}");
+        assert!(!text.contains("null"), "{text}");
+        assert_eq!(parse_messages_json(&text).unwrap(), msgs);
+    }
+
+    #[test]
+    fn tools_parse() {
+        let tools = parse_tools_json(
+            r#"{"tools":[{"type":"function","function":{"name":"get_weather","description":"d",
+                "parameters":{"type":"object","properties":{"city":{"type":"string"}}}}},
+                {"name":"bare"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(tools[0].function.name, "get_weather");
+        assert_eq!(tools[1].function.parameters, Value::Null);
+        let text = serde_json::to_string(&tools[1]).unwrap();
+        assert_eq!(text, r#"{"type":"function","function":{"name":"bare"}}"#);
+        assert!(parse_tools_json(r#"[{"type":"retrieval"}]"#).is_err());
+    }
+}

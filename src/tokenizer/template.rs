@@ -1,0 +1,445 @@
+//! Chat templates rendered with minijinja, made to behave like transformers' `apply_chat_template`
+//! (Python Jinja2 sandbox with `trim_blocks`, `lstrip_blocks`, loop controls, and transformers'
+//! own `tojson`, `raise_exception` and `strftime_now`). Models are trained on the exact text
+//! transformers renders, so every difference here is a silent quality loss.
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use minijinja::value::{Kwargs, Value, ValueKind};
+use minijinja::{Environment, ErrorKind, Output, State, UndefinedBehavior};
+use serde_json::{Map, Value as Json};
+
+use super::pyjson::{self, DumpOptions};
+use super::pyrepr;
+use super::special::SpecialTokens;
+use crate::chat::{ChatMessage, Tool};
+use crate::error::{Error, Result};
+
+/// How to render a conversation.
+#[derive(Debug, Clone)]
+pub struct TemplateOptions<'a> {
+    /// Append the header that opens the assistant's reply (true by default: we render to generate).
+    pub add_generation_prompt: bool,
+    /// Tools the model may call; `None` renders `tools` as `none`, as transformers does.
+    pub tools: Option<&'a [Tool]>,
+    /// `None`: leave `enable_thinking` undefined so the template's own default applies.
+    pub enable_thinking: Option<bool>,
+    /// More template variables (e.g. `documents`, `date_string`, `reasoning_effort`); they
+    /// override the special-token strings, as transformers' keyword arguments do.
+    pub extra: Map<String, Json>,
+}
+
+impl Default for TemplateOptions<'_> {
+    fn default() -> Self {
+        TemplateOptions { add_generation_prompt: true, tools: None, enable_thinking: None, extra: Map::new() }
+    }
+}
+
+/// Where a model's template(s) came from: one template, or named ones (tokenizer_config.json may
+/// hold a list of `{name, template}`; transformers picks "tool_use" when tools are given).
+#[derive(Debug, Clone)]
+pub enum TemplateSource {
+    Single(String),
+    Named(Vec<(String, String)>),
+}
+
+/// A model's compiled chat template(s).
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    names: Vec<String>,
+    /// Templates that failed to compile: kept so that a model with a template minijinja cannot
+    /// parse still loads (raw prompts work), and the error surfaces when the template is used.
+    broken: HashMap<String, String>,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate").field("names", &self.names).field("broken", &self.broken).finish()
+    }
+}
+
+const SINGLE: &str = "default";
+
+impl ChatTemplate {
+    pub fn new(source: TemplateSource) -> Self {
+        let mut env = environment();
+        let list = match source {
+            TemplateSource::Single(s) => vec![(SINGLE.to_string(), s)],
+            TemplateSource::Named(list) => list,
+        };
+        let mut names = Vec::new();
+        let mut broken = HashMap::new();
+        for (name, src) in list {
+            if let Err(e) = env.add_template_owned(name.clone(), strip_generation_tags(&src)) {
+                broken.insert(name.clone(), describe(&e));
+            }
+            names.push(name);
+        }
+        ChatTemplate { env, names, broken }
+    }
+
+    /// transformers' choice among named templates.
+    fn pick(&self, with_tools: bool) -> Result<&str> {
+        if with_tools && self.names.iter().any(|n| n == "tool_use") {
+            return Ok("tool_use");
+        }
+        if self.names.iter().any(|n| n == SINGLE) {
+            return Ok(SINGLE);
+        }
+        Err(Error::Tokenizer(format!(
+            "the model has several chat templates ({}) and none is named \"default\"",
+            self.names.join(", ")
+        )))
+    }
+
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        opts: &TemplateOptions<'_>,
+        special: &SpecialTokens,
+    ) -> Result<String> {
+        if messages.is_empty() {
+            return Err(Error::InvalidArgument(
+                "cannot apply a chat template to an empty conversation".into(),
+            ));
+        }
+        let name = self.pick(opts.tools.is_some())?;
+        if let Some(e) = self.broken.get(name) {
+            return Err(Error::Tokenizer(format!("chat template does not compile: {e}")));
+        }
+        let ctx = context(messages, opts, special)?;
+        let tmpl = self.env.get_template(name).map_err(|e| Error::Tokenizer(describe(&e)))?;
+        tmpl.render(Value::from_serialize(&ctx))
+            .map_err(|e| Error::Tokenizer(format!("chat template error: {}", describe(&e))))
+    }
+}
+
+/// The variables transformers passes: special-token strings, then extra keyword arguments,
+/// then `messages`, `tools`, `documents`, `add_generation_prompt`.
+fn context(messages: &[ChatMessage], opts: &TemplateOptions<'_>, special: &SpecialTokens) -> Result<Map<String, Json>> {
+    let mut ctx = Map::new();
+    for (key, tok) in special.named() {
+        ctx.insert(key.to_string(), Json::String(tok.to_string()));
+    }
+    for reserved in ["messages", "tools", "add_generation_prompt"] {
+        if opts.extra.contains_key(reserved) {
+            return Err(Error::InvalidArgument(format!(
+                "extra template variable {reserved:?} is set by mlex itself"
+            )));
+        }
+    }
+    ctx.insert("documents".into(), Json::Null);
+    for (k, v) in &opts.extra {
+        ctx.insert(k.clone(), v.clone());
+    }
+    if let Some(on) = opts.enable_thinking {
+        ctx.insert("enable_thinking".into(), Json::Bool(on));
+    }
+    ctx.insert("messages".into(), Json::Array(messages.iter().map(message_value).collect()));
+    let tools = match opts.tools {
+        Some(tools) => serde_json::to_value(tools).map_err(|e| Error::InvalidArgument(e.to_string()))?,
+        None => Json::Null,
+    };
+    ctx.insert("tools".into(), tools);
+    ctx.insert("add_generation_prompt".into(), Json::Bool(opts.add_generation_prompt));
+    Ok(ctx)
+}
+
+/// A message as transformers hands it to the template: absent fields are left out (templates
+/// test `is defined` / `in message`), reasoning goes under `reasoning_content` and `thinking`
+/// (gpt-oss reads the latter), and tool calls are OpenAI objects with parsed arguments.
+fn message_value(m: &ChatMessage) -> Json {
+    let mut v = Map::new();
+    if let Some(r) = &m.reasoning {
+        v.insert("thinking".into(), Json::String(r.clone()));
+    }
+    v.insert("role".into(), Json::String(m.role.as_str().into()));
+    v.insert("content".into(), Json::String(m.content.clone()));
+    if let Some(r) = &m.reasoning {
+        v.insert("reasoning_content".into(), Json::String(r.clone()));
+    }
+    if !m.tool_calls.is_empty() {
+        v.insert("tool_calls".into(), Json::Array(m.tool_calls.iter().map(|c| c.to_template_value()).collect()));
+    }
+    if let Some(id) = &m.tool_call_id {
+        v.insert("tool_call_id".into(), Json::String(id.clone()));
+    }
+    if let Some(n) = &m.name {
+        v.insert("name".into(), Json::String(n.clone()));
+    }
+    Json::Object(v)
+}
+
+fn environment() -> Environment<'static> {
+    let mut env = Environment::new();
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    // Jinja2's default Undefined: printable and falsy, but attribute access on it fails.
+    env.set_undefined_behavior(UndefinedBehavior::Lenient);
+    // Python string/dict/list methods (.strip(), .startswith(), .items(), .get(), ...).
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    // Jinja prints lists and dicts as Python reprs, and `none` is not iterable in Python.
+    env.set_formatter(python_formatter);
+    env.add_filter("string", |v: Value| pyrepr::py_str(&v).map(Value::from));
+    env.add_test("iterable", |v: Value| !v.is_none() && v.try_iter().is_ok());
+    env.add_filter("tojson", tojson);
+    env.add_function("raise_exception", raise_exception);
+    env.add_function("strftime_now", strftime_now);
+    env
+}
+
+fn python_formatter(out: &mut Output, state: &State, value: &Value) -> std::result::Result<(), minijinja::Error> {
+    match value.kind() {
+        ValueKind::Seq | ValueKind::Map => {
+            out.write_str(&pyrepr::py_str(value)?).map_err(|e| minijinja::Error::new(ErrorKind::WriteFailure, e.to_string()))
+        }
+        _ => minijinja::escape_formatter(out, state, value),
+    }
+}
+
+/// transformers' `tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)`.
+fn tojson(value: Value, ensure_ascii: Option<Value>, kwargs: Kwargs) -> std::result::Result<Value, minijinja::Error> {
+    let mut opts = DumpOptions::default();
+    if let Some(v) = ensure_ascii.or(kwargs.get::<Option<Value>>("ensure_ascii")?) {
+        opts.ensure_ascii = v.is_true();
+    }
+    if let Some(v) = kwargs.get::<Option<Value>>("indent")? {
+        opts.indent = indent_unit(&v)?;
+    }
+    if let Some(v) = kwargs.get::<Option<Value>>("separators")? {
+        if !v.is_none() {
+            let parts: Vec<String> = v
+                .try_iter()?
+                .map(|p| p.as_str().map(str::to_string))
+                .collect::<Option<_>>()
+                .ok_or_else(|| minijinja::Error::new(ErrorKind::InvalidOperation, "tojson: separators must be strings"))?;
+            let [item, key] = <[String; 2]>::try_from(parts).map_err(|_| {
+                minijinja::Error::new(ErrorKind::InvalidOperation, "tojson: separators must be a pair")
+            })?;
+            opts.separators = Some((item, key));
+        }
+    }
+    if let Some(v) = kwargs.get::<Option<Value>>("sort_keys")? {
+        opts.sort_keys = v.is_true();
+    }
+    kwargs.assert_all_used()?;
+    Ok(Value::from(pyjson::dumps(&value, &opts)?))
+}
+
+/// Python's `indent`: an int n means n spaces (n <= 0: newlines only), a string is used as is.
+fn indent_unit(v: &Value) -> std::result::Result<Option<String>, minijinja::Error> {
+    if v.is_none() || v.is_undefined() {
+        return Ok(None);
+    }
+    if let Some(s) = v.as_str() {
+        return Ok(Some(s.to_string()));
+    }
+    match v.as_i64() {
+        Some(n) => Ok(Some(" ".repeat(n.max(0) as usize))),
+        None => Err(minijinja::Error::new(ErrorKind::InvalidOperation, "tojson: indent must be an int or a string")),
+    }
+}
+
+fn raise_exception(message: Option<Value>) -> std::result::Result<Value, minijinja::Error> {
+    let msg = message.map(|m| m.to_string()).unwrap_or_default();
+    Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+}
+
+fn strftime_now(format: String) -> std::result::Result<String, minijinja::Error> {
+    let items: Vec<_> = chrono::format::StrftimeItems::new(&format).collect();
+    if items.iter().any(|i| matches!(i, chrono::format::Item::Error)) {
+        return Err(minijinja::Error::new(
+            ErrorKind::InvalidOperation,
+            format!("strftime_now: invalid format {format:?}"),
+        ));
+    }
+    let mut out = String::new();
+    let written = match fixed_now() {
+        Some(t) => write!(out, "{}", t.format_with_items(items.into_iter())),
+        None => write!(out, "{}", chrono::Local::now().format_with_items(items.into_iter())),
+    };
+    written.map_err(|_| minijinja::Error::new(ErrorKind::InvalidOperation, "strftime_now: cannot format"))?;
+    Ok(out)
+}
+
+/// `SOURCE_DATE_EPOCH` (the reproducible-builds convention) pins the date templates see, so
+/// prompts, prompt caches and tests can be reproduced.
+fn fixed_now() -> Option<chrono::DateTime<chrono::Utc>> {
+    let secs: i64 = std::env::var("SOURCE_DATE_EPOCH").ok()?.trim().parse().ok()?;
+    chrono::DateTime::from_timestamp(secs, 0)
+}
+
+/// The template's own message (for raise_exception: the text it raised) and where it happened.
+fn describe(e: &minijinja::Error) -> String {
+    let mut msg = match e.detail() {
+        Some(d) => d.to_string(),
+        None => e.kind().to_string(),
+    };
+    if let Some(line) = e.line() {
+        let _ = write!(msg, " (template line {line})");
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let _ = write!(msg, ": {s}");
+        source = s.source();
+    }
+    msg
+}
+
+/// transformers registers a `{% generation %}…{% endgeneration %}` tag (it marks assistant
+/// tokens for training masks and renders its body unchanged). minijinja has no custom tags, so it
+/// becomes `{% if true %}…{% endif %}`: same output, and the same whitespace control markers.
+fn strip_generation_tags(src: &str) -> String {
+    let mut out = String::with_capacity(src.len());
+    let mut rest = src;
+    while let Some(pos) = rest.find("{%") {
+        out.push_str(&rest[..pos]);
+        let tag = &rest[pos..];
+        let Some(end) = tag.find("%}") else { break };
+        let inner = &tag[2..end];
+        let (lead, body) = split_marker_start(inner);
+        let (body, trail) = split_marker_end(body);
+        let replacement = match body.trim() {
+            "generation" => Some("if true"),
+            "endgeneration" => Some("endif"),
+            _ => None,
+        };
+        match replacement {
+            Some(r) => {
+                let _ = write!(out, "{{%{lead} {r} {trail}%}}");
+            }
+            None => out.push_str(&tag[..end + 2]),
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn split_marker_start(s: &str) -> (&str, &str) {
+    match s.chars().next() {
+        Some('-' | '+') => (&s[..1], &s[1..]),
+        _ => ("", s),
+    }
+}
+
+fn split_marker_end(s: &str) -> (&str, &str) {
+    match s.chars().last() {
+        Some('-' | '+') => (&s[..s.len() - 1], &s[s.len() - 1..]),
+        _ => (s, ""),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::ToolCall;
+    use serde_json::json;
+
+    fn render(src: &str, messages: &[ChatMessage], opts: &TemplateOptions<'_>) -> Result<String> {
+        let special = SpecialTokens { bos: Some("<s>".into()), eos: Some("</s>".into()), ..Default::default() };
+        ChatTemplate::new(TemplateSource::Single(src.into())).render(messages, opts, &special)
+    }
+
+    fn user(s: &str) -> Vec<ChatMessage> {
+        vec![ChatMessage::user(s)]
+    }
+
+    #[test]
+    fn trim_and_lstrip_blocks() {
+        let src = "{{ bos_token }}\n{% for m in messages %}\n  {% if true %}\n[{{ m.role }}]{{ m.content }}\n  {% endif %}\n{% endfor %}\n";
+        let out = render(src, &user("hi"), &TemplateOptions::default()).unwrap();
+        assert_eq!(out, "<s>\n[user]hi\n");
+    }
+
+    #[test]
+    fn raise_exception_message_surfaces() {
+        let src = "{% if messages[0].role != 'system' %}{{ raise_exception('System message required!') }}{% endif %}";
+        let err = render(src, &user("x"), &TemplateOptions::default()).unwrap_err();
+        assert!(matches!(err, Error::Tokenizer(_)));
+        assert!(err.to_string().contains("System message required!"), "{err}");
+    }
+
+    #[test]
+    fn empty_messages_rejected() {
+        let err = render("x", &[], &TemplateOptions::default()).unwrap_err();
+        assert!(err.to_string().contains("empty conversation"), "{err}");
+    }
+
+    #[test]
+    fn tojson_like_transformers() {
+        let src = "{{ messages[0].tool_calls[0].function.arguments | tojson }}|{{ {'a': [1, 2]} | tojson(indent=2) }}|{{ 'é<' | tojson }}|{{ {'b': 1, 'a': 2} | tojson(sort_keys=true, separators=[',', ':']) }}";
+        let msgs = vec![ChatMessage::assistant_with_tool_calls(
+            "",
+            vec![ToolCall::new("c1", "f", json!({"city": "Zürich", "n": 1.5}))],
+        )];
+        let out = render(src, &msgs, &TemplateOptions::default()).unwrap();
+        assert_eq!(out, "{\"city\": \"Zürich\", \"n\": 1.5}|{\n  \"a\": [\n    1,\n    2\n  ]\n}|\"é<\"|{\"a\":2,\"b\":1}");
+    }
+
+    #[test]
+    fn python_methods_and_namespace() {
+        let src = "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{{ m.content.strip().upper() }}{{ m.content.startswith(' a') }}{% endfor %}{{ ns.n }}";
+        let out = render(src, &user(" abc "), &TemplateOptions::default()).unwrap();
+        assert_eq!(out, "ABCTrue1");
+    }
+
+    #[test]
+    fn optional_variables() {
+        let src = "{{ enable_thinking is defined }}{{ tools is none }}{{ documents is none }}{{ add_generation_prompt }}{{ date_string }}";
+        let out = render(src, &user("x"), &TemplateOptions::default()).unwrap();
+        assert_eq!(out, "FalseTrueTrueTrue");
+        let mut opts = TemplateOptions { enable_thinking: Some(false), add_generation_prompt: false, ..Default::default() };
+        opts.extra.insert("date_string".into(), json!("1 Jan"));
+        let tools = [Tool::function("f", None, json!({}))];
+        opts.tools = Some(&tools);
+        let out = render(src, &user("x"), &opts).unwrap();
+        assert_eq!(out, "TrueFalseTrueFalse1 Jan");
+    }
+
+    #[test]
+    fn message_fields_absent_when_unset() {
+        let src = "{% for m in messages %}{{ m.keys() | list | join(',') }};{% endfor %}";
+        let msgs = vec![
+            ChatMessage::user("u"),
+            ChatMessage::assistant_with_reasoning("a", "r"),
+            ChatMessage::tool("c1", "42"),
+        ];
+        let out = render(src, &msgs, &TemplateOptions::default()).unwrap();
+        assert_eq!(out, "role,content;thinking,role,content,reasoning_content;role,content,tool_call_id;");
+    }
+
+    #[test]
+    fn generation_tags_and_loop_controls() {
+        let src = "{% for m in messages %}{% if loop.first %}{% continue %}{% endif %}{%- generation -%} {{ m.content }} {%- endgeneration %}{% break %}{% endfor %}";
+        let msgs = vec![ChatMessage::user("a"), ChatMessage::assistant("b"), ChatMessage::user("c")];
+        assert_eq!(render(src, &msgs, &TemplateOptions::default()).unwrap(), "b");
+    }
+
+    #[test]
+    fn strftime_now_formats() {
+        let out = render("{{ strftime_now('%Y') }}", &user("x"), &TemplateOptions::default()).unwrap();
+        assert_eq!(out.len(), 4);
+        assert!(render("{{ strftime_now('%Q') }}", &user("x"), &TemplateOptions::default()).is_err());
+    }
+
+    #[test]
+    fn compile_error_is_deferred() {
+        let t = ChatTemplate::new(TemplateSource::Single("{% for %}".into()));
+        let err = t.render(&user("x"), &TemplateOptions::default(), &SpecialTokens::default()).unwrap_err();
+        assert!(err.to_string().contains("does not compile"), "{err}");
+    }
+
+    #[test]
+    fn named_templates_pick_tool_use() {
+        let t = ChatTemplate::new(TemplateSource::Named(vec![
+            ("default".into(), "D".into()),
+            ("tool_use".into(), "T".into()),
+        ]));
+        let special = SpecialTokens::default();
+        let tools = [Tool::function("f", None, Json::Null)];
+        let with = TemplateOptions { tools: Some(&tools), ..Default::default() };
+        assert_eq!(t.render(&user("x"), &TemplateOptions::default(), &special).unwrap(), "D");
+        assert_eq!(t.render(&user("x"), &with, &special).unwrap(), "T");
+    }
+}
