@@ -4,7 +4,7 @@
 use crate::error::{Error, Result};
 use crate::loader::{ModelConfig, WeightStore};
 use crate::mlx::Array;
-use crate::nn::{Attention, Embedding, GatedMlp, KvCache, Linear, RmsNorm, Rope};
+use crate::nn::{Attention, Embedding, GatedMlp, KvCache, Linear, Projections, RmsNorm, Rope};
 
 /// What distinguishes one architecture of the family from another.
 #[derive(Debug, Clone, Copy)]
@@ -94,9 +94,11 @@ impl DecoderModel {
                 Linear::load(w, q, &format!("{p}.{name}"), inp, out, bias)
             };
             let self_attn = Attention {
-                q_proj: lin(w, "self_attn.q_proj", hidden, nh * hd, spec.qkv_bias)?,
-                k_proj: lin(w, "self_attn.k_proj", hidden, nkv * hd, spec.qkv_bias)?,
-                v_proj: lin(w, "self_attn.v_proj", hidden, nkv * hd, spec.qkv_bias)?,
+                qkv: Projections::new(vec![
+                    lin(w, "self_attn.q_proj", hidden, nh * hd, spec.qkv_bias)?,
+                    lin(w, "self_attn.k_proj", hidden, nkv * hd, spec.qkv_bias)?,
+                    lin(w, "self_attn.v_proj", hidden, nkv * hd, spec.qkv_bias)?,
+                ])?,
                 o_proj: lin(w, "self_attn.o_proj", nh * hd, hidden, spec.o_bias)?,
                 q_norm: if spec.qk_norm { Some(RmsNorm::load(w, &format!("{p}.self_attn.q_norm"), hd, c.rms_norm_eps)?) } else { None },
                 k_norm: if spec.qk_norm { Some(RmsNorm::load(w, &format!("{p}.self_attn.k_norm"), hd, c.rms_norm_eps)?) } else { None },
@@ -107,8 +109,10 @@ impl DecoderModel {
                 scale: (hd as f32).powf(-0.5),
             };
             let mlp = GatedMlp {
-                gate_proj: lin(w, "mlp.gate_proj", hidden, inter, spec.mlp_bias)?,
-                up_proj: lin(w, "mlp.up_proj", hidden, inter, spec.mlp_bias)?,
+                gate_up: Projections::new(vec![
+                    lin(w, "mlp.gate_proj", hidden, inter, spec.mlp_bias)?,
+                    lin(w, "mlp.up_proj", hidden, inter, spec.mlp_bias)?,
+                ])?,
                 down_proj: lin(w, "mlp.down_proj", inter, hidden, spec.mlp_bias)?,
             };
             layers.push(DecoderBlock {
@@ -139,7 +143,7 @@ impl DecoderModel {
         };
         for l in &self.layers {
             let a = &l.self_attn;
-            for p in [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj, &l.mlp.gate_proj, &l.mlp.up_proj, &l.mlp.down_proj] {
+            for p in a.qkv.linears().into_iter().chain(l.mlp.gate_up.linears()).chain([&a.o_proj, &l.mlp.down_proj]) {
                 out.extend(lin(p));
             }
             out.extend(a.q_norm.iter().chain(a.k_norm.iter()).map(|n| &n.weight));

@@ -1,7 +1,7 @@
 //! Multi-head attention with grouped-query KV heads, rotary positions, optional q/k norms and
 //! projection biases: the attention of llama, qwen2 and qwen3.
 use super::kv_cache::KvCache;
-use super::linear::Linear;
+use super::linear::{Linear, Projections};
 use super::norm::RmsNorm;
 use super::rope::Rope;
 use crate::error::Result;
@@ -9,9 +9,8 @@ use crate::mlx::fast::{self, AttentionMask};
 use crate::mlx::Array;
 
 pub struct Attention {
-    pub q_proj: Linear,
-    pub k_proj: Linear,
-    pub v_proj: Linear,
+    /// q, k and v projections (fused into one matmul where the checkpoint allows).
+    pub qkv: Projections,
     pub o_proj: Linear,
     /// qwen3: RMSNorm over each head's features of q and k, before rotary.
     pub q_norm: Option<RmsNorm>,
@@ -28,17 +27,18 @@ impl Attention {
     pub fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
         let s = x.shape();
         let (b, l) = (s[0], s[1]);
-        let heads = |proj: &Linear, n: usize, norm: Option<&RmsNorm>| -> Result<Array> {
-            let y = proj.forward(x)?.reshape(&[b, l, n as i32, -1])?;
+        let qkv = self.qkv.forward(x)?;
+        let heads = |y: &Array, n: usize, norm: Option<&RmsNorm>| -> Result<Array> {
+            let y = y.reshape(&[b, l, n as i32, -1])?;
             let y = match norm {
                 Some(nm) => nm.forward(&y)?,
                 None => y,
             };
             y.transpose(&[0, 2, 1, 3])
         };
-        let q = heads(&self.q_proj, self.n_heads, self.q_norm.as_ref())?;
-        let k = heads(&self.k_proj, self.n_kv_heads, self.k_norm.as_ref())?;
-        let v = heads(&self.v_proj, self.n_kv_heads, None)?;
+        let q = heads(&qkv[0], self.n_heads, self.q_norm.as_ref())?;
+        let k = heads(&qkv[1], self.n_kv_heads, self.k_norm.as_ref())?;
+        let v = heads(&qkv[2], self.n_kv_heads, None)?;
         let q = self.rope.forward(&q, cache.offset)?;
         let k = self.rope.forward(&k, cache.offset)?;
         let (k, v) = cache.update_and_fetch(&k, &v)?;

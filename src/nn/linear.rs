@@ -78,6 +78,61 @@ impl Linear {
         })
     }
 
+    /// Output features.
+    pub fn out_features(&self) -> i32 {
+        match self {
+            Linear::Dense { weight, .. } => weight.dim(0),
+            Linear::Quantized { q, .. } => q.weight.dim(0),
+        }
+    }
+
+    /// Stacks layers that read the same input (q/k/v, gate/up) into one, so a single matmul
+    /// replaces several: fewer ops per token, which is what decode speed is made of. Returns the
+    /// fused layer and the split points of its output, or the parts unchanged when they cannot
+    /// be fused (mixed quantization, mixed biases).
+    pub fn fuse(parts: Vec<Linear>) -> Result<std::result::Result<(Linear, Vec<i32>), Vec<Linear>>> {
+        let mut splits = vec![];
+        let mut acc = 0;
+        for p in &parts[..parts.len() - 1] {
+            acc += p.out_features();
+            splits.push(acc);
+        }
+        let same_bias = parts.iter().all(|p| p.bias().is_some()) || parts.iter().all(|p| p.bias().is_none());
+        let cat = |xs: Vec<&Array>| Array::concatenate(&xs, 0);
+        let fused = match &parts[0] {
+            Linear::Dense { .. } if same_bias && parts.iter().all(|p| matches!(p, Linear::Dense { .. })) => {
+                let ws: Vec<&Array> = parts.iter().map(|p| if let Linear::Dense { weight, .. } = p { weight } else { unreachable!() }).collect();
+                let bias = if parts[0].bias().is_some() { Some(cat(parts.iter().map(|p| p.bias().unwrap()).collect())?) } else { None };
+                Linear::Dense { weight: cat(ws)?, bias }
+            }
+            Linear::Quantized { q: q0, .. }
+                if same_bias
+                    && parts.iter().all(|p| matches!(p, Linear::Quantized { q, .. } if q.spec == q0.spec && q.biases.is_some() == q0.biases.is_some())) =>
+            {
+                let qs: Vec<&QuantWeight> = parts.iter().map(|p| if let Linear::Quantized { q, .. } = p { q } else { unreachable!() }).collect();
+                let biases = if q0.biases.is_some() { Some(cat(qs.iter().map(|q| q.biases.as_ref().unwrap()).collect())?) } else { None };
+                let bias = if parts[0].bias().is_some() { Some(cat(parts.iter().map(|p| p.bias().unwrap()).collect())?) } else { None };
+                Linear::Quantized {
+                    q: QuantWeight {
+                        weight: cat(qs.iter().map(|q| &q.weight).collect())?,
+                        scales: cat(qs.iter().map(|q| &q.scales).collect())?,
+                        biases,
+                        spec: q0.spec,
+                    },
+                    bias,
+                }
+            }
+            _ => return Ok(Err(parts)),
+        };
+        Ok(Ok((fused, splits)))
+    }
+
+    fn bias(&self) -> Option<&Array> {
+        match self {
+            Linear::Dense { bias, .. } | Linear::Quantized { bias, .. } => bias.as_ref(),
+        }
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Array> {
         match self {
             Linear::Dense { weight, bias } => {
@@ -94,6 +149,37 @@ impl Linear {
                     None => Ok(y),
                 }
             }
+        }
+    }
+}
+
+/// Several projections of the same input (q/k/v, gate/up), run as one fused matmul whose output
+/// is split, or separately when the checkpoint quantizes them differently.
+pub enum Projections {
+    Fused { linear: Linear, splits: Vec<i32> },
+    Separate(Vec<Linear>),
+}
+
+impl Projections {
+    pub fn new(parts: Vec<Linear>) -> Result<Self> {
+        Ok(match Linear::fuse(parts)? {
+            Ok((linear, splits)) => Projections::Fused { linear, splits },
+            Err(parts) => Projections::Separate(parts),
+        })
+    }
+
+    /// One output per projection, in order.
+    pub fn forward(&self, x: &Array) -> Result<Vec<Array>> {
+        match self {
+            Projections::Fused { linear, splits } => linear.forward(x)?.split_at(splits, -1),
+            Projections::Separate(parts) => parts.iter().map(|p| p.forward(x)).collect(),
+        }
+    }
+
+    pub fn linears(&self) -> Vec<&Linear> {
+        match self {
+            Projections::Fused { linear, .. } => vec![linear],
+            Projections::Separate(parts) => parts.iter().collect(),
         }
     }
 }

@@ -10,7 +10,7 @@ pub mod rope;
 pub use attention::Attention;
 pub use embedding::Embedding;
 pub use kv_cache::KvCache;
-pub use linear::Linear;
+pub use linear::{Linear, Projections};
 pub use mlp::GatedMlp;
 pub use norm::RmsNorm;
 pub use rope::Rope;
