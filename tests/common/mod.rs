@@ -459,32 +459,32 @@ impl TinyLlama {
     pub fn tensors(&self) -> Vec<RawTensor> {
         let mut rng = Rng::new(self.seed);
         let (h, q, kv, i) = (self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate);
-        let mut lin = |name: String, out: usize, inp: usize, gain: f32| {
+        let lin = |rng: &mut Rng, name: String, out: usize, inp: usize, gain: f32| {
             let s = gain / (inp as f32).sqrt();
             RawTensor::f32(&name, &[out, inp], &rng.uniform(out * inp, s))
         };
-        let mut ts = vec![lin("model.embed_tokens.weight".into(), self.vocab, h, (h as f32).sqrt())];
+        let mut ts = vec![lin(&mut rng, "model.embed_tokens.weight".into(), self.vocab, h, (h as f32).sqrt())];
         for l in 0..self.layers {
             let p = format!("model.layers.{l}");
-            ts.push(lin(format!("{p}.self_attn.q_proj.weight"), q, h, 2.0));
-            ts.push(lin(format!("{p}.self_attn.k_proj.weight"), kv, h, 2.0));
-            ts.push(lin(format!("{p}.self_attn.v_proj.weight"), kv, h, 1.0));
-            ts.push(lin(format!("{p}.self_attn.o_proj.weight"), h, q, 2.0));
-            ts.push(lin(format!("{p}.mlp.gate_proj.weight"), i, h, 1.0));
-            ts.push(lin(format!("{p}.mlp.up_proj.weight"), i, h, 1.0));
-            ts.push(lin(format!("{p}.mlp.down_proj.weight"), h, i, 2.0));
+            ts.push(lin(&mut rng, format!("{p}.self_attn.q_proj.weight"), q, h, 2.0));
+            ts.push(lin(&mut rng, format!("{p}.self_attn.k_proj.weight"), kv, h, 2.0));
+            ts.push(lin(&mut rng, format!("{p}.self_attn.v_proj.weight"), kv, h, 1.0));
+            ts.push(lin(&mut rng, format!("{p}.self_attn.o_proj.weight"), h, q, 2.0));
+            ts.push(lin(&mut rng, format!("{p}.mlp.gate_proj.weight"), i, h, 1.0));
+            ts.push(lin(&mut rng, format!("{p}.mlp.up_proj.weight"), i, h, 1.0));
+            ts.push(lin(&mut rng, format!("{p}.mlp.down_proj.weight"), h, i, 2.0));
         }
-        let mut norm = |name: String| {
+        let norm = |rng: &mut Rng, name: String| {
             let v: Vec<f32> = (0..h).map(|_| 1.0 + 0.1 * rng.unit()).collect();
             RawTensor::f32(&name, &[h], &v)
         };
         for l in 0..self.layers {
-            ts.push(norm(format!("model.layers.{l}.input_layernorm.weight")));
-            ts.push(norm(format!("model.layers.{l}.post_attention_layernorm.weight")));
+            ts.push(norm(&mut rng, format!("model.layers.{l}.input_layernorm.weight")));
+            ts.push(norm(&mut rng, format!("model.layers.{l}.post_attention_layernorm.weight")));
         }
-        ts.push(norm("model.norm.weight".into()));
+        ts.push(norm(&mut rng, "model.norm.weight".into()));
         if !self.tie_word_embeddings {
-            ts.push(lin("lm_head.weight".into(), self.vocab, h, 3.0));
+            ts.push(lin(&mut rng, "lm_head.weight".into(), self.vocab, h, 3.0));
         }
         ts.sort_by(|a, b| a.name.cmp(&b.name));
         ts
