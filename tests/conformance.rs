@@ -89,7 +89,7 @@ fn compare(case: &OracleCase, tokens: &[u32], logprobs: &[f32]) -> Row {
         row.result = Outcome::Fail(format!("{} tokens but {} logprobs", tokens.len(), logprobs.len()));
         return row;
     }
-    for step in 0..case.tokens.len() {
+    for (step, &theirs) in case.tokens.iter().enumerate() {
         let Some(&ours) = tokens.get(step) else {
             row.result = Outcome::Fail(format!(
                 "step {step}: our generation ended after {} tokens (oracle made {})",
@@ -98,7 +98,6 @@ fn compare(case: &OracleCase, tokens: &[u32], logprobs: &[f32]) -> Row {
             ));
             return row;
         };
-        let theirs = case.tokens[step];
         if ours != theirs {
             let margin = case.margins[step];
             row.result = if margin <= NEAR_TIE {
@@ -114,12 +113,11 @@ fn compare(case: &OracleCase, tokens: &[u32], logprobs: &[f32]) -> Row {
         // Distance to the nearer of the two equally valid references (identical for f32 cases).
         let delta = (lp - case.logprobs[step]).abs().min((lp - case.logprobs_f32_head[step]).abs());
         row.steps_compared = step + 1;
-        if !(delta <= row.max_delta) {
-            // (also catches NaN)
-            row.max_delta = if delta.is_nan() { f32::NAN } else { delta };
+        if delta.is_nan() || delta > row.max_delta {
+            row.max_delta = delta;
             row.max_delta_step = step;
         }
-        if !(delta <= tol) {
+        if delta.is_nan() || delta > tol {
             row.result = Outcome::Fail(format!(
                 "step {step} (token {ours}): logprob {lp:.6} (ours) vs {:.6} (mlx-lm{}), |Δ| = {delta:.2e} > {tol:e}",
                 case.logprobs[step],
