@@ -97,8 +97,16 @@ impl ModelConfig {
     pub fn from_json(text: &str, path: &Path) -> Result<Self> {
         let raw: Value =
             serde_json::from_str(text).map_err(|e| Error::checkpoint(path, format!("not valid JSON: {e}")))?;
-        let mut cfg: ModelConfig = serde_json::from_value(raw.clone())
-            .map_err(|e| Error::checkpoint(path, format!("bad field: {e}")))?;
+        // serde_path_to_error names the offending field ("field 'num_hidden_layers': invalid type …").
+        let mut cfg: ModelConfig = serde_path_to_error::deserialize(raw.clone()).map_err(|e| {
+            let field = e.path().to_string();
+            let inner = e.into_inner();
+            if field == "." {
+                Error::checkpoint(path, format!("bad config: {inner}"))
+            } else {
+                Error::checkpoint(path, format!("field '{field}': {inner}"))
+            }
+        })?;
         let q = raw.get("quantization").or_else(|| raw.get("quantization_config"));
         if let Some(q) = q {
             cfg.quantization = Some(QuantConfig::from_json(q).map_err(|m| Error::checkpoint(path, m))?);
