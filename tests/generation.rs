@@ -1,0 +1,156 @@
+//! Generation behaviour on a tiny checkpoint written by the test itself: sampling options,
+//! seeds, stop strings, limits, aborts, concurrency, streamed text.
+mod common;
+use common::tiny_llama_dir;
+use mlex::{ChatMessage, FinishReason, GenerateOptions, SamplingConfig, Session};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+fn opts(max_tokens: usize, sampling: SamplingConfig) -> GenerateOptions {
+    GenerateOptions { max_tokens, sampling, ignore_eos: true, ..Default::default() }
+}
+
+fn sampled(temperature: f32, seed: u64) -> SamplingConfig {
+    SamplingConfig { temperature, seed: Some(seed), ..Default::default() }
+}
+
+const PROMPT: &[u32] = &[3, 17, 42, 7, 99, 5];
+
+#[test]
+fn same_seed_same_tokens_other_seed_other_tokens() {
+    let dir = tiny_llama_dir();
+    let s = Session::load(dir.path()).unwrap();
+    let a = s.generate_tokens(PROMPT, opts(24, sampled(1.5, 7)), |_| true).unwrap();
+    let b = s.generate_tokens(PROMPT, opts(24, sampled(1.5, 7)), |_| true).unwrap();
+    let c = s.generate_tokens(PROMPT, opts(24, sampled(1.5, 8)), |_| true).unwrap();
+    assert_eq!(a.tokens, b.tokens);
+    assert_ne!(a.tokens, c.tokens, "a different seed should sample differently at temperature 1.5");
+}
+
+#[test]
+fn top_k_1_and_tiny_top_p_and_min_p_1_are_greedy() {
+    let dir = tiny_llama_dir();
+    let s = Session::load(dir.path()).unwrap();
+    let greedy = s.generate_tokens(PROMPT, opts(16, SamplingConfig::default()), |_| true).unwrap();
+    for cfg in [
+        SamplingConfig { top_k: 1, ..sampled(2.0, 1) },
+        SamplingConfig { top_p: 1e-6, ..sampled(2.0, 2) },
+        SamplingConfig { min_p: 1.0, ..sampled(2.0, 3) },
+    ] {
+        let r = s.generate_tokens(PROMPT, opts(16, cfg.clone()), |_| true).unwrap();
+        assert_eq!(r.tokens, greedy.tokens, "{cfg:?}");
+    }
+}
+
+#[test]
+fn repetition_penalty_changes_a_repetitive_greedy_run() {
+    let dir = tiny_llama_dir();
+    let s = Session::load(dir.path()).unwrap();
+    let plain = s.generate_tokens(PROMPT, opts(32, SamplingConfig::default()), |_| true).unwrap();
+    let pen = SamplingConfig { repetition_penalty: 5.0, ..Default::default() };
+    let r = s.generate_tokens(PROMPT, opts(32, pen), |_| true).unwrap();
+    let distinct = |t: &[u32]| t.iter().collect::<std::collections::HashSet<_>>().len();
+    assert!(distinct(&r.tokens) >= distinct(&plain.tokens), "{:?} vs {:?}", r.tokens, plain.tokens);
+    assert_ne!(r.tokens, plain.tokens);
+}
+
+#[test]
+fn max_tokens_gives_length_and_logprobs_are_valid() {
+    let dir = tiny_llama_dir();
+    let s = Session::load(dir.path()).unwrap();
+    let r = s.generate_tokens(PROMPT, opts(5, SamplingConfig::default()), |_| true).unwrap();
+    assert_eq!(r.tokens.len(), 5);
+    assert_eq!(r.logprobs.len(), 5);
+    assert_eq!(r.finish_reason, FinishReason::Length);
+    assert!(r.logprobs.iter().all(|l| l.is_finite() && *l <= 0.0));
+    assert_eq!(r.usage.prompt_tokens, PROMPT.len());
+    assert_eq!(r.usage.completion_tokens, 5);
+    assert!(r.usage.ttft_ms > 0.0 && r.usage.peak_memory_bytes > 0);
+}
+
+#[test]
+fn callback_false_and_abort_flag_stop_with_abort() {
+    let dir = tiny_llama_dir();
+    let s = Session::load(dir.path()).unwrap();
+    let mut seen = 0;
+    let r = s
+        .generate_tokens(PROMPT, opts(50, SamplingConfig::default()), |_| {
+            seen += 1;
+            seen < 3
+        })
+        .unwrap();
+    assert_eq!(r.finish_reason, FinishReason::Abort);
+    assert!(r.tokens.len() >= 3 && r.tokens.len() < 50, "{}", r.tokens.len());
+    let flag = Arc::new(AtomicBool::new(true));
+    let e = s.generate_tokens_with_abort(PROMPT, opts(50, SamplingConfig::default()), flag.clone(), |_| true).unwrap_err();
+    assert_eq!(e.code(), "ABORTED");
+    flag.store(false, Ordering::Relaxed);
+}
+
+#[test]
+fn concurrent_calls_equal_sequential_ones() {
+    let dir = tiny_llama_dir();
+    let s = Session::load(dir.path()).unwrap();
+    let prompts: Vec<Vec<u32>> = (0..4).map(|i| vec![1 + i, 20 + i, 40 + i]).collect();
+    let seq: Vec<Vec<u32>> =
+        prompts.iter().map(|p| s.generate_tokens(p, opts(12, SamplingConfig::default()), |_| true).unwrap().tokens).collect();
+    let handles: Vec<_> = prompts
+        .iter()
+        .cloned()
+        .map(|p| {
+            let s = s.clone();
+            std::thread::spawn(move || s.generate_tokens(&p, opts(12, SamplingConfig::default()), |_| true).unwrap().tokens)
+        })
+        .collect();
+    let par: Vec<Vec<u32>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(seq, par);
+}
+
+#[test]
+fn streamed_text_equals_reply_text_and_stop_strings_end_it() {
+    let dir = tiny_llama_dir();
+    let s = Session::load(dir.path()).unwrap();
+    let mut streamed = String::new();
+    let msgs = [ChatMessage::user("hello there")];
+    let r = s
+        .generate_cached(&msgs, None, opts(24, SamplingConfig::default()), |t| {
+            streamed.push_str(&t.text);
+            true
+        })
+        .unwrap();
+    assert_eq!(streamed, r.text);
+    assert!(!r.text.is_empty(), "the tiny model should produce some text");
+    // Stop at a piece of the greedy text: the reply is what came before it.
+    let chars: Vec<char> = r.text.chars().collect();
+    assert!(chars.len() >= 6, "need a longer greedy text to pick a stop string from: {:?}", r.text);
+    {
+        let stop: String = chars[3..5].iter().collect();
+        let cut = r.text.find(&stop).unwrap();
+        let o = GenerateOptions { stop: vec![stop.clone()], ..opts(24, SamplingConfig::default()) };
+        let mut streamed = String::new();
+        let r2 = s
+            .generate_cached(&msgs, None, o, |t| {
+                streamed.push_str(&t.text);
+                true
+            })
+            .unwrap();
+        assert_eq!(r2.text, r.text[..cut], "stop {stop:?}");
+        assert_eq!(streamed, r2.text);
+        assert_eq!(r2.finish_reason, FinishReason::Stop);
+    }
+}
+
+#[test]
+fn invalid_sampling_values_are_clean_errors() {
+    let dir = tiny_llama_dir();
+    let s = Session::load(dir.path()).unwrap();
+    for cfg in [
+        SamplingConfig { temperature: -1.0, ..Default::default() },
+        SamplingConfig { top_p: 0.0, ..Default::default() },
+        SamplingConfig { min_p: 2.0, ..Default::default() },
+        SamplingConfig { repetition_penalty: f32::NAN, ..Default::default() },
+    ] {
+        let e = s.generate_tokens(PROMPT, opts(4, cfg), |_| true).unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGUMENT", "{e}");
+    }
+}
