@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Side-by-side speed of mlex and mlx-lm on the same model, alternating engines run by run in one
+# command so both see the same machine state; prints a table with mlex/mlx-lm ratios.
+#
+#   scripts/bench-side-by-side.sh --shape qwen3-0.6b --bits 4 [--prompt-len 512 --gen 256 --rounds 3]
+#   scripts/bench-side-by-side.sh --model DIR [...]
+#
+# Env: MLEX (binary, default target/release/mlex), PYTHON (with mlx + mlx-lm; default the oracle
+# venv), MLEX_ARGS / MLXLM_ARGS (extra flags for one side only, e.g. MLXLM_ARGS="--dtype f32").
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+MLEX=${MLEX:-$here/../target/release/mlex}
+PYTHON=${PYTHON:-${MLEX_ORACLE_VENV:-$here/../.venv-oracle}/bin/python}
+rounds=3; args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --rounds) rounds=$2; shift 2 ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+out=$(mktemp); trap 'rm -f "$out"' EXIT
+for r in $(seq 1 "$rounds"); do
+  "$MLEX" bench "${args[@]}" ${MLEX_ARGS:-} --runs 1 --json >> "$out"
+  "$PYTHON" "$here/mlxlm_bench.py" "${args[@]}" ${MLXLM_ARGS:-} --runs 1 >> "$out"
+done
+python3 - "$out" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+by = {}
+for r in rows:
+    by.setdefault(r["engine"], []).append(r)
+keys = [("prefill_tok_s", "prefill tok/s", True), ("ttft_ms", "TTFT ms", False),
+        ("decode_tok_s", "decode tok/s", True), ("peak_gib", "peak GiB", False)]
+med = {e: {k: statistics.median(r[k] for r in rs) for k, _, _ in keys} for e, rs in by.items()}
+m, o = med.get("mlex"), med.get("mlx-lm")
+print(f"model: {rows[0]['model']}  bits: {rows[0]['bits']}  device: mlex={by['mlex'][0]['device']} mlx-lm={by['mlx-lm'][0]['device']}"
+      f"  rounds: {len(by['mlex'])} (medians)")
+print("| figure | mlex | mlx-lm | mlex vs mlx-lm |")
+print("|---|---|---|---|")
+for k, name, higher_better in keys:
+    ratio = (m[k] / o[k]) if higher_better else (o[k] / m[k] if m[k] else float("nan"))
+    print(f"| {name} | {m[k]:g} | {o[k]:g} | {ratio:.2f}× {'faster' if k != 'peak_gib' else 'less'} |")
+PY

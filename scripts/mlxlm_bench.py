@@ -1,0 +1,91 @@
+"""mlx-lm's side of a side-by-side benchmark: mlx-lm's own decode loop (generate_step) on one
+model, printing one JSON line per run with the same keys as `mlex bench --json`.
+
+  python scripts/mlxlm_bench.py --model DIR
+  python scripts/mlxlm_bench.py --shape qwen3-0.6b --bits 4 [--dtype bf16|f32]
+  options: --prompt-len 512 --gen 256 --runs 3
+
+Shapes are the same configs as `mlex bench --shape` (src/bench.rs)."""
+import argparse
+import importlib
+import json
+import time
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.generate import generate_step
+
+SHAPES = {
+    "qwen3-0.6b": dict(model_type="qwen3", hidden_size=1024, num_hidden_layers=28, intermediate_size=3072,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
+                       vocab_size=151936, max_position_embeddings=40960, rope_theta=1e6, tie_word_embeddings=True),
+    "llama-3.2-3b": dict(model_type="llama", hidden_size=3072, num_hidden_layers=28, intermediate_size=8192,
+                         num_attention_heads=24, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-5,
+                         vocab_size=128256, max_position_embeddings=131072, rope_theta=5e5, tie_word_embeddings=True),
+    "qwen2.5-7b": dict(model_type="qwen2", hidden_size=3584, num_hidden_layers=28, intermediate_size=18944,
+                       num_attention_heads=28, num_key_value_heads=4, rms_norm_eps=1e-6, vocab_size=152064,
+                       max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=False),
+    "smollm2-135m": dict(model_type="llama", hidden_size=576, num_hidden_layers=30, intermediate_size=1536,
+                         num_attention_heads=9, num_key_value_heads=3, rms_norm_eps=1e-5, vocab_size=49152,
+                         max_position_embeddings=8192, rope_theta=1e5, tie_word_embeddings=True),
+}
+
+
+def build(a):
+    if a.model:
+        from mlx_lm.utils import load
+        model, _ = load(a.model)
+        return model, model.args.vocab_size
+    cfg = SHAPES[a.shape]
+    mod = importlib.import_module(f"mlx_lm.models.{cfg['model_type']}")
+    model = mod.Model(mod.ModelArgs.from_dict(cfg))
+    model.set_dtype(mx.bfloat16 if a.dtype == "bf16" else mx.float32)
+    if a.bits:
+        nn.quantize(model, group_size=a.group_size, bits=a.bits)
+    mx.eval(model.parameters())
+    return model, cfg["vocab_size"]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model")
+    p.add_argument("--shape", default="qwen3-0.6b")
+    p.add_argument("--bits", type=int, default=0)
+    p.add_argument("--group-size", type=int, default=64)
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "f32"])
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--gen", type=int, default=256)
+    p.add_argument("--runs", type=int, default=3)
+    a = p.parse_args()
+    t0 = time.perf_counter()
+    model, vocab = build(a)
+    load_s = time.perf_counter() - t0
+    weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    mx.random.seed(0)
+    prompt = mx.random.randint(0, vocab, (a.prompt_len,))
+    for _ in generate_step(prompt, model, max_tokens=4):  # warm-up at the measured shape
+        pass
+    for run in range(a.runs):
+        mx.clear_cache()
+        mx.reset_peak_memory()
+        t0 = time.perf_counter()
+        t1 = None
+        n = 0
+        for _tok, _lp in generate_step(prompt, model, max_tokens=a.gen):
+            if t1 is None:
+                t1 = time.perf_counter()
+            n += 1
+        t2 = time.perf_counter()
+        print(json.dumps({
+            "engine": "mlx-lm", "model": a.model or a.shape, "bits": a.bits, "run": run,
+            "prompt_tokens": a.prompt_len, "gen_tokens": n,
+            "prefill_tok_s": round(a.prompt_len / (t1 - t0), 1), "ttft_ms": round((t1 - t0) * 1e3, 2),
+            "decode_tok_s": round((n - 1) / (t2 - t1), 2) if n > 1 else 0.0,
+            "weights_gib": round(weights / 2**30, 3), "peak_gib": round(mx.get_peak_memory() / 2**30, 3),
+            "device": str(mx.default_device()), "load_s": round(load_s, 3),
+        }), flush=True)
+
+
+if __name__ == "__main__":
+    main()
