@@ -4,3 +4,5 @@
 //! CPU). Start with [`Session`]: load a checkpoint, then generate from chat messages.
 pub mod error;
 pub mod mlx;
+pub mod gguf;
+pub mod convert;
