@@ -155,8 +155,8 @@ impl Hparams {
         c.insert("num_attention_heads".into(), json!(self.n_heads));
         c.insert("num_key_value_heads".into(), json!(self.n_kv_heads));
         c.insert("head_dim".into(), json!(self.head_dim));
-        c.insert("rms_norm_eps".into(), json!(self.rms_norm_eps as f32 as f64));
-        c.insert("rope_theta".into(), json!(self.rope_theta));
+        c.insert("rms_norm_eps".into(), json!(shortest_f32(self.rms_norm_eps)));
+        c.insert("rope_theta".into(), json!(shortest_f32(self.rope_theta)));
         c.insert("max_position_embeddings".into(), json!(self.context_length));
         c.insert("vocab_size".into(), json!(self.vocab_size));
         c.insert("tie_word_embeddings".into(), json!(tie));
@@ -174,6 +174,17 @@ impl Hparams {
         }
         c.insert("torch_dtype".into(), json!(dtype));
         c
+    }
+}
+
+/// GGUF stores these as f32: write the shortest decimal that reads back as the same f32
+/// (1e-05, not 9.999999747378752e-06), as HF configs have them.
+fn shortest_f32(v: f64) -> f64 {
+    let f = v as f32;
+    if f as f64 == v || (f as f64 - v).abs() <= f64::EPSILON * v.abs() {
+        format!("{f}").parse().unwrap_or(v)
+    } else {
+        v
     }
 }
 
