@@ -153,7 +153,8 @@ fn convert_llama_f32_unpermutes_qk() {
     assert_eq!(cfg["intermediate_size"], FFN);
     assert_eq!(cfg["vocab_size"], m.vocab);
     assert_eq!(cfg["tie_word_embeddings"], true);
-    assert_eq!(cfg["rms_norm_eps"].as_f64().unwrap() as f32, 1e-5f32);
+    assert_eq!(cfg["rms_norm_eps"].as_f64().unwrap(), 1e-5, "shortest decimal of the f32");
+    assert_eq!(cfg["rope_theta"].as_f64().unwrap(), 10000.0);
     assert!(cfg.get("quantization").is_none());
     assert_eq!(cfg["eos_token_id"], 2);
 }
@@ -531,4 +532,47 @@ fn convert_real_smollm2() {
     assert_eq!(tok.decode(enc.get_ids(), false).unwrap(), s);
     let st = read_safetensors(&out.join("model.safetensors"));
     assert_eq!(st["model.embed_tokens.weight"].shape, vec![49152, 576 / 4]);
+}
+
+/// llama.cpp's tokenizer test vectors (vocab-only GGUFs + inputs + HF-produced ids), shipped in the
+/// llama-cpp-python sdist under vendor/llama.cpp/models/. Point `MLEX_GGML_VOCAB_DIR` at that
+/// folder (`tar xzf llama_cpp_python-0.3.36.tar.gz --wildcards '*/models/ggml-vocab-*'`).
+#[test]
+fn tokenizer_matches_llama_cpp_vocab_tests() {
+    let Ok(dir) = std::env::var("MLEX_GGML_VOCAB_DIR") else {
+        eprintln!("MLEX_GGML_VOCAB_DIR not set: skipped");
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let names = std::env::var("MLEX_GGML_VOCABS")
+        .unwrap_or_else(|_| "gpt-2,llama-bpe,llama-spm,qwen2,starcoder,refact,phi-3".into());
+    let tmp = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    for name in names.split(',') {
+        let gguf = dir.join(format!("ggml-vocab-{name}.gguf"));
+        let g = GgufFile::open(&gguf).unwrap();
+        let vocab = mlex::convert::tokenizer::Vocab::read(&g).unwrap().unwrap();
+        let mut warnings = Vec::new();
+        let tj = vocab.tokenizer_json(&g, &mut warnings).unwrap();
+        let p = tmp.path().join(format!("{name}.json"));
+        std::fs::write(&p, serde_json::to_vec(&tj).unwrap()).unwrap();
+        let tok = tokenizers::Tokenizer::from_file(&p).unwrap();
+        let inp = std::fs::read_to_string(dir.join(format!("ggml-vocab-{name}.gguf.inp"))).unwrap();
+        let out = std::fs::read_to_string(dir.join(format!("ggml-vocab-{name}.gguf.out"))).unwrap();
+        let texts: Vec<&str> = inp.split("\n__ggml_vocab_test__\n").collect();
+        let expected: Vec<Vec<u32>> =
+            out.lines().map(|l| l.split_whitespace().map(|x| x.parse().unwrap()).collect()).collect();
+        let (mut ok, mut n) = (0, 0);
+        for (t, want) in texts.iter().zip(&expected) {
+            n += 1;
+            let got = tok.encode(*t, false).unwrap().get_ids().to_vec();
+            if &got == want {
+                ok += 1;
+            } else if failures.len() < 40 {
+                failures.push(format!("{name}: {t:?}\n   ours {got:?}\n   want {want:?}"));
+            }
+        }
+        eprintln!("{name}: {ok}/{n} identical {warnings:?}");
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
