@@ -278,3 +278,104 @@ pub fn unpermute_src_row(r: u64, rows: u64, heads: u64) -> u64 {
     let (t, i) = (within / half, within % half);
     h * hd + 2 * i + t
 }
+
+/// The llama3 rope factors for (factor, low_freq_factor, high_freq_factor, original context), one
+/// per rotary frequency `theta^(-2i/head_dim)`, as HF's llama3 rope scaling defines them.
+pub fn llama3_rope_factors(theta: f64, head_dim: u64, factor: f64, lo: f64, hi: f64, orig: f64) -> Vec<f64> {
+    let (lo_wl, hi_wl) = (orig / lo, orig / hi);
+    (0..head_dim / 2)
+        .map(|i| {
+            let freq = theta.powf(-(2.0 * i as f64) / head_dim as f64);
+            let wavelen = 2.0 * std::f64::consts::PI / freq;
+            if wavelen < hi_wl {
+                1.0
+            } else if wavelen > lo_wl {
+                factor
+            } else {
+                let smooth = (orig / wavelen - lo) / (hi - lo);
+                1.0 / ((1.0 - smooth) / factor + smooth)
+            }
+        })
+        .collect()
+}
+
+/// Recover HF's `rope_scaling` (llama3 type) from llama.cpp's `rope_freqs.weight` factors.
+/// The smooth region is linear in 1/wavelength, which fixes low/high_freq_factor for a given
+/// original context length; the result is accepted only if it reproduces every factor.
+pub fn infer_llama3_rope_scaling(factors: &[f32], theta: f64, head_dim: u64, orig: Option<u64>) -> Option<Json> {
+    if factors.len() as u64 != head_dim / 2 || factors.is_empty() {
+        return None;
+    }
+    let factor = factors.iter().copied().fold(f32::MIN, f32::max) as f64;
+    if !(factor > 1.0 + 1e-6) {
+        return None;
+    }
+    let orig = orig.unwrap_or(8192) as f64;
+    // Points of the smooth region: s(x) = a·x + b with x = 1/wavelength.
+    let mut pts = Vec::new();
+    for (i, &f) in factors.iter().enumerate() {
+        let f = f as f64;
+        if f > 1.0 + 1e-4 && f < factor * (1.0 - 1e-4) {
+            let freq = theta.powf(-(2.0 * i as f64) / head_dim as f64);
+            let x = freq / (2.0 * std::f64::consts::PI);
+            let s = (1.0 / f - 1.0 / factor) / (1.0 - 1.0 / factor);
+            pts.push((x, s));
+        }
+    }
+    let (lo, hi) = if pts.len() >= 2 {
+        let n = pts.len() as f64;
+        let (mx, my) = (pts.iter().map(|p| p.0).sum::<f64>() / n, pts.iter().map(|p| p.1).sum::<f64>() / n);
+        let sxy: f64 = pts.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+        let sxx: f64 = pts.iter().map(|p| (p.0 - mx) * (p.0 - mx)).sum();
+        if sxx == 0.0 {
+            return None;
+        }
+        let a = sxy / sxx;
+        let b = my - a * mx;
+        let lo = -b * orig / a;
+        let hi = lo + orig / a;
+        // Clean up values that are integers up to float noise (1.0, 4.0 in every llama3 release).
+        let clean = |v: f64| if (v - v.round()).abs() < 1e-3 { v.round() } else { v };
+        (clean(lo), clean(hi))
+    } else {
+        (1.0, 4.0)
+    };
+    let re = llama3_rope_factors(theta, head_dim, factor, lo, hi, orig);
+    let ok = re.iter().zip(factors).all(|(a, &b)| ((a - b as f64) / (b as f64)).abs() < 1e-3);
+    ok.then(|| {
+        json!({
+            "rope_type": "llama3",
+            "factor": shortest_f32(factor),
+            "low_freq_factor": lo,
+            "high_freq_factor": hi,
+            "original_max_position_embeddings": orig as u64,
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unpermute_matches_reshape_swapaxes() {
+        // rows = heads * hd; GGUF row h*hd + 2i + t holds HF row h*hd + t*hd/2 + i.
+        let (rows, heads) = (12u64, 2u64);
+        let src: Vec<u64> = (0..rows).map(|r| unpermute_src_row(r, rows, heads)).collect();
+        assert_eq!(src, vec![0, 2, 4, 1, 3, 5, 6, 8, 10, 7, 9, 11]);
+    }
+
+    #[test]
+    fn llama3_rope_scaling_round_trip() {
+        for (theta, hd, factor, lo, hi, orig) in
+            [(500000.0, 64, 32.0, 1.0, 4.0, 8192.0), (500000.0, 128, 8.0, 1.0, 4.0, 8192.0), (10000.0, 64, 4.0, 2.0, 8.0, 4096.0)]
+        {
+            let f: Vec<f32> = llama3_rope_factors(theta, hd, factor, lo, hi, orig).iter().map(|&v| v as f32).collect();
+            let j = infer_llama3_rope_scaling(&f, theta, hd, Some(orig as u64)).expect("inferred");
+            assert_eq!(j["factor"], json!(factor));
+            assert_eq!(j["low_freq_factor"], json!(lo), "{j}");
+            assert_eq!(j["high_freq_factor"], json!(hi), "{j}");
+        }
+        assert!(infer_llama3_rope_scaling(&[1.0; 32], 10000.0, 64, None).is_none());
+    }
+}

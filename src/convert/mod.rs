@@ -175,7 +175,7 @@ pub fn convert_gguf(
         }
     }
     let g = GgufFile::open(gguf)?;
-    let h = Hparams::read(&g)?;
+    let mut h = Hparams::read(&g)?;
     let mut warnings = Vec::new();
     let vocab = tokenizer::Vocab::read(&g)?;
     if vocab.is_none() {
@@ -193,11 +193,15 @@ pub fn convert_gguf(
         let mapped = match arch::map_name(&h, &t.name) {
             Ok(Some(m)) => m,
             Ok(None) => {
-                if t.name == "rope_freqs.weight" {
-                    warnings.push(
-                        "rope_freqs.weight (llama3-style rope scaling factors) dropped: rope_scaling is not reconstructed"
-                            .into(),
-                    );
+                if t.name == "rope_freqs.weight" && h.rope_scaling.is_none() {
+                    let factors = g.dequantize(t)?;
+                    let orig = g.get_u64(&format!("{}.rope.scaling.original_context_length", h.arch))?;
+                    match arch::infer_llama3_rope_scaling(&factors, h.rope_theta, h.head_dim, orig) {
+                        Some(rs) => h.rope_scaling = Some(rs),
+                        None => warnings.push(
+                            "rope_freqs.weight does not match llama3 rope scaling: dropped, rope_scaling not set".into(),
+                        ),
+                    }
                 }
                 continue;
             }
