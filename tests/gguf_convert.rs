@@ -545,7 +545,7 @@ fn tokenizer_matches_llama_cpp_vocab_tests() {
     };
     let dir = PathBuf::from(dir);
     let names = std::env::var("MLEX_GGML_VOCABS")
-        .unwrap_or_else(|_| "gpt-2,llama-bpe,llama-spm,qwen2,starcoder,refact,phi-3".into());
+        .unwrap_or_else(|_| "gpt-2,llama-bpe,llama-spm,qwen2,starcoder,refact,phi-3,mpt,command-r".into());
     let tmp = tempfile::tempdir().unwrap();
     let mut failures = Vec::new();
     for name in names.split(',') {

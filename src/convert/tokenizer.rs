@@ -18,8 +18,6 @@ pub const TOKEN_USER_DEFINED: i64 = 4;
 pub const TOKEN_UNUSED: i64 = 5;
 pub const TOKEN_BYTE: i64 = 6;
 
-/// GPT-2's split regex (what the ByteLevel pre-tokenizer applies with `use_regex`).
-const GPT2_REGEX: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
@@ -236,7 +234,8 @@ impl Vocab {
         let mut normalizer = Json::Null;
         let mut ignore_merges = false;
         let pre_tokenizer = match pre {
-            "default" | "gpt-2" | "gpt2" | "phi-2" | "olmo" | "jais" => byte_level(true),
+            // GPT-2's split regex is the ByteLevel pre-tokenizer's own (`use_regex`).
+            "default" | "gpt-2" | "gpt2" | "phi-2" | "olmo" | "jais" | "mpt" => byte_level(true),
             "smollm" | "starcoder" | "refact" | "codeshell" | "command-r" | "exaone" | "minerva-7b" => json!({
                 "type": "Sequence",
                 "pretokenizers": [{"type": "Digits", "individual_digits": true}, byte_level(true)],
@@ -256,7 +255,6 @@ impl Vocab {
                 byte_level(true)
             }
         };
-        let _ = GPT2_REGEX;
         Ok(json!({
             "version": "1.0",
             "truncation": null,

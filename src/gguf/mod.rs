@@ -317,12 +317,10 @@ impl<'a> Cursor<'a> {
                 Value::String(String::from_utf8_lossy(b).into_owned())
             }
             ValueType::Array => {
-                if depth > 0 {
-                    // Nested arrays are legal in the format; cap the depth so a hostile file
-                    // cannot recurse without bound.
-                    if depth > 8 {
-                        return Err(self.err(format!("metadata key '{key}': arrays nested too deep")));
-                    }
+                // Nested arrays are legal in the format; cap the depth so a hostile file cannot
+                // recurse without bound.
+                if depth > 8 {
+                    return Err(self.err(format!("metadata key '{key}': arrays nested too deep")));
                 }
                 let ety_id = self.u32(&what)?;
                 let ety = ValueType::from_id(ety_id).ok_or_else(|| {
@@ -336,7 +334,9 @@ impl<'a> Cursor<'a> {
                         self.remaining()
                     )));
                 }
-                let mut items = Vec::with_capacity(count as usize);
+                // Grow as elements actually parse: a count that fits the bytes left can still be far more
+                // Values (32 bytes each) than bytes.
+                let mut items = Vec::with_capacity(count.min(1 << 16) as usize);
                 for _ in 0..count {
                     items.push(self.value(ety, key, depth + 1)?);
                 }
@@ -408,8 +408,8 @@ impl GgufFile {
             return Err(c.err(format!("absurd tensor count {n_tensors} for a file of {} bytes", buf.len())));
         }
 
-        let mut metadata = Vec::with_capacity(n_kv as usize);
-        let mut index = HashMap::with_capacity(n_kv as usize);
+        let mut metadata = Vec::with_capacity(n_kv.min(1 << 12) as usize);
+        let mut index = HashMap::with_capacity(n_kv.min(1 << 12) as usize);
         for i in 0..n_kv {
             let what = || format!("key of metadata entry {i}");
             let kb = c.string_bytes(&what)?;
@@ -440,8 +440,8 @@ impl GgufFile {
             }
         };
 
-        let mut tensors = Vec::with_capacity(n_tensors as usize);
-        let mut tensor_index = HashMap::with_capacity(n_tensors as usize);
+        let mut tensors = Vec::with_capacity(n_tensors.min(1 << 14) as usize);
+        let mut tensor_index = HashMap::with_capacity(n_tensors.min(1 << 14) as usize);
         for i in 0..n_tensors {
             let what = || format!("name of tensor info {i}");
             let nb = c.string_bytes(&what)?;
