@@ -17,8 +17,10 @@
 //! ```
 pub mod bench;
 pub mod chat;
+pub mod convert;
 pub mod error;
 pub mod generate;
+pub mod gguf;
 pub mod loader;
 pub mod mlx;
 pub mod models;
