@@ -162,6 +162,9 @@ struct ConvertArgs {
     q_bits: Option<u8>,
     #[arg(long, default_value_t = 64)]
     q_group_size: u32,
+    /// Dtype of tensors written as floats: f16, bf16 or f32.
+    #[arg(long, default_value = "f16")]
+    dtype: String,
 }
 
 fn main() {
@@ -343,6 +346,39 @@ fn template(a: TemplateArgs) -> mlex::Result<()> {
     Ok(())
 }
 
-fn convert(_a: ConvertArgs) -> mlex::Result<()> {
-    Err(mlex::Error::InvalidArgument("convert is not wired yet".into()))
+fn convert(a: ConvertArgs) -> mlex::Result<()> {
+    use mlex::convert::{convert_gguf, progress_bar_callback, ConvertOptions};
+    let opts = ConvertOptions {
+        q_bits: a.q_bits,
+        q_group_size: a.q_group_size,
+        float_dtype: a
+            .dtype
+            .parse()
+            .map_err(|_| mlex::Error::InvalidArgument(format!("--dtype must be f16, bf16 or f32, got '{}'", a.dtype)))?,
+    };
+    let (bar, mut on_progress) = progress_bar_callback();
+    let started = std::time::Instant::now();
+    match convert_gguf(&a.gguf, &a.out, &opts, &mut on_progress) {
+        Ok(s) => {
+            bar.finish_and_clear();
+            for w in &s.warnings {
+                eprintln!("warning: {w}");
+            }
+            eprintln!(
+                "converted {} ({} tensors: {} lossless, {} re-quantized, {} float) to {} in {:.1}s",
+                s.architecture,
+                s.tensors,
+                s.lossless,
+                s.requantized,
+                s.float_tensors,
+                a.out.display(),
+                started.elapsed().as_secs_f64()
+            );
+            Ok(())
+        }
+        Err(e) => {
+            bar.abandon();
+            Err(e)
+        }
+    }
 }
