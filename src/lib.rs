@@ -22,6 +22,8 @@ pub mod loader;
 pub mod mlx;
 pub mod models;
 pub mod nn;
+#[cfg(feature = "node")]
+mod node;
 mod session;
 pub mod tokenizer;
 
