@@ -20,21 +20,62 @@ use crate::{Device, Dtype, Error as CoreError, LoadOptions as CoreLoadOptions, P
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 use serde_json::Value;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Once, Weak};
 use std::time::Duration;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 pub use types::*;
 
-/// Set by an env cleanup hook when Node tears the environment down (process exit).
+/// Set when the process is exiting (our `atexit` handler): sessions are leaked from then on.
 static EXITING: AtomicBool = AtomicBool::new(false);
-static CLEANUP_HOOK: Once = Once::new();
+/// Jobs that may be running MLX on an engine thread right now: loads, generations, releases.
+static ACTIVE: AtomicUsize = AtomicUsize::new(0);
+/// Abort flags of every generation still running, in every session.
+static RUNNING: Mutex<Vec<Weak<AtomicBool>>> = Mutex::new(Vec::new());
+static EXIT_HANDLER: Once = Once::new();
 
-fn register_exit_hook(env: &Env) {
-    CLEANUP_HOOK.call_once(|| {
-        let _ = env.add_env_cleanup_hook((), |_| EXITING.store(true, Ordering::SeqCst));
+extern "C" {
+    fn atexit(cb: extern "C" fn()) -> std::os::raw::c_int;
+}
+
+/// Runs at `exit()` (natural exit or `process.exit()`), before libmlx's static destructors (it is
+/// registered after libmlx was loaded, and exit handlers run in reverse order): MLX must not be
+/// torn down under an engine thread that is still computing. Aborts every generation and waits
+/// (at most a few seconds) for the engine threads to go idle.
+extern "C" fn on_process_exit() {
+    EXITING.store(true, Ordering::SeqCst);
+    if let Ok(running) = RUNNING.lock() {
+        for flag in running.iter().filter_map(|w| w.upgrade()) {
+            flag.store(true, Ordering::SeqCst);
+        }
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while ACTIVE.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn register_exit_handler() {
+    EXIT_HANDLER.call_once(|| unsafe {
+        atexit(on_process_exit);
     });
+}
+
+/// Counts a job in [`ACTIVE`] for as long as it lives.
+struct ActiveJob;
+
+impl ActiveJob {
+    fn start() -> Self {
+        ACTIVE.fetch_add(1, Ordering::SeqCst);
+        ActiveJob
+    }
+}
+
+impl Drop for ActiveJob {
+    fn drop(&mut self) {
+        ACTIVE.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// A JS error carrying the core error's stable code as a `[CODE] ` message prefix.
@@ -236,7 +277,11 @@ fn release(session: CoreSession) {
         std::mem::forget(session);
         return;
     }
-    let spawned = std::thread::Builder::new().name("mlex-release".into()).spawn(move || drop(session));
+    let job = ActiveJob::start();
+    let spawned = std::thread::Builder::new().name("mlex-release".into()).spawn(move || {
+        drop(session);
+        drop(job);
+    });
     if let Err(e) = spawned {
         // No thread to spare: leaking beats blocking the event loop.
         eprintln!("mlex: could not spawn a thread to release a session ({e}); leaking it");
@@ -285,11 +330,12 @@ impl Task for LoadTask {
 
     fn compute(&mut self) -> Result<CoreSession> {
         let options = self.options.take().unwrap_or_else(|| Ok(CoreLoadOptions::default()))?;
+        register_exit_handler();
+        let _job = ActiveJob::start();
         CoreSession::load_with_options(&self.model, options).map_err(js_error)
     }
 
-    fn resolve(&mut self, env: Env, session: CoreSession) -> Result<NativeSession> {
-        register_exit_hook(&env);
+    fn resolve(&mut self, _env: Env, session: CoreSession) -> Result<NativeSession> {
         let info = session.info();
         let info = ModelInfo {
             path: info.path.display().to_string(),
@@ -355,10 +401,18 @@ impl NativeSession {
             running.retain(|w| w.strong_count() > 0);
             running.push(Arc::downgrade(&abort));
         }
+        if let Ok(mut all) = RUNNING.lock() {
+            all.retain(|w| w.strong_count() > 0);
+            all.push(Arc::downgrade(&abort));
+        }
+        let job = ActiveJob::start();
         let flag = abort.clone();
         std::thread::Builder::new()
             .name("mlex-generate".into())
-            .spawn(move || run_generation(session, messages, tools, options, flag, tx))
+            .spawn(move || {
+                run_generation(session, messages, tools, options, flag, tx);
+                drop(job);
+            })
             .map_err(|e| js_error(CoreError::io("spawning a generation thread", e)))?;
         Ok(NativeGeneration { rx: Arc::new(tokio::sync::Mutex::new(rx)), abort, finished: Arc::new(AtomicBool::new(false)) })
     }
@@ -419,12 +473,48 @@ fn run_generation(
             return Err(CoreError::Aborted);
         }
         let prompt = session.encode_messages(&messages, tools.as_deref(), options.enable_thinking)?;
-        // A send fails once JS has dropped the generation: stop then.
-        session.generate_tokens_with_abort(&prompt, options, abort.clone(), |t| tx.send(Item::Token(t.clone())).is_ok())
+        let max_tokens = options.max_tokens;
+        // The engine ends a generation cut short (length, abort) with one more event for the last
+        // token, carrying text it held back (pending UTF-8, a partial stop string). JS sees one
+        // event per token: the last token is held until that flush (or the reply) arrives and
+        // merged with it. Only the final token is ever held, so streaming is not delayed.
+        let mut held: Option<CoreToken> = None;
+        let mut count = 0usize;
+        let mut alive = true;
+        let mut send = |t: CoreToken| {
+            alive = alive && tx.send(Item::Token(t)).is_ok();
+            alive
+        };
+        let reply = session.generate_tokens_with_abort(&prompt, options, abort.clone(), |t| {
+            if let Some(mut h) = held.take() {
+                let flush = count >= max_tokens || (t.id == h.id && t.logprob == h.logprob);
+                if flush {
+                    h.text.push_str(&t.text);
+                    return send(h);
+                }
+                if !send(h) {
+                    return false;
+                }
+            }
+            count += 1;
+            if count >= max_tokens || abort.load(Ordering::SeqCst) {
+                held = Some(t.clone());
+                return true;
+            }
+            // A send fails once JS has dropped the generation: stop then.
+            send(t.clone())
+        });
+        if let Some(h) = held.take() {
+            send(h);
+        }
+        reply
     }))
     .unwrap_or_else(|_| Err(CoreError::Mlx("internal error: the generation thread panicked".into())));
     let _ = tx.send(Item::Done(result));
-    // The session clone drops here, off the JS thread.
+    // The session clone drops here, off the JS thread (the last one joins the engine thread).
+    if EXITING.load(Ordering::SeqCst) {
+        std::mem::forget(session);
+    }
 }
 
 /// Internal: one running generation; `Session.generate`/`Session.stream` drive it.
