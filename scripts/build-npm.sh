@@ -7,8 +7,10 @@
 #   --debug     build without --release (quicker; debug info is stripped from the packaged copy)
 #   --no-build  package the mlex.linux-x64-gnu.node already in the repository root
 #   cpu         npm/linux-x64-gnu:       .node + mlx/lib/libmlx.so + mlx_cpu.libs/ (BLAS, LAPACK, gfortran)
-#   cuda        npm/linux-x64-gnu-cuda:  the same .node + the CUDA wheel's mlx/lib/libmlx.so (DESIGN.md §2:
-#               one binary, built against the CPU wheel's headers, runs on the CUDA libmlx)
+#   cuda        npm/linux-x64-gnu-cuda:  the same .node + the CUDA wheel's mlx/lib/libmlx.so and
+#               mlx_cuda_13.libs/ (DESIGN.md §2: one binary, built against the CPU wheel's headers,
+#               runs on the CUDA libmlx). The NVIDIA libraries (cuBLAS, cuDNN, NCCL, cuFFT, cuSOLVER,
+#               NVRTC; libmlx.so looks in $ORIGIN/../../nvidia/*/lib, then the system) are not bundled.
 #
 # Layout: the .node's RUNPATH starts with $ORIGIN/mlx/lib (build.rs), and libmlx.so finds
 # mlx_cpu.libs/ through its own RPATH $ORIGIN/../../mlx_cpu.libs. The MLX wheels come from
@@ -51,15 +53,17 @@ for backend in "${backends[@]}"; do
     cuda) dir=npm/linux-x64-gnu-cuda ;;
   esac
   prefix=$(bash vendor/fetch-mlx.sh "$backend")
-  rm -rf "$dir/mlx" "$dir/mlx_cpu.libs" "$dir"/*.node
+  rm -rf "$dir/mlx" "$dir"/*.libs "$dir"/*.node
   mkdir -p "$dir/mlx/lib"
   # Debug info is for us, not for users: strip it from the packaged copy.
   objcopy --strip-debug "$node_file" "$dir/mlex.linux-x64-gnu.node" 2>/dev/null || cp "$node_file" "$dir/"
   cp "$prefix/mlx/lib/libmlx.so" "$dir/mlx/lib/"
   cp "$prefix"/*.dist-info/licenses/LICENSE "$dir/mlx/LICENSE"
-  if [ "$backend" = cpu ]; then
-    cp -r "$prefix/mlx_cpu.libs" "$dir/"
-  fi
+  # The wheel's bundled BLAS/LAPACK (mlx_cpu.libs/ or mlx_cuda_13.libs/), found by libmlx.so's
+  # own RPATH $ORIGIN/../../<wheel>.libs.
+  for libs in "$prefix"/*.libs; do
+    [ -d "$libs" ] && cp -r "$libs" "$dir/"
+  done
   # Platform packages carry the main package's version (the loader expects them to match).
   node -e '
     const fs = require("fs"); const f = process.argv[1]; const p = JSON.parse(fs.readFileSync(f, "utf8"))
