@@ -25,6 +25,8 @@ pub mod loader;
 pub mod mlx;
 pub mod models;
 pub mod nn;
+#[cfg(feature = "node")]
+mod node;
 mod session;
 pub mod tokenizer;
 

@@ -1,0 +1,585 @@
+//! The napi-rs surface of the `mlex` npm package (feature `node`).
+//!
+//! Native layer, kept small: the public `Session` class (AbortSignal, async iterator, argument
+//! checks, `Symbol.asyncDispose`) lives in the hand-written `wrapper.js` over these classes.
+//!
+//! Threads: nothing here blocks the JS thread. Loading runs as an `AsyncTask`; every generation
+//! runs on a thread of its own that waits on the session's engine thread (jobs FIFO) and hands
+//! tokens to JS through a tokio channel that `NativeGeneration.next()` awaits. Dropping a session
+//! (close or garbage collection) happens on a helper thread, because the last drop joins the
+//! engine thread; during process exit sessions are leaked instead, so no MLX work races the
+//! process's own teardown.
+//!
+//! Errors: every error message starts with `[CODE] `, the stable code of [`crate::Error::code`];
+//! the wrapper moves it into `err.code`.
+mod types;
+
+use crate::chat::{parse_messages_json, parse_tools_json, ChatMessage as CoreMessage, Tool as CoreTool};
+use crate::generate::{GenerateOptions as CoreGenerateOptions, GenerateReply as CoreReply, GeneratedToken as CoreToken, TokenKind};
+use crate::{Device, Dtype, Error as CoreError, LoadOptions as CoreLoadOptions, PromptCacheConfig, Session as CoreSession};
+use napi::bindgen_prelude::*;
+use napi_derive::napi;
+use serde_json::Value;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Once, Weak};
+use std::time::Duration;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+pub use types::*;
+
+/// Set when the process is exiting (our `atexit` handler): sessions are leaked from then on.
+static EXITING: AtomicBool = AtomicBool::new(false);
+/// Jobs that may be running MLX on an engine thread right now: loads, generations, releases.
+static ACTIVE: AtomicUsize = AtomicUsize::new(0);
+/// Abort flags of every generation still running, in every session.
+static RUNNING: Mutex<Vec<Weak<AtomicBool>>> = Mutex::new(Vec::new());
+static EXIT_HANDLER: Once = Once::new();
+
+extern "C" {
+    fn atexit(cb: extern "C" fn()) -> std::os::raw::c_int;
+}
+
+/// Runs at `exit()` (natural exit or `process.exit()`), before libmlx's static destructors (it is
+/// registered after libmlx was loaded, and exit handlers run in reverse order): MLX must not be
+/// torn down under an engine thread that is still computing. Aborts every generation and waits
+/// (at most a few seconds) for the engine threads to go idle.
+extern "C" fn on_process_exit() {
+    EXITING.store(true, Ordering::SeqCst);
+    if let Ok(running) = RUNNING.lock() {
+        for flag in running.iter().filter_map(|w| w.upgrade()) {
+            flag.store(true, Ordering::SeqCst);
+        }
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while ACTIVE.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn register_exit_handler() {
+    EXIT_HANDLER.call_once(|| unsafe {
+        atexit(on_process_exit);
+    });
+}
+
+/// Counts a job in [`ACTIVE`] for as long as it lives.
+struct ActiveJob;
+
+impl ActiveJob {
+    fn start() -> Self {
+        ACTIVE.fetch_add(1, Ordering::SeqCst);
+        ActiveJob
+    }
+}
+
+impl Drop for ActiveJob {
+    fn drop(&mut self) {
+        ACTIVE.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A JS error carrying the core error's stable code as a `[CODE] ` message prefix.
+fn js_error(e: CoreError) -> napi::Error {
+    napi::Error::new(Status::GenericFailure, format!("[{}] {}", e.code(), e))
+}
+
+fn invalid(msg: impl Into<String>) -> napi::Error {
+    js_error(CoreError::InvalidArgument(msg.into()))
+}
+
+fn parse_json<T: serde::de::DeserializeOwned + Default>(json: &str, what: &str) -> Result<T> {
+    if json.is_empty() {
+        return Ok(T::default());
+    }
+    serde_json::from_str(json).map_err(|e| invalid(format!("{what}: {}", serde_error(&e))))
+}
+
+/// serde_json's message without the "at line 1 column N" of our own generated JSON text.
+fn serde_error(e: &serde_json::Error) -> String {
+    let s = e.to_string();
+    match s.find(" at line ") {
+        Some(i) => s[..i].to_string(),
+        None => s,
+    }
+}
+
+/// Reads an optional non-negative integer option.
+fn count(name: &str, v: Option<f64>) -> Result<Option<usize>> {
+    match v {
+        None => Ok(None),
+        Some(x) if x.is_finite() && x >= 0.0 && x.fract() == 0.0 && x <= 9.0e15 => Ok(Some(x as usize)),
+        Some(x) => Err(invalid(format!("{name} must be a non-negative integer, got {x}"))),
+    }
+}
+
+fn finite(name: &str, v: Option<f64>) -> Result<Option<f32>> {
+    match v {
+        None => Ok(None),
+        Some(x) if x.is_finite() => Ok(Some(x as f32)),
+        Some(x) => Err(invalid(format!("{name} must be a finite number, got {x}"))),
+    }
+}
+
+fn load_options(json: &str) -> Result<CoreLoadOptions> {
+    let o: LoadOptions = parse_json(json, "options")?;
+    let device = match o.device.as_deref() {
+        None => None,
+        Some("gpu") => Some(Device::Gpu),
+        Some("cpu") => Some(Device::Cpu),
+        Some(other) => return Err(invalid(format!("device must be 'gpu' or 'cpu', got {other:?}"))),
+    };
+    let dtype = match o.dtype.as_deref() {
+        None => None,
+        Some(name) => match Dtype::parse_float(name) {
+            Some(d) => Some(d),
+            None => return Err(invalid(format!("dtype must be 'float32', 'bfloat16' or 'float16', got {name:?}"))),
+        },
+    };
+    let mut cache = PromptCacheConfig::default();
+    if let Some(pc) = o.prompt_cache {
+        if let Some(n) = count("promptCache.maxEntries", pc.max_entries)? {
+            cache.max_entries = n;
+        }
+        if let Some(ms) = count("promptCache.ttlMs", pc.ttl_ms)? {
+            cache.ttl = Duration::from_millis(ms as u64);
+        }
+        if let Some(n) = count("promptCache.minCacheableTokens", pc.min_cacheable_tokens)? {
+            cache.min_cacheable_tokens = n;
+        }
+        cache.max_bytes = count("promptCache.maxBytes", pc.max_bytes)?;
+    }
+    Ok(CoreLoadOptions { device, dtype, prompt_cache: cache })
+}
+
+fn tools_of(v: Option<Value>) -> Result<Option<Vec<CoreTool>>> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(v @ Value::Array(_)) => parse_tools_json(&v.to_string()).map(Some).map_err(js_error),
+        Some(_) => Err(invalid("tools must be an array")),
+    }
+}
+
+fn generate_options(json: &str) -> Result<(CoreGenerateOptions, Option<Vec<CoreTool>>)> {
+    let o: GenerateOptions = parse_json(json, "options")?;
+    let mut g = CoreGenerateOptions::default();
+    if let Some(n) = count("maxTokens", o.max_tokens)? {
+        g.max_tokens = n;
+    }
+    let s = &mut g.sampling;
+    if let Some(x) = finite("temperature", o.temperature)? {
+        s.temperature = x;
+    }
+    if let Some(x) = finite("topP", o.top_p)? {
+        s.top_p = x;
+    }
+    if let Some(n) = count("topK", o.top_k)? {
+        s.top_k = u32::try_from(n).map_err(|_| invalid(format!("topK is too large: {n}")))?;
+    }
+    if let Some(x) = finite("minP", o.min_p)? {
+        s.min_p = x;
+    }
+    if let Some(x) = finite("repetitionPenalty", o.repetition_penalty)? {
+        s.repetition_penalty = x;
+    }
+    if let Some(n) = count("repetitionContextSize", o.repetition_context_size)? {
+        s.repetition_context_size = n;
+    }
+    s.seed = count("seed", o.seed)?.map(|n| n as u64);
+    s.validate().map_err(|m| invalid(camel_case_names(&m)))?;
+    g.stop = o.stop.unwrap_or_default();
+    g.enable_thinking = o.enable_thinking;
+    g.reasoning_budget_tokens = count("reasoningBudgetTokens", o.reasoning_budget_tokens)?;
+    g.prompt_cache = o.prompt_cache;
+    g.ignore_eos = o.ignore_eos.unwrap_or(false);
+    Ok((g, tools_of(o.tools)?))
+}
+
+/// The core names options in snake_case; JS callers know them in camelCase.
+fn camel_case_names(msg: &str) -> String {
+    msg.replace("top_p", "topP").replace("min_p", "minP").replace("repetition_penalty", "repetitionPenalty")
+}
+
+/// Parses messages, accepting the camelCase spellings of the JS API (`toolCalls`, `toolCallId`).
+fn messages_of(json: &str) -> Result<Vec<CoreMessage>> {
+    let mut v: Value = serde_json::from_str(json).map_err(|e| invalid(format!("messages: {}", serde_error(&e))))?;
+    let Value::Array(items) = &mut v else {
+        return Err(invalid("messages must be an array of { role, content } objects"));
+    };
+    if items.is_empty() {
+        return Err(invalid("messages is empty"));
+    }
+    for item in items.iter_mut() {
+        if let Value::Object(obj) = item {
+            for (camel, snake) in [("toolCalls", "tool_calls"), ("toolCallId", "tool_call_id")] {
+                if let Some(x) = obj.remove(camel) {
+                    obj.entry(snake.to_string()).or_insert(x);
+                }
+            }
+        }
+    }
+    parse_messages_json(&v.to_string()).map_err(js_error)
+}
+
+fn token_js(t: &CoreToken) -> GeneratedToken {
+    GeneratedToken {
+        id: t.id,
+        text: t.text.clone(),
+        kind: match t.kind {
+            TokenKind::Text => "text",
+            TokenKind::Reasoning => "reasoning",
+            TokenKind::ToolCall => "toolCall",
+        }
+        .to_string(),
+        logprob: t.logprob as f64,
+    }
+}
+
+fn reply_js(r: CoreReply) -> GenerateReply {
+    let u = &r.usage;
+    GenerateReply {
+        usage: Usage {
+            prompt_tokens: u.prompt_tokens as u32,
+            cached_tokens: u.cached_tokens as u32,
+            completion_tokens: u.completion_tokens as u32,
+            ttft_ms: u.ttft_ms,
+            prefill_tokens_per_second: u.prefill_tokens_per_second,
+            decode_tokens_per_second: u.decode_tokens_per_second,
+            peak_memory_bytes: u.peak_memory_bytes as f64,
+        },
+        tool_calls: r
+            .tool_calls
+            .iter()
+            .map(|c| ToolCall {
+                id: c.id.clone(),
+                kind: "function".into(),
+                function: ToolCallFunction {
+                    name: c.name.clone(),
+                    arguments: Value::String(match &c.arguments {
+                        Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    }),
+                },
+            })
+            .collect(),
+        finish_reason: r.finish_reason.as_str().to_string(),
+        logprobs: r.logprobs.iter().map(|&x| x as f64).collect(),
+        text: r.text,
+        reasoning: r.reasoning,
+        tokens: r.tokens,
+    }
+}
+
+/// Drops a session without blocking the calling (JS) thread: the last drop of a core session
+/// joins its engine thread, which may be finishing a generation step. At process exit the
+/// session is leaked instead (the OS reclaims it; no MLX teardown races the exit).
+fn release(session: CoreSession) {
+    if EXITING.load(Ordering::SeqCst) {
+        std::mem::forget(session);
+        return;
+    }
+    let job = ActiveJob::start();
+    let spawned = std::thread::Builder::new().name("mlex-release".into()).spawn(move || {
+        drop(session);
+        drop(job);
+    });
+    if let Err(e) = spawned {
+        // No thread to spare: leaking beats blocking the event loop.
+        eprintln!("mlex: could not spawn a thread to release a session ({e}); leaking it");
+    }
+}
+
+struct Shared {
+    session: Mutex<Option<CoreSession>>,
+    /// Abort flags of this session's generations still running (close() sets them).
+    running: Mutex<Vec<Weak<AtomicBool>>>,
+}
+
+impl Shared {
+    fn session(&self) -> Result<CoreSession> {
+        self.session.lock().ok().and_then(|s| s.clone()).ok_or_else(|| js_error(CoreError::SessionClosed))
+    }
+
+    fn close(&self) {
+        if let Ok(mut running) = self.running.lock() {
+            for flag in running.drain(..).filter_map(|w| w.upgrade()) {
+                flag.store(true, Ordering::SeqCst);
+            }
+        }
+        let taken = self.session.lock().ok().and_then(|mut s| s.take());
+        if let Some(s) = taken {
+            release(s);
+        }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Internal: loads a model off the JS thread.
+pub struct LoadTask {
+    model: String,
+    options: Option<Result<CoreLoadOptions>>,
+}
+
+impl Task for LoadTask {
+    type Output = CoreSession;
+    type JsValue = NativeSession;
+
+    fn compute(&mut self) -> Result<CoreSession> {
+        let options = self.options.take().unwrap_or_else(|| Ok(CoreLoadOptions::default()))?;
+        register_exit_handler();
+        let _job = ActiveJob::start();
+        CoreSession::load_with_options(&self.model, options).map_err(js_error)
+    }
+
+    fn resolve(&mut self, _env: Env, session: CoreSession) -> Result<NativeSession> {
+        let info = session.info();
+        let info = ModelInfo {
+            path: info.path.display().to_string(),
+            model_type: info.model_type.clone(),
+            num_layers: info.num_layers as u32,
+            vocab_size: info.vocab_size as u32,
+            context_length: info.context_length.map(|n| n as u32),
+            quantization: info.quantization.clone(),
+            dtype: info.dtype.clone(),
+            device: info.device.clone(),
+            weights_bytes: info.weights_bytes as f64,
+            supports_images: info.supports_images,
+            supports_audio: info.supports_audio,
+        };
+        Ok(NativeSession {
+            shared: Arc::new(Shared { session: Mutex::new(Some(session)), running: Mutex::new(vec![]) }),
+            info,
+        })
+    }
+}
+
+/// Internal (use `Session.load`): loads a model off the JS thread. `optionsJson` is
+/// `LoadOptions` without `signal`/`onProgress`, as JSON text. Errors carry a `[CODE] ` prefix.
+#[napi(ts_return_type = "Promise<NativeSession>")]
+pub fn load_native_session(model: String, options_json: String) -> AsyncTask<LoadTask> {
+    let options = load_options(&options_json);
+    AsyncTask::new(LoadTask { model, options: Some(options) })
+}
+
+/// Internal: the native half of `Session` (see `wrapper.d.ts` for the public class).
+#[napi]
+pub struct NativeSession {
+    shared: Arc<Shared>,
+    info: ModelInfo,
+}
+
+#[napi]
+impl NativeSession {
+    /// What the loaded model is.
+    #[napi(getter)]
+    pub fn info(&self) -> ModelInfo {
+        self.info.clone()
+    }
+
+    /// Whether `close()` has been called.
+    #[napi(getter)]
+    pub fn closed(&self) -> bool {
+        self.shared.session.lock().map(|s| s.is_none()).unwrap_or(true)
+    }
+
+    /// Starts a generation on a thread of its own (queued FIFO behind running ones).
+    /// `messagesJson`: `ChatMessage[]` as JSON; `optionsJson`: `GenerateOptions` without
+    /// `signal`/`onToken`, as JSON. Throws (`[CODE] ` prefix) on bad arguments or a closed session.
+    #[napi]
+    pub fn start(&self, messages_json: String, options_json: String) -> Result<NativeGeneration> {
+        let session = self.shared.session()?;
+        let messages = messages_of(&messages_json)?;
+        let (options, tools) = generate_options(&options_json)?;
+        let abort = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = unbounded_channel();
+        {
+            let mut running = self.shared.running.lock().map_err(|_| js_error(CoreError::SessionClosed))?;
+            running.retain(|w| w.strong_count() > 0);
+            running.push(Arc::downgrade(&abort));
+        }
+        if let Ok(mut all) = RUNNING.lock() {
+            all.retain(|w| w.strong_count() > 0);
+            all.push(Arc::downgrade(&abort));
+        }
+        let job = ActiveJob::start();
+        let flag = abort.clone();
+        std::thread::Builder::new()
+            .name("mlex-generate".into())
+            .spawn(move || {
+                run_generation(session, messages, tools, options, flag, tx);
+                drop(job);
+            })
+            .map_err(|e| js_error(CoreError::io("spawning a generation thread", e)))?;
+        Ok(NativeGeneration { rx: Arc::new(tokio::sync::Mutex::new(rx)), abort, finished: Arc::new(AtomicBool::new(false)) })
+    }
+
+    /// Token ids of `text`.
+    #[napi]
+    pub fn tokenize(&self, text: String, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let s = self.shared.session()?;
+        s.tokenizer().and_then(|t| t.encode(&text, add_special_tokens)).map_err(js_error)
+    }
+
+    /// Text of token ids (special tokens kept).
+    #[napi]
+    pub fn detokenize(&self, ids: Vec<u32>) -> Result<String> {
+        let s = self.shared.session()?;
+        let vocab = s.info().vocab_size;
+        if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab.max(s.tokenizer().map(|t| t.vocab_size()).unwrap_or(0))) {
+            return Err(invalid(format!("token id {bad} is outside the vocabulary")));
+        }
+        s.tokenizer().and_then(|t| t.decode(&ids, false)).map_err(js_error)
+    }
+
+    /// The prompt text the chat template makes of `messagesJson` (`ChatMessage[]` as JSON);
+    /// `optionsJson`: `ChatTemplateOptions` as JSON.
+    #[napi]
+    pub fn apply_chat_template(&self, messages_json: String, options_json: String) -> Result<String> {
+        let s = self.shared.session()?;
+        let messages = messages_of(&messages_json)?;
+        let o: ChatTemplateOptions = parse_json(&options_json, "options")?;
+        let tools = tools_of(o.tools)?;
+        s.apply_chat_template(&messages, tools.as_deref(), o.enable_thinking, o.add_generation_prompt.unwrap_or(true))
+            .map_err(js_error)
+    }
+
+    /// Closes the session: running generations are aborted, the model is freed once they end.
+    /// Later calls throw `[SESSION_CLOSED]`. Never blocks.
+    #[napi]
+    pub fn close(&self) {
+        self.shared.close();
+    }
+}
+
+enum Item {
+    Token(CoreToken),
+    Done(std::result::Result<CoreReply, CoreError>),
+}
+
+fn run_generation(
+    session: CoreSession,
+    messages: Vec<CoreMessage>,
+    tools: Option<Vec<CoreTool>>,
+    options: CoreGenerateOptions,
+    abort: Arc<AtomicBool>,
+    tx: UnboundedSender<Item>,
+) {
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        if abort.load(Ordering::SeqCst) {
+            return Err(CoreError::Aborted);
+        }
+        let prompt = session.encode_messages(&messages, tools.as_deref(), options.enable_thinking)?;
+        let max_tokens = options.max_tokens;
+        // The engine ends a generation cut short (length, abort) with one more event for the last
+        // token, carrying text it held back (pending UTF-8, a partial stop string). JS sees one
+        // event per token: the last token is held until that flush (or the reply) arrives and
+        // merged with it. Only the final token is ever held, so streaming is not delayed.
+        let mut held: Option<CoreToken> = None;
+        let mut count = 0usize;
+        let mut alive = true;
+        let mut send = |t: CoreToken| {
+            alive = alive && tx.send(Item::Token(t)).is_ok();
+            alive
+        };
+        let reply = session.generate_tokens_with_abort(&prompt, options, abort.clone(), |t| {
+            if let Some(mut h) = held.take() {
+                let flush = count >= max_tokens || (t.id == h.id && t.logprob == h.logprob);
+                if flush {
+                    h.text.push_str(&t.text);
+                    return send(h);
+                }
+                if !send(h) {
+                    return false;
+                }
+            }
+            count += 1;
+            if count >= max_tokens || abort.load(Ordering::SeqCst) {
+                held = Some(t.clone());
+                return true;
+            }
+            // A send fails once JS has dropped the generation: stop then.
+            send(t.clone())
+        });
+        if let Some(h) = held.take() {
+            send(h);
+        }
+        reply
+    }))
+    .unwrap_or_else(|_| Err(CoreError::Mlx("internal error: the generation thread panicked".into())));
+    let _ = tx.send(Item::Done(result));
+    // The session clone drops here, off the JS thread (the last one joins the engine thread).
+    if EXITING.load(Ordering::SeqCst) {
+        std::mem::forget(session);
+    }
+}
+
+/// Internal: one running generation; `Session.generate`/`Session.stream` drive it.
+#[napi]
+pub struct NativeGeneration {
+    rx: Arc<tokio::sync::Mutex<UnboundedReceiver<Item>>>,
+    abort: Arc<AtomicBool>,
+    finished: Arc<AtomicBool>,
+}
+
+/// Most tokens handed to JS per `next()`.
+const MAX_BATCH: usize = 256;
+
+#[napi]
+impl NativeGeneration {
+    /// Waits (off the JS thread) for the next tokens; resolves with `reply` set once generation
+    /// has ended, and rejects (`[CODE] ` prefix) if it failed.
+    #[napi(ts_return_type = "Promise<NativeBatch>")]
+    pub fn next<'env>(&self, env: &'env Env) -> Result<PromiseRaw<'env, NativeBatch>> {
+        let rx = self.rx.clone();
+        let finished = self.finished.clone();
+        env.spawn_future(async move {
+            if finished.load(Ordering::SeqCst) {
+                return Ok(NativeBatch { tokens: vec![], reply: None });
+            }
+            let mut rx = rx.lock().await;
+            let mut tokens = Vec::new();
+            let mut item = rx.recv().await;
+            loop {
+                match item {
+                    Some(Item::Token(t)) => tokens.push(token_js(&t)),
+                    Some(Item::Done(r)) => {
+                        finished.store(true, Ordering::SeqCst);
+                        return match r {
+                            Ok(reply) => Ok(NativeBatch { tokens, reply: Some(reply_js(reply)) }),
+                            // Tokens produced before a failure are dropped: the error is what counts.
+                            Err(e) => Err(js_error(e)),
+                        };
+                    }
+                    None => {
+                        finished.store(true, Ordering::SeqCst);
+                        return Err(js_error(CoreError::Mlx("the generation thread ended without a reply".into())));
+                    }
+                }
+                if tokens.len() >= MAX_BATCH {
+                    return Ok(NativeBatch { tokens, reply: None });
+                }
+                item = match rx.try_recv() {
+                    Ok(i) => Some(i),
+                    Err(_) => return Ok(NativeBatch { tokens, reply: None }),
+                };
+            }
+        })
+    }
+
+    /// Asks the generation to stop; it ends with `finishReason: 'abort'` after the current step.
+    #[napi]
+    pub fn abort(&self) {
+        self.abort.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Drop for NativeGeneration {
+    fn drop(&mut self) {
+        // Garbage-collected before the end (a stream dropped without being finished): stop it.
+        self.abort.store(true, Ordering::SeqCst);
+    }
+}

@@ -1,0 +1,303 @@
+//! The JS-facing object shapes. Their `///` docs become the JSDoc of `index.d.ts`.
+//!
+//! Input objects (options, messages) arrive from the JS wrapper as JSON text and are read here
+//! with serde, so every field is checked with an error that names it; the `#[napi(object)]`
+//! attribute on them only describes their TypeScript shape. Output objects are built here and
+//! converted by napi.
+// Input types here only describe TypeScript shapes (the data arrives as JSON): unused in Rust.
+#![allow(dead_code)]
+use napi_derive::napi;
+use serde::Deserialize;
+use serde_json::Value;
+
+/// Prompt-cache settings of a session.
+#[napi(object, object_to_js = false)]
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PromptCacheOptions {
+    /// Most cached prompt prefixes kept (default 16).
+    pub max_entries: Option<f64>,
+    /// An entry unused for this many milliseconds is dropped (default 300000).
+    pub ttl_ms: Option<f64>,
+    /// Prompts shorter than this many tokens are not cached (default 8).
+    pub min_cacheable_tokens: Option<f64>,
+    /// Upper bound on the bytes of cached KV state (default: no byte budget).
+    pub max_bytes: Option<f64>,
+}
+
+/// Progress of `Session.load`.
+#[napi(object)]
+#[derive(Debug, Clone)]
+pub struct LoadProgress {
+    /// What is happening: `'load'` (reading weights and building the model), `'ready'`.
+    pub stage: String,
+    /// Units done in this stage.
+    pub done: f64,
+    /// Units in this stage.
+    pub total: f64,
+}
+
+/// Options of `Session.load`.
+#[napi(object, object_to_js = false)]
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadOptions {
+    /// Where to run: `'gpu'` (Metal on macOS, CUDA on Linux) or `'cpu'`. Default: the GPU when
+    /// this build of MLX has one, else the CPU.
+    #[napi(ts_type = "'gpu' | 'cpu'")]
+    pub device: Option<String>,
+    /// Compute dtype of float weights: `'float32'`, `'bfloat16'` or `'float16'`. Default:
+    /// float32 on the CPU, the checkpoint's own dtype on the GPU.
+    #[napi(ts_type = "'float32' | 'bfloat16' | 'float16'")]
+    pub dtype: Option<String>,
+    /// Settings of the automatic prompt cache.
+    pub prompt_cache: Option<PromptCacheOptions>,
+    /// Called as loading advances (on the JS thread).
+    #[napi(ts_type = "(progress: LoadProgress) => void")]
+    #[serde(skip)]
+    pub on_progress: Option<Value>,
+    /// Aborts the load: the promise rejects with code `'ABORTED'`.
+    #[napi(ts_type = "AbortSignal")]
+    #[serde(skip)]
+    pub signal: Option<Value>,
+}
+
+/// A function the model may call (OpenAI shape).
+#[napi(object, object_to_js = false)]
+pub struct FunctionDefinition {
+    /// The function's name.
+    pub name: String,
+    /// What it does, for the model.
+    pub description: Option<String>,
+    /// JSON Schema of its arguments.
+    #[napi(ts_type = "Record<string, unknown>")]
+    pub parameters: Option<Value>,
+}
+
+/// A tool the model may call: `{ type: 'function', function: { name, description, parameters } }`.
+#[napi(object, object_to_js = false)]
+pub struct Tool {
+    /// Always `'function'`.
+    #[napi(js_name = "type", ts_type = "'function'")]
+    pub kind: String,
+    /// The function.
+    pub function: FunctionDefinition,
+}
+
+/// The function part of a tool call.
+#[napi(object)]
+#[derive(Debug, Clone)]
+pub struct ToolCallFunction {
+    /// Name of the function called.
+    pub name: String,
+    /// Its arguments as JSON text (as OpenAI sends them); an object is accepted on input too.
+    #[napi(ts_type = "string")]
+    pub arguments: Value,
+}
+
+/// A tool call made by the assistant (OpenAI shape).
+#[napi(object)]
+#[derive(Debug, Clone)]
+pub struct ToolCall {
+    /// Call id; a `role: 'tool'` message answers it through `toolCallId`.
+    pub id: String,
+    /// Always `'function'`.
+    #[napi(js_name = "type", ts_type = "'function'")]
+    pub kind: String,
+    /// Which function, with which arguments.
+    pub function: ToolCallFunction,
+}
+
+/// One part of a multi-part message content.
+#[napi(object, object_to_js = false)]
+pub struct ContentPart {
+    /// `'text'` (images and audio are accepted in the type for models that support them).
+    #[napi(js_name = "type", ts_type = "'text' | 'image_url' | 'input_audio' | (string & {})")]
+    pub kind: String,
+    /// The text of a `'text'` part.
+    pub text: Option<String>,
+    /// `{ url }` of an `'image_url'` part.
+    #[napi(ts_type = "{ url: string }")]
+    pub image_url: Option<Value>,
+}
+
+/// A chat message (OpenAI shape; `toolCalls`/`toolCallId` may also be spelled `tool_calls`/`tool_call_id`).
+#[napi(object, object_to_js = false)]
+pub struct ChatMessage {
+    /// Who wrote it. Any other role rejects with code `'INVALID_ARGUMENT'`.
+    #[napi(ts_type = "'system' | 'developer' | 'user' | 'assistant' | 'tool'")]
+    pub role: String,
+    /// The text, or content parts (text parts are joined).
+    #[napi(ts_type = "string | ContentPart[] | null")]
+    pub content: Value,
+    /// Tool calls of an assistant message.
+    pub tool_calls: Option<Vec<ToolCall>>,
+    /// For `role: 'tool'`: the id of the call this message answers.
+    pub tool_call_id: Option<String>,
+    /// The model's reasoning of an earlier assistant turn (re-rendered by templates that show it).
+    pub reasoning: Option<String>,
+    /// Optional author name.
+    pub name: Option<String>,
+}
+
+/// Options of one generation (`generate` and `stream`).
+#[napi(object, object_to_js = false)]
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GenerateOptions {
+    /// Most tokens to generate (default 512).
+    pub max_tokens: Option<f64>,
+    /// Sampling temperature; 0 (the default) is greedy decoding.
+    pub temperature: Option<f64>,
+    /// Nucleus sampling: keep the smallest set of tokens whose probability reaches this (default 1 = off).
+    pub top_p: Option<f64>,
+    /// Keep only the `topK` most likely tokens (default 0 = off).
+    pub top_k: Option<f64>,
+    /// Drop tokens less likely than `minP` × the top token's probability (default 0 = off).
+    pub min_p: Option<f64>,
+    /// Penalty on recently generated tokens (default 1 = off).
+    pub repetition_penalty: Option<f64>,
+    /// How many recent tokens the repetition penalty looks at (default 20).
+    pub repetition_context_size: Option<f64>,
+    /// Same seed, prompt and options ⇒ same tokens. Default: a fresh seed per call.
+    pub seed: Option<f64>,
+    /// Generation stops before any of these strings; they never appear in the output.
+    pub stop: Option<Vec<String>>,
+    /// Tools the model may call (rendered by the chat template).
+    #[napi(ts_type = "Tool[]")]
+    pub tools: Option<Value>,
+    /// Passed to the chat template as `enable_thinking` (models with a thinking switch).
+    pub enable_thinking: Option<bool>,
+    /// Most tokens of reasoning before the reasoning span is closed.
+    pub reasoning_budget_tokens: Option<f64>,
+    /// Whether this call may use the session's prompt cache (default: the session's setting).
+    pub prompt_cache: Option<bool>,
+    /// Keep generating past end-of-sequence tokens (benchmarks).
+    pub ignore_eos: Option<bool>,
+    /// Aborts the generation. Before it starts: the promise rejects with code `'ABORTED'`;
+    /// while it runs: it resolves with `finishReason: 'abort'` and the text so far.
+    #[napi(ts_type = "AbortSignal")]
+    #[serde(skip)]
+    pub signal: Option<Value>,
+    /// Sees every token as it is produced (on the JS thread). Returning `false` stops the
+    /// generation (`finishReason: 'abort'`); throwing stops it and rejects with the thrown error.
+    #[napi(ts_type = "(token: GeneratedToken) => boolean | void")]
+    #[serde(skip)]
+    pub on_token: Option<Value>,
+}
+
+/// Options of `Session.tokenize`.
+#[napi(object, object_to_js = false)]
+pub struct TokenizeOptions {
+    /// Add the tokenizer's special tokens (e.g. BOS) as its post-processor says (default false).
+    pub add_special_tokens: Option<bool>,
+}
+
+/// Options of `Session.applyChatTemplate`.
+#[napi(object, object_to_js = false)]
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChatTemplateOptions {
+    /// Tools to render into the prompt.
+    #[napi(ts_type = "Tool[]")]
+    pub tools: Option<Value>,
+    /// Passed to the template as `enable_thinking`.
+    pub enable_thinking: Option<bool>,
+    /// End with the assistant turn's opening (default true).
+    pub add_generation_prompt: Option<bool>,
+}
+
+/// One generated token, as it streams.
+#[napi(object)]
+#[derive(Debug, Clone)]
+pub struct GeneratedToken {
+    /// Token id.
+    pub id: u32,
+    /// The text this token completes (empty while a multi-byte character is still pending).
+    pub text: String,
+    /// Which part of the reply the token belongs to.
+    #[napi(ts_type = "'text' | 'reasoning' | 'toolCall'")]
+    pub kind: String,
+    /// Natural-log probability of the token under the model.
+    pub logprob: f64,
+}
+
+/// Counts and speeds of one generation.
+#[napi(object)]
+#[derive(Debug, Clone)]
+pub struct Usage {
+    /// Tokens in the prompt.
+    pub prompt_tokens: u32,
+    /// Prompt tokens whose state came from the prompt cache.
+    pub cached_tokens: u32,
+    /// Tokens generated.
+    pub completion_tokens: u32,
+    /// Milliseconds from the request reaching the engine to the first token.
+    pub ttft_ms: f64,
+    /// Prompt processing speed.
+    pub prefill_tokens_per_second: f64,
+    /// Generation speed.
+    pub decode_tokens_per_second: f64,
+    /// Peak memory MLX used during the generation.
+    pub peak_memory_bytes: f64,
+}
+
+/// The result of a generation.
+#[napi(object)]
+#[derive(Debug, Clone)]
+pub struct GenerateReply {
+    /// The reply's text (without reasoning or tool-call markup).
+    pub text: String,
+    /// The model's reasoning, for reasoning models.
+    pub reasoning: Option<String>,
+    /// Tools the model called.
+    pub tool_calls: Vec<ToolCall>,
+    /// Generated token ids.
+    pub tokens: Vec<u32>,
+    /// Log probability of each generated token.
+    pub logprobs: Vec<f64>,
+    /// Why generation ended: end of sequence or a stop string, `maxTokens`, aborted, or tool calls.
+    #[napi(ts_type = "'stop' | 'length' | 'abort' | 'tool_calls'")]
+    pub finish_reason: String,
+    /// Counts and speeds.
+    pub usage: Usage,
+}
+
+/// What a loaded model is.
+#[napi(object)]
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    /// The checkpoint directory.
+    pub path: String,
+    /// `model_type` of config.json (e.g. `'llama'`, `'qwen3'`).
+    pub model_type: String,
+    /// Transformer layers.
+    pub num_layers: u32,
+    /// Vocabulary size.
+    pub vocab_size: u32,
+    /// Longest context the model was trained for, when config.json says.
+    pub context_length: Option<u32>,
+    /// Quantization, e.g. `'affine 4-bit g64'`; null for float checkpoints.
+    pub quantization: Option<String>,
+    /// Compute dtype, e.g. `'float32'`.
+    pub dtype: String,
+    /// Where it runs.
+    #[napi(ts_type = "'gpu' | 'cpu'")]
+    pub device: String,
+    /// Bytes of weights in memory.
+    pub weights_bytes: f64,
+    /// Whether messages may carry images.
+    pub supports_images: bool,
+    /// Whether messages may carry audio.
+    pub supports_audio: bool,
+}
+
+/// Internal: what `NativeGeneration.next` resolves with — the tokens produced since the last call,
+/// and the reply once generation has ended.
+#[napi(object)]
+pub struct NativeBatch {
+    /// Tokens produced since the previous call (at least one unless `reply` is set).
+    pub tokens: Vec<GeneratedToken>,
+    /// Set once, when generation has ended.
+    pub reply: Option<GenerateReply>,
+}

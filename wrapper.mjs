@@ -1,0 +1,9 @@
+// ESM entry of the `mlex` package: the same classes as the CommonJS entry (wrapper.js).
+import { createRequire } from 'node:module'
+
+const require = createRequire(import.meta.url)
+const mlex = require('./wrapper.js')
+
+export const Session = mlex.Session
+export const ERROR_CODES = mlex.ERROR_CODES
+export default mlex
