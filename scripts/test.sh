@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo test --all-targets -- --test-threads=2
 if [ -f package.json ] && grep -q '"test"' package.json; then
-  [ -d node_modules ] || npm ci --no-audit --no-fund
+  [ -d node_modules ] || npm install --no-audit --no-fund
   npm run build:debug
   npm test
 fi
