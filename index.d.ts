@@ -251,6 +251,14 @@ export interface PromptCacheOptions {
   maxBytes?: number
 }
 
+/**
+ * Internal: called by the JS wrapper from `process.on('exit')`, which runs before any C-level exit
+ * handler. That ordering matters: libmlx registers the destructors of its function-local statics
+ * (the allocator among them) when they are first used, i.e. after our `atexit` handler, so at
+ * `exit()` they run first and would pull memory from under a still-running engine thread.
+ */
+export declare function shutdownForExit(): void
+
 /** Options of `Session.tokenize`. */
 export interface TokenizeOptions {
   /** Add the tokenizer's special tokens (e.g. BOS) as its post-processor says (default false). */

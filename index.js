@@ -838,3 +838,4 @@ module.exports = nativeBinding
 module.exports.NativeGeneration = nativeBinding.NativeGeneration
 module.exports.NativeSession = nativeBinding.NativeSession
 module.exports.loadNativeSession = nativeBinding.loadNativeSession
+module.exports.shutdownForExit = nativeBinding.shutdownForExit

@@ -51,6 +51,9 @@ function loadNative() {
 }
 
 const native = loadNative()
+// Stop every running generation before Node calls exit(): MLX's static destructors must not run
+// under an engine thread that is still computing (see shutdownForExit in src/node/mod.rs).
+process.once('exit', () => native.shutdownForExit())
 
 function mlexError(code, message, cause) {
   const err = new Error(message)

@@ -111,14 +111,17 @@ fn streamed_text_equals_reply_text_and_stop_strings_end_it() {
     let dir = tiny_llama_dir();
     let s = Session::load(dir.path()).unwrap();
     let mut streamed = String::new();
+    let mut ids = vec![];
     let msgs = [ChatMessage::user("hello there")];
     let r = s
         .generate_cached(&msgs, None, opts(24, SamplingConfig::default()), |t| {
             streamed.push_str(&t.text);
+            ids.push(t.id);
             true
         })
         .unwrap();
     assert_eq!(streamed, r.text);
+    assert_eq!(ids, r.tokens, "every token is streamed exactly once, in order");
     assert!(!r.text.is_empty(), "the tiny model should produce some text");
     // Stop at a piece of the greedy text: the reply is what came before it.
     let chars: Vec<char> = r.text.chars().collect();

@@ -118,11 +118,17 @@ impl Engine {
         let mut logprobs = vec![];
         let mut finish = FinishReason::Length;
         let emit = |t: GeneratedToken| job.events.send(Event::Token(t)).is_ok();
+        // A token whose text is partly held back (incomplete character, possible stop string) is
+        // itself held until the next one arrives, so that text flushed at the end can join it:
+        // every token is streamed exactly once.
+        let mut held: Option<GeneratedToken> = None;
+        // A completed stop string drops what is held back; every other ending flushes it.
+        let mut stop_string_hit = false;
 
         if job.abort.load(Ordering::Relaxed) {
             return Err(Error::Aborted);
         }
-        let stats = generator::run(&self.model, &mut caches, &job.prompt, opts, |step: TokenStep| {
+        let run = generator::run(&self.model, &mut caches, &job.prompt, opts, |step: TokenStep| {
             if job.abort.load(Ordering::Relaxed) {
                 finish = FinishReason::Abort;
                 return Ok(Flow::Stop);
@@ -135,25 +141,31 @@ impl Engine {
             logprobs.push(step.logprob);
             let delta = text.push(step.id)?;
             let token = GeneratedToken { id: step.id, text: delta.text, logprob: step.logprob, kind: TokenKind::Text };
-            if !emit(token) {
+            let mut sent = held.take().is_none_or(&emit);
+            if text.has_pending() && !delta.stopped {
+                held = Some(token);
+            } else {
+                sent = sent && emit(token);
+            }
+            if !sent {
                 finish = FinishReason::Abort;
                 return Ok(Flow::Stop);
             }
             if delta.stopped {
+                stop_string_hit = true;
                 finish = FinishReason::Stop;
                 return Ok(Flow::Stop);
             }
             Ok(Flow::Continue)
-        })?;
-        if finish != FinishReason::Stop {
-            let tail = text.finish()?;
-            if !tail.text.is_empty() {
-                // Text held back (pending UTF-8, a partial stop string) belongs to the last token.
-                if let Some(&id) = tokens.last() {
-                    let lp = *logprobs.last().unwrap();
-                    emit(GeneratedToken { id, text: tail.text, logprob: lp, kind: TokenKind::Text });
-                }
-            }
+        });
+        // The pipelined step after the last token may still be running on MLX's stream thread:
+        // wait for it on every path, so nothing of this job outlives it (the host may exit next).
+        let _ = mlx::synchronize();
+        let stats = run?;
+        let tail = if stop_string_hit { String::new() } else { text.finish()?.text };
+        if let Some(mut last) = held {
+            last.text.push_str(&tail);
+            emit(last);
         }
         let usage = Usage {
             prompt_tokens: job.prompt.len(),

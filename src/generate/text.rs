@@ -46,6 +46,12 @@ impl TextStream {
         Ok(self.accept(piece, true))
     }
 
+    /// Whether text of pushed tokens is still held back (an incomplete character, a possible
+    /// stop string): it will come out with a later token or at `finish`.
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty() || self.decoder.as_ref().is_some_and(|d| d.has_pending())
+    }
+
     fn accept(&mut self, piece: String, last: bool) -> TextDelta {
         self.pending.push_str(&piece);
         // A complete stop string: emit what precedes it and end.

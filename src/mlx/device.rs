@@ -97,3 +97,8 @@ pub fn set_wired_limit(bytes: usize) -> Result<usize> {
     check(unsafe { sys::mlex_set_wired_limit(bytes, &mut prev) })?;
     Ok(prev)
 }
+
+/// Waits until every scheduled computation (async_eval) on this thread's streams has finished.
+pub fn synchronize() -> Result<()> {
+    check(unsafe { sys::mlex_synchronize() })
+}

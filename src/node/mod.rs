@@ -56,6 +56,15 @@ extern "C" fn on_process_exit() {
     }
 }
 
+/// Internal: called by the JS wrapper from `process.on('exit')`, which runs before any C-level exit
+/// handler. That ordering matters: libmlx registers the destructors of its function-local statics
+/// (the allocator among them) when they are first used, i.e. after our `atexit` handler, so at
+/// `exit()` they run first and would pull memory from under a still-running engine thread.
+#[napi(js_name = "shutdownForExit")]
+pub fn shutdown_for_exit() {
+    on_process_exit();
+}
+
 fn register_exit_handler() {
     EXIT_HANDLER.call_once(|| unsafe {
         atexit(on_process_exit);
@@ -473,40 +482,11 @@ fn run_generation(
             return Err(CoreError::Aborted);
         }
         let prompt = session.encode_messages(&messages, tools.as_deref(), options.enable_thinking)?;
-        let max_tokens = options.max_tokens;
-        // The engine ends a generation cut short (length, abort) with one more event for the last
-        // token, carrying text it held back (pending UTF-8, a partial stop string). JS sees one
-        // event per token: the last token is held until that flush (or the reply) arrives and
-        // merged with it. Only the final token is ever held, so streaming is not delayed.
-        let mut held: Option<CoreToken> = None;
-        let mut count = 0usize;
-        let mut alive = true;
-        let mut send = |t: CoreToken| {
-            alive = alive && tx.send(Item::Token(t)).is_ok();
-            alive
-        };
+        // The engine streams every token exactly once (text it held back joins the last token).
         let reply = session.generate_tokens_with_abort(&prompt, options, abort.clone(), |t| {
-            if let Some(mut h) = held.take() {
-                let flush = count >= max_tokens || (t.id == h.id && t.logprob == h.logprob);
-                if flush {
-                    h.text.push_str(&t.text);
-                    return send(h);
-                }
-                if !send(h) {
-                    return false;
-                }
-            }
-            count += 1;
-            if count >= max_tokens || abort.load(Ordering::SeqCst) {
-                held = Some(t.clone());
-                return true;
-            }
             // A send fails once JS has dropped the generation: stop then.
-            send(t.clone())
+            tx.send(Item::Token(t.clone())).is_ok()
         });
-        if let Some(h) = held.take() {
-            send(h);
-        }
         reply
     }))
     .unwrap_or_else(|_| Err(CoreError::Mlx("internal error: the generation thread panicked".into())));

@@ -56,6 +56,11 @@ impl StreamDecoder {
         Ok(new)
     }
 
+    /// Whether tokens were pushed whose text is still held back.
+    pub fn has_pending(&self) -> bool {
+        self.read < self.ids.len()
+    }
+
     pub fn skip_special_tokens(&self) -> bool {
         self.skip_special_tokens
     }
