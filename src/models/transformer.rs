@@ -131,14 +131,14 @@ impl DecoderModel {
     pub fn parameters(&self) -> Vec<&Array> {
         fn lin(l: &Linear) -> Vec<&Array> {
             match l {
-                Linear::Dense { weight, bias } => std::iter::once(weight).chain(bias.iter()).collect(),
+                Linear::Dense { weight_t, bias } => std::iter::once(weight_t).chain(bias.iter()).collect(),
                 Linear::Quantized { q, bias } => {
                     [&q.weight, &q.scales].into_iter().chain(q.biases.iter()).chain(bias.iter()).collect()
                 }
             }
         }
         let mut out: Vec<&Array> = match &self.embed_tokens {
-            Embedding::Dense(t) => vec![t],
+            Embedding::Dense { table, .. } => vec![table],
             Embedding::Quantized(q) => [&q.weight, &q.scales].into_iter().chain(q.biases.iter()).collect(),
         };
         for l in &self.layers {

@@ -5,7 +5,8 @@ use crate::loader::{QuantConfig, TensorKind, WeightStore};
 use crate::mlx::{quant, Array};
 
 pub enum Embedding {
-    Dense(Array),
+    /// The `[vocab, dim]` table and its transposed view (for the tied output head), made once.
+    Dense { table: Array, table_t: Array },
     Quantized(QuantWeight),
 }
 
@@ -13,14 +14,17 @@ impl Embedding {
     pub fn load(w: &mut WeightStore, q: Option<&QuantConfig>, prefix: &str, vocab: usize, dim: usize) -> Result<Self> {
         Ok(match quant_spec_for(w, q, prefix)? {
             Some(spec) => Embedding::Quantized(QuantWeight::load(w, prefix, vocab, dim, spec)?),
-            None => Embedding::Dense(w.take(&format!("{prefix}.weight"), &[vocab, dim], TensorKind::Float)?),
+            None => {
+                let table = w.take(&format!("{prefix}.weight"), &[vocab, dim], TensorKind::Float)?;
+                Embedding::Dense { table_t: table.transpose(&[1, 0])?, table }
+            }
         })
     }
 
     /// Rows of the table for `ids` (any shape) → `[..ids.shape, dim]`.
     pub fn forward(&self, ids: &Array) -> Result<Array> {
         match self {
-            Embedding::Dense(t) => t.take(ids, 0),
+            Embedding::Dense { table, .. } => table.take(ids, 0),
             Embedding::Quantized(q) => {
                 let w = q.weight.take(ids, 0)?;
                 let s = q.scales.take(ids, 0)?;
@@ -33,7 +37,7 @@ impl Embedding {
     /// `x @ tableᵀ`: the tied language-model head.
     pub fn as_linear(&self, x: &Array) -> Result<Array> {
         match self {
-            Embedding::Dense(t) => x.matmul(&t.transpose(&[1, 0])?),
+            Embedding::Dense { table_t, .. } => x.matmul(table_t),
             Embedding::Quantized(q) => q.matmul_t(x),
         }
     }

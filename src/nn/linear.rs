@@ -57,7 +57,9 @@ pub fn quant_spec_for(w: &WeightStore, q: Option<&QuantConfig>, prefix: &str) ->
 }
 
 pub enum Linear {
-    Dense { weight: Array, bias: Option<Array> },
+    /// `weight_t` is the `[in, out]` transposed view of the stored `[out, in]` weight, made once at
+    /// load so the decode step does not add a transpose op per layer per token.
+    Dense { weight_t: Array, bias: Option<Array> },
     Quantized { q: QuantWeight, bias: Option<Array> },
 }
 
@@ -74,14 +76,19 @@ impl Linear {
         let b = if bias { Some(w.take(&format!("{prefix}.bias"), &[out], TensorKind::Float)?) } else { None };
         Ok(match quant_spec_for(w, q, prefix)? {
             Some(spec) => Linear::Quantized { q: QuantWeight::load(w, prefix, out, inp, spec)?, bias: b },
-            None => Linear::Dense { weight: w.take(&format!("{prefix}.weight"), &[out, inp], TensorKind::Float)?, bias: b },
+            None => Linear::dense(w.take(&format!("{prefix}.weight"), &[out, inp], TensorKind::Float)?, b)?,
         })
+    }
+
+    /// A dense layer from an `[out, in]` weight.
+    pub fn dense(weight: Array, bias: Option<Array>) -> Result<Linear> {
+        Ok(Linear::Dense { weight_t: weight.transpose(&[1, 0])?, bias })
     }
 
     /// Output features.
     pub fn out_features(&self) -> i32 {
         match self {
-            Linear::Dense { weight, .. } => weight.dim(0),
+            Linear::Dense { weight_t, .. } => weight_t.dim(1),
             Linear::Quantized { q, .. } => q.weight.dim(0),
         }
     }
@@ -101,9 +108,12 @@ impl Linear {
         let cat = |xs: Vec<&Array>| Array::concatenate(&xs, 0);
         let fused = match &parts[0] {
             Linear::Dense { .. } if same_bias && parts.iter().all(|p| matches!(p, Linear::Dense { .. })) => {
-                let ws: Vec<&Array> = parts.iter().map(|p| if let Linear::Dense { weight, .. } = p { weight } else { unreachable!() }).collect();
+                let ws: Vec<Array> = parts
+                    .iter()
+                    .map(|p| if let Linear::Dense { weight_t, .. } = p { weight_t.transpose(&[1, 0]) } else { unreachable!() })
+                    .collect::<Result<_>>()?;
                 let bias = if parts[0].bias().is_some() { Some(cat(parts.iter().map(|p| p.bias().unwrap()).collect())?) } else { None };
-                Linear::Dense { weight: cat(ws)?, bias }
+                Linear::dense(cat(ws.iter().collect())?, bias)?
             }
             Linear::Quantized { q: q0, .. }
                 if same_bias
@@ -135,13 +145,10 @@ impl Linear {
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
         match self {
-            Linear::Dense { weight, bias } => {
-                let wt = weight.transpose(&[1, 0])?;
-                match bias {
-                    Some(b) => Array::addmm(b, x, &wt, 1.0, 1.0),
-                    None => x.matmul(&wt),
-                }
-            }
+            Linear::Dense { weight_t, bias } => match bias {
+                Some(b) => Array::addmm(b, x, weight_t, 1.0, 1.0),
+                None => x.matmul(weight_t),
+            },
             Linear::Quantized { q, bias } => {
                 let y = q.matmul_t(x)?;
                 match bias {
