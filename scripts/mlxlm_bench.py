@@ -34,8 +34,10 @@ SHAPES = {
 
 def build(a):
     if a.model:
-        from mlx_lm.utils import load
-        model, _ = load(a.model)
+        # load_model: the weights only (no tokenizer, so no transformers needed).
+        from pathlib import Path
+        from mlx_lm.utils import load_model
+        model, _ = load_model(Path(a.model))
         return model, model.args.vocab_size
     cfg = SHAPES[a.shape]
     mod = importlib.import_module(f"mlx_lm.models.{cfg['model_type']}")
