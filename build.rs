@@ -52,6 +52,21 @@ fn main() {
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     bindings.write_to_file(out.join("shim_bindings.rs")).unwrap();
 
+    println!("cargo:rerun-if-env-changed=MLEX_OPENBLAS");
+    // Opt-in: MLEX_OPENBLAS=<dir holding libopenblas.so.0> (Debian: /usr/lib/x86_64-linux-gnu/openblas-pthread).
+    // The CPU wheel's libmlx calls the reference BLAS it bundles (30× slower at sgemm). Linking
+    // OpenBLAS ahead of libmlx puts it earlier in the symbol lookup order, so MLX's BLAS calls
+    // bind to OpenBLAS (the bundled library still loads, unused). `src/mlx/blas.rs` references an
+    // OpenBLAS symbol so the linker keeps it.
+    if let Ok(dir) = env::var("MLEX_OPENBLAS") {
+        if target_os == "linux" && !dir.is_empty() {
+            println!("cargo:rustc-link-search=native={dir}");
+            println!("cargo:rustc-link-lib=dylib:+verbatim=libopenblas.so.0");
+            println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");
+            println!("cargo:rustc-cfg=mlex_openblas");
+        }
+    }
+    println!("cargo:rustc-check-cfg=cfg(mlex_openblas)");
     println!("cargo:rustc-link-search=native={}", lib.display());
     println!("cargo:rustc-link-lib=dylib=mlx");
     // The shim is C++: link the C++ runtime libmlx was built against.

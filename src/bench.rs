@@ -83,6 +83,7 @@ pub fn run(spec: &BenchSpec, mut report: impl FnMut(Value)) -> Result<()> {
             "weights_gib": gib(session.info().weights_bytes as f64),
             "peak_gib": gib(u.peak_memory_bytes as f64),
             "device": session.info().device, "dtype": session.info().dtype,
+            "blas": crate::mlx::blas_backend(),
             "load_s": (load_s * 1000.0).round() / 1000.0,
         }));
     }

@@ -3,6 +3,7 @@
 //! MLX is not thread-safe: every [`Array`] is created and used on the engine thread
 //! (`crate::generate::engine`); arrays are `Send` so they can be built there, never `Sync`.
 mod array;
+mod blas;
 mod device;
 mod dtype;
 mod error;
@@ -12,6 +13,7 @@ pub mod random;
 pub mod sys;
 
 pub use array::{async_eval, eval, Array};
+pub use blas::blas_backend;
 pub use device::*;
 pub use dtype::{Dtype, Element};
 pub use ops::fast;

@@ -3,6 +3,9 @@ use crate::error::Result;
 use crate::loader::{QuantConfig, QuantSpec, TensorKind, WeightStore};
 use crate::mlx::{quant, Array};
 
+/// Rows of input from which a CPU build with OpenBLAS dequantizes and uses sgemm (see `matmul_t`).
+const DEQUANT_GEMM_MIN_ROWS: usize = 32;
+
 /// A quantized weight and how to read it.
 pub struct QuantWeight {
     pub weight: Array,
@@ -26,8 +29,23 @@ impl QuantWeight {
         Ok(QuantWeight { weight, scales, biases, spec })
     }
 
-    /// `x @ Wᵀ` without materialising W.
+    /// `x @ Wᵀ` without materialising W — except for long prefill chunks on a CPU whose BLAS is
+    /// OpenBLAS: there dequantizing once and calling sgemm is many times faster than MLX's CPU
+    /// quantized-matmul kernel (the decode path, one row at a time, keeps the quantized kernel).
     pub fn matmul_t(&self, x: &Array) -> Result<Array> {
+        if cfg!(mlex_openblas) && x.size() / x.dim(-1).max(1) as usize >= DEQUANT_GEMM_MIN_ROWS
+            && crate::mlx::default_device()? == crate::mlx::Device::Cpu
+        {
+            let w = quant::dequantize(
+                &self.weight,
+                &self.scales,
+                self.biases.as_ref(),
+                self.spec.group_size as i32,
+                self.spec.bits as i32,
+                self.spec.mode,
+            )?;
+            return x.matmul(&w.transpose(&[1, 0])?);
+        }
         quant::quantized_matmul(
             x,
             &self.weight,
