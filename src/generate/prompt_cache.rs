@@ -160,7 +160,9 @@ impl PromptCachePool {
         }
         // Make sure nothing lazy (and the graph behind it) is kept alive by the pool.
         let state: Vec<&Array> = caches.iter().flat_map(|c| c.state()).collect();
-        mlx::eval(&state)?;
+        if !state.is_empty() {
+            mlx::eval(&state)?;
+        }
         // Entries this one extends are now redundant.
         let mut i = 0;
         while i < self.entries.len() {
@@ -181,5 +183,113 @@ impl PromptCachePool {
         self.entries.push(Entry { tokens, caches, last_used: now, bytes });
         self.bytes += bytes;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The pool's bookkeeping, with caches that hold no arrays (no MLX involved); the KV side is
+    //! covered by tests/prompt_cache.rs.
+    use super::*;
+    use std::time::Duration;
+
+    fn caches(n: usize) -> Vec<KvCache> {
+        (0..2)
+            .map(|_| {
+                let mut c = KvCache::new();
+                c.offset = n;
+                c
+            })
+            .collect()
+    }
+
+    fn pool(max_entries: usize, min: usize) -> PromptCachePool {
+        PromptCachePool::new(PromptCacheConfig { max_entries, min_cacheable_tokens: min, ..Default::default() })
+    }
+
+    fn put(p: &mut PromptCachePool, tokens: &[u32], now: Instant) {
+        p.store(tokens.to_vec(), caches(tokens.len()), now).unwrap();
+    }
+
+    fn seqs(p: &PromptCachePool) -> Vec<Vec<u32>> {
+        let mut v: Vec<_> = p.entries.iter().map(|e| e.tokens.clone()).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn the_longest_shared_prefix_wins_trimmed_and_at_least_one_token_is_left() {
+        let now = Instant::now();
+        let mut p = pool(16, 2);
+        put(&mut p, &[1, 2, 3, 4, 5, 6], now);
+        put(&mut p, &[1, 2, 9, 9], now);
+        let r = p.lookup(&[1, 2, 3, 4, 7, 7], now).unwrap();
+        assert_eq!(r.tokens, 4);
+        assert!(r.caches.iter().all(|c| c.offset == 4));
+        // The entry itself is untouched by trimming the copy.
+        assert!(p.entries.iter().any(|e| e.caches.iter().all(|c| c.offset == 6)));
+        // A strict prefix of an entry, and the entry's exact tokens: all but the last token.
+        assert_eq!(p.lookup(&[1, 2, 3], now).unwrap().tokens, 2);
+        assert_eq!(p.lookup(&[1, 2, 3, 4, 5, 6], now).unwrap().tokens, 5);
+        // Below the minimum shared prefix, or a prompt below the minimum: nothing.
+        assert!(p.lookup(&[1, 5, 5, 5], now).is_none());
+        assert!(p.lookup(&[1], now).is_none());
+    }
+
+    #[test]
+    fn extensions_replace_their_prefix_and_covered_states_are_not_stored_again() {
+        let now = Instant::now();
+        let mut p = pool(16, 1);
+        put(&mut p, &[1, 2, 3], now);
+        put(&mut p, &[1, 2, 3, 4, 5], now);
+        assert_eq!(seqs(&p), vec![vec![1, 2, 3, 4, 5]]);
+        put(&mut p, &[1, 2, 3, 4], now);
+        assert_eq!(seqs(&p), vec![vec![1, 2, 3, 4, 5]]);
+        put(&mut p, &[1, 2, 7], now);
+        assert_eq!(seqs(&p), vec![vec![1, 2, 3, 4, 5], vec![1, 2, 7]]);
+        // A state whose caches do not hold exactly these tokens is refused.
+        p.store(vec![5, 5, 5], caches(2), now).unwrap();
+        assert_eq!(p.len(), 2);
+    }
+
+    #[test]
+    fn least_recently_used_entries_go_first() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut p = pool(2, 1);
+        put(&mut p, &[1, 1], at(0));
+        put(&mut p, &[2, 2], at(1));
+        assert!(p.lookup(&[1, 1, 0], at(2)).is_some()); // 1 is now the most recent
+        put(&mut p, &[3, 3], at(3));
+        assert_eq!(seqs(&p), vec![vec![1, 1], vec![3, 3]]);
+    }
+
+    #[test]
+    fn idle_entries_expire_after_the_ttl() {
+        let t0 = Instant::now();
+        let mut p = PromptCachePool::new(PromptCacheConfig { ttl: Duration::from_secs(10), min_cacheable_tokens: 1, ..Default::default() });
+        assert_eq!(p.next_expiry(), None);
+        put(&mut p, &[1, 1], t0);
+        put(&mut p, &[2, 2], t0 + Duration::from_secs(5));
+        assert_eq!(p.next_expiry(), Some(t0 + Duration::from_secs(10)));
+        assert_eq!(p.expire(t0 + Duration::from_secs(9)), 0);
+        assert_eq!(p.expire(t0 + Duration::from_secs(10)), 1);
+        assert!(p.lookup(&[1, 1, 1], t0 + Duration::from_secs(11)).is_none());
+        assert!(p.lookup(&[2, 2, 2], t0 + Duration::from_secs(14)).is_some()); // refreshed
+        assert!(p.lookup(&[2, 2, 2], t0 + Duration::from_secs(23)).is_some());
+        assert!(p.lookup(&[2, 2, 2], t0 + Duration::from_secs(34)).is_none());
+        assert!(p.is_empty());
+    }
+
+    #[test]
+    fn a_disabled_pool_keeps_nothing() {
+        let now = Instant::now();
+        let mut p = pool(0, 1);
+        put(&mut p, &[1, 2, 3], now);
+        assert!(p.is_empty() && !p.enabled());
+        let mut p = PromptCachePool::new(PromptCacheConfig { max_bytes: Some(0), ..Default::default() });
+        assert!(!p.enabled());
+        put(&mut p, &[1; 20], now);
+        assert!(p.is_empty());
     }
 }
