@@ -45,30 +45,11 @@ pub struct BenchSpec {
 /// Runs the benchmark, calling `report` with one JSON object per measured run.
 pub fn run(spec: &BenchSpec, mut report: impl FnMut(Value)) -> Result<()> {
     let t0 = Instant::now();
-    let (session, label) = match (&spec.model, &spec.shape) {
-        (Some(m), None) => (Session::load_with_options(m, spec.load.clone())?, m.clone()),
-        (None, Some(shape)) => {
-            let mut cfg = shape_config(shape)?;
-            if spec.bits > 0 {
-                cfg["quantization"] = json!({"group_size": spec.group_size, "bits": spec.bits, "mode": "affine"});
-            }
-            (Session::load_random(&cfg.to_string(), 0, spec.load.clone())?, shape.clone())
-        }
-        _ => return Err(Error::InvalidArgument("give exactly one of --model and --shape".into())),
-    };
+    let (session, label) = load(spec)?;
     let load_s = t0.elapsed().as_secs_f64();
-    let vocab = session.info().vocab_size as u64;
-    // A fixed pseudo-random prompt (the content does not matter for speed, only its length).
-    let mut s = 0x2545F4914F6CDD1Du64;
-    let prompt: Vec<u32> = (0..spec.prompt_len.max(1))
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % vocab) as u32
-        })
-        .collect();
-    let opts = |n| GenerateOptions { max_tokens: n, ignore_eos: true, ..Default::default() };
+    let prompt = random_prompt(session.info().vocab_size as u64, spec.prompt_len, 0);
+    // Every run recomputes the prompt: the prompt cache would otherwise serve it.
+    let opts = |n| GenerateOptions { max_tokens: n, ignore_eos: true, prompt_cache: Some(false), ..Default::default() };
     session.generate_tokens(&prompt, opts(4), |_| true)?; // warm-up at the measured shape
     for run in 0..spec.runs {
         let r = session.generate_tokens(&prompt, opts(spec.gen), |_| true)?;
@@ -88,4 +69,102 @@ pub fn run(spec: &BenchSpec, mut report: impl FnMut(Value)) -> Result<()> {
         }));
     }
     Ok(())
+}
+
+/// New tokens of the second turn (a user message) after the first turn and its reply.
+pub const SECOND_TURN_NEW_TOKENS: usize = 64;
+
+/// The prompt cache's effect on a conversation: per round, a first turn of `prompt_len` tokens
+/// generating `gen` tokens, then a second turn (first turn + reply + [`SECOND_TURN_NEW_TOKENS`]
+/// new tokens) timed twice to its first token: from the pool (cached) and with
+/// `prompt_cache: Some(false)` (cold), alternating which goes first. Each round uses a fresh first
+/// turn so rounds do not share a prefix. Reports one JSON object per round.
+pub fn run_prompt_cache(spec: &BenchSpec, mut report: impl FnMut(Value)) -> Result<()> {
+    let mut spec_long_ttl = BenchSpec { load: spec.load.clone(), model: spec.model.clone(), shape: spec.shape.clone(), ..*spec };
+    // A cold turn can take minutes on a slow CPU: measure the cache, not its idle expiry.
+    spec_long_ttl.load.prompt_cache.ttl = spec.load.prompt_cache.ttl.max(std::time::Duration::from_secs(24 * 3600));
+    let spec = &spec_long_ttl;
+    let (session, label) = load(spec)?;
+    let vocab = session.info().vocab_size as u64;
+    let opts = |n, cache: bool| GenerateOptions {
+        max_tokens: n,
+        ignore_eos: true,
+        prompt_cache: Some(cache),
+        ..Default::default()
+    };
+    // Warm-up, off the pool.
+    session.generate_tokens(&random_prompt(vocab, 64, 999), opts(2, false), |_| true)?;
+    // Time to the first streamed token as the caller sees it (lookup and channel included), and
+    // the engine's own figure.
+    let ttft = |prompt: &[u32], cache: bool| -> Result<(f64, f64, usize)> {
+        let t = Instant::now();
+        let mut first = None;
+        let r = session.generate_tokens(prompt, opts(1, cache), |_| {
+            first.get_or_insert_with(|| t.elapsed().as_secs_f64());
+            true
+        })?;
+        let wall = first.unwrap_or_else(|| t.elapsed().as_secs_f64());
+        Ok((wall * 1e3, r.usage.ttft_ms, r.usage.cached_tokens))
+    };
+    let round2 = |x: f64| (x * 100.0).round() / 100.0;
+    for run in 0..spec.runs {
+        let first = random_prompt(vocab, spec.prompt_len.max(1), run as u64 + 1);
+        let t = Instant::now();
+        let r1 = session.generate_tokens(&first, opts(spec.gen, true), |_| true)?;
+        let first_turn_ms = t.elapsed().as_secs_f64() * 1e3;
+        let mut second = first.clone();
+        second.extend_from_slice(&r1.tokens);
+        second.extend_from_slice(&random_prompt(vocab, SECOND_TURN_NEW_TOKENS, 1000 + run as u64));
+        // Cold does not touch the pool, so the order does not change what the cached call finds;
+        // alternate anyway so that drift (heat, other load) hits both alike.
+        let (cold, cached) = if run % 2 == 0 {
+            let c = ttft(&second, false)?;
+            (c, ttft(&second, true)?)
+        } else {
+            let h = ttft(&second, true)?;
+            (ttft(&second, false)?, h)
+        };
+        if cached.2 == 0 {
+            return Err(Error::Mlx("the second turn found nothing in the prompt cache".into()));
+        }
+        report(json!({
+            "engine": "mlex", "model": label, "bits": spec.bits, "run": run,
+            "first_turn_tokens": first.len(), "first_turn_gen": r1.tokens.len(),
+            "first_turn_ms": round2(first_turn_ms),
+            "second_turn_tokens": second.len(),
+            "cached_tokens": cached.2,
+            "cold_ttft_ms": round2(cold.0), "cached_ttft_ms": round2(cached.0),
+            "cold_engine_ttft_ms": round2(cold.1), "cached_engine_ttft_ms": round2(cached.1),
+            "speedup": round2(cold.0 / cached.0),
+            "device": session.info().device, "dtype": session.info().dtype,
+        }));
+    }
+    Ok(())
+}
+
+fn load(spec: &BenchSpec) -> Result<(Session, String)> {
+    Ok(match (&spec.model, &spec.shape) {
+        (Some(m), None) => (Session::load_with_options(m, spec.load.clone())?, m.clone()),
+        (None, Some(shape)) => {
+            let mut cfg = shape_config(shape)?;
+            if spec.bits > 0 {
+                cfg["quantization"] = json!({"group_size": spec.group_size, "bits": spec.bits, "mode": "affine"});
+            }
+            (Session::load_random(&cfg.to_string(), 0, spec.load.clone())?, shape.clone())
+        }
+        _ => return Err(Error::InvalidArgument("give exactly one of --model and --shape".into())),
+    })
+}
+
+/// A fixed pseudo-random prompt (the content does not matter for speed, only its length).
+fn random_prompt(vocab: u64, len: usize, stream: u64) -> Vec<u32> {
+    let mut s = 0x2545F4914F6CDD1Du64 ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (0..len.max(1))
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % vocab) as u32
+        })
+        .collect()
 }

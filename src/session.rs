@@ -13,8 +13,9 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// Settings of the automatic prompt cache (the pool itself arrives with the chat-features work;
-/// the type is stable now so callers can already pass it).
+/// Settings of the automatic prompt cache: a pool of KV states of earlier calls on the engine
+/// thread; each call reuses the longest token-id prefix any earlier call computed
+/// (see `generate::prompt_cache`). `max_entries: 0` turns it off.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PromptCacheConfig {
     /// Most cached prefixes kept.
@@ -143,7 +144,16 @@ impl Session {
                 return Err(Error::InvalidArgument(format!("compute dtype must be a float type, got {}", d.name())));
             }
         }
-        let spec = EngineSpec { dir: dir.clone(), config: config.clone(), device, dtype, tokenizer: tokenizer.clone(), eos, synthetic_seed };
+        let spec = EngineSpec {
+            dir: dir.clone(),
+            config: config.clone(),
+            device,
+            dtype,
+            tokenizer: tokenizer.clone(),
+            eos,
+            synthetic_seed,
+            prompt_cache: options.prompt_cache.clone(),
+        };
         let (cmd_tx, cmd_rx) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::channel();
         let thread = std::thread::Builder::new()

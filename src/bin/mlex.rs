@@ -52,6 +52,10 @@ struct BenchArgs {
     gen: usize,
     #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// Measure the prompt cache instead: time to first token of a second turn (the first turn of
+    /// --prompt-len tokens, its --gen-token reply and 64 new tokens), cached vs cold.
+    #[arg(long)]
+    prompt_cache: bool,
     /// JSON lines only (default also prints a summary line per run to stderr).
     #[arg(long)]
     json: bool,
@@ -215,6 +219,17 @@ fn bench(a: BenchArgs) -> mlex::Result<()> {
         runs: a.runs,
     };
     let json = a.json;
+    if a.prompt_cache {
+        return mlex::bench::run_prompt_cache(&spec, |v| {
+            println!("{v}");
+            if !json {
+                eprintln!(
+                    "run {}: second turn of {} tokens ({} cached): ttft cold {} ms, cached {} ms ({}x)",
+                    v["run"], v["second_turn_tokens"], v["cached_tokens"], v["cold_ttft_ms"], v["cached_ttft_ms"], v["speedup"]
+                );
+            }
+        });
+    }
     mlex::bench::run(&spec, |v| {
         println!("{v}");
         if !json {

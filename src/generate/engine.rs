@@ -3,16 +3,19 @@
 //! events back over each job's channel (the mistral.rs pattern).
 use super::generator::{self, Flow, TokenStep};
 use super::options::{FinishReason, GenerateOptions, GenerateReply, GeneratedToken, TokenKind, Usage};
+use super::prompt_cache::PromptCachePool;
 use super::text::TextStream;
 use crate::error::{Error, Result};
 use crate::loader::{ModelConfig, WeightStore};
 use crate::mlx::{self, Device, Dtype};
 use crate::models::{build_model, DecoderModel};
+use crate::session::PromptCacheConfig;
 use crate::tokenizer::Tokenizer;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, Sender};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// What the engine streams back for one job.
 pub enum Event {
@@ -42,6 +45,8 @@ pub struct EngineSpec {
     pub eos: Vec<u32>,
     /// Random weights (seeded) instead of the directory's safetensors: benchmarks of real shapes.
     pub synthetic_seed: Option<u64>,
+    /// The automatic prompt cache's settings (the pool lives on the engine thread).
+    pub prompt_cache: PromptCacheConfig,
 }
 
 /// Facts about the loaded model reported back to the session.
@@ -70,12 +75,32 @@ pub fn run(spec: EngineSpec, ready: Sender<Result<LoadedFacts>>, commands: Recei
             return;
         }
     };
-    while let Ok(cmd) = commands.recv() {
+    let mut pool = PromptCachePool::new(spec.prompt_cache.clone());
+    loop {
+        // While idle, wake up when a pooled entry outlives its TTL, so its memory comes back
+        // without waiting for the next call.
+        let cmd = match pool.next_expiry() {
+            Some(at) => match commands.recv_timeout(at.saturating_duration_since(Instant::now())) {
+                Ok(cmd) => cmd,
+                Err(RecvTimeoutError::Timeout) => {
+                    if pool.expire(Instant::now()) > 0 {
+                        mlx::clear_cache();
+                    }
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
+            },
+            None => match commands.recv() {
+                Ok(cmd) => cmd,
+                Err(_) => break,
+            },
+        };
         match cmd {
             Command::Generate(job) => {
                 let events = job.events.clone();
-                // A panic inside one job must not take the engine (or the host process) down.
-                let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.generate(&job)));
+                // A panic inside one job must not take the engine (or the host process) down (the
+                // pool is only read by copy and written after success: a panic leaves it intact).
+                let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.generate(&job, &mut pool)));
                 let done = match res {
                     Ok(r) => r,
                     Err(p) => Err(Error::Mlx(format!("internal error: {}", panic_message(&p)))),
@@ -110,9 +135,17 @@ fn load(spec: &EngineSpec) -> Result<(Engine, LoadedFacts)> {
 }
 
 impl Engine {
-    fn generate(&self, job: &GenerateJob) -> Result<GenerateReply> {
+    fn generate(&self, job: &GenerateJob, pool: &mut PromptCachePool) -> Result<GenerateReply> {
         let opts = &job.options;
-        let mut caches = self.model.new_caches();
+        let use_pool = opts.prompt_cache != Some(false) && pool.cacheable(&job.prompt);
+        let reuse = if use_pool { pool.lookup(&job.prompt, Instant::now()) } else { None };
+        let mut caches = match reuse {
+            Some(r) => r.caches,
+            None => self.model.new_caches(),
+        };
+        // Every sampled token in order: the generator feeds each one back (pipelined) before
+        // handing it over, so the caches end up holding the prompt and a prefix of these.
+        let mut sampled: Vec<u32> = vec![];
         let mut text = TextStream::new(self.tokenizer.as_deref(), &opts.stop);
         let mut tokens = vec![];
         let mut logprobs = vec![];
@@ -129,6 +162,7 @@ impl Engine {
             return Err(Error::Aborted);
         }
         let run = generator::run(&self.model, &mut caches, &job.prompt, opts, |step: TokenStep| {
+            sampled.push(step.id);
             if job.abort.load(Ordering::Relaxed) {
                 finish = FinishReason::Abort;
                 return Ok(Flow::Stop);
@@ -162,6 +196,17 @@ impl Engine {
         // wait for it on every path, so nothing of this job outlives it (the host may exit next).
         let _ = mlx::synchronize();
         let stats = run?;
+        if use_pool {
+            // Exactly the tokens whose keys/values the caches hold (an EOS fed by the pipelined
+            // step included; a sampled token never fed excluded).
+            let held = caches.first().map_or(0, |c| c.offset);
+            if held >= job.prompt.len() && held - job.prompt.len() <= sampled.len() {
+                let mut seq = job.prompt.clone();
+                seq.extend_from_slice(&sampled[..held - job.prompt.len()]);
+                // A failure to keep the state only costs a later call its reuse.
+                let _ = pool.store(seq, caches, Instant::now());
+            }
+        }
         let tail = if stop_string_hit { String::new() } else { text.finish()?.text };
         if let Some(mut last) = held {
             last.text.push_str(&tail);

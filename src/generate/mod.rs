@@ -2,6 +2,7 @@
 pub mod engine;
 pub mod generator;
 pub mod options;
+pub mod prompt_cache;
 pub mod sampler;
 pub mod text;
 

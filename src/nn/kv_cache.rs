@@ -6,7 +6,9 @@ use crate::mlx::Array;
 /// Growth step in tokens: reallocating every token would copy the whole cache each step.
 pub const KV_STEP: usize = 256;
 
-#[derive(Default)]
+/// Cloning shares the buffers (MLX arrays are immutable values): a clone can be trimmed and
+/// extended without touching the original (see `generate::prompt_cache`).
+#[derive(Default, Clone)]
 pub struct KvCache {
     keys: Option<Array>,
     values: Option<Array>,

@@ -1,0 +1,295 @@
+//! The stateless automatic prompt cache: a pool of KV states of earlier calls, keyed by the exact
+//! token ids they hold, living on the engine thread.
+//!
+//! Every call passes its whole transcript; the pool hands back the KV state of the longest token-id
+//! prefix any earlier call computed (its own previous turn, or an unrelated conversation that shares
+//! a system prompt), trimmed to the shared part. After the call, the prompt plus the generated tokens
+//! that were actually fed to the model are stored.
+//!
+//! Reuse is copy-on-use: an entry's [`KvCache`]s are cloned (handles to the same MLX arrays) and the
+//! clones' `offset` trimmed. The pooled arrays are never written: `slice_update` is functional and
+//! MLX only reuses an input buffer in place when nothing else references it (`is_donatable`: the
+//! array and its data have a use count of 1), which the pooled handle prevents; so the first write
+//! after reuse copies the buffer once and the entry stays intact whatever the call does.
+//!
+//! Eviction: idle TTL (also while the engine idles, so memory comes back without further calls),
+//! least-recently-used beyond `max_entries`, and LRU until under `max_bytes`; an entry larger than
+//! the whole byte budget is not stored. Near-duplicates are avoided: a new entry that extends an
+//! existing one replaces it, and one already covered by an existing entry only refreshes that entry.
+use crate::error::Result;
+use crate::mlx::{self, Array};
+use crate::nn::KvCache;
+use crate::session::PromptCacheConfig;
+use std::time::Instant;
+
+struct Entry {
+    tokens: Vec<u32>,
+    caches: Vec<KvCache>,
+    last_used: Instant,
+    bytes: usize,
+}
+
+/// KV state taken from the pool for one call.
+pub struct Reuse {
+    /// Per-layer caches holding the first `tokens` tokens of the prompt.
+    pub caches: Vec<KvCache>,
+    pub tokens: usize,
+}
+
+pub struct PromptCachePool {
+    config: PromptCacheConfig,
+    entries: Vec<Entry>,
+    bytes: usize,
+}
+
+/// Length of the common prefix of `a` and `b`.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+impl PromptCachePool {
+    pub fn new(config: PromptCacheConfig) -> Self {
+        PromptCachePool { config, entries: vec![], bytes: 0 }
+    }
+
+    /// False when the configuration keeps nothing (`max_entries: 0` or `max_bytes: Some(0)`).
+    pub fn enabled(&self) -> bool {
+        self.config.max_entries > 0 && self.config.max_bytes != Some(0)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Bytes of KV buffers held by the pool.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Smallest prompt (and shared prefix) worth caching.
+    fn min_tokens(&self) -> usize {
+        self.config.min_cacheable_tokens.max(1)
+    }
+
+    /// Whether a call with this prompt may read and write the pool (`min_cacheable_tokens`).
+    pub fn cacheable(&self, prompt: &[u32]) -> bool {
+        self.enabled() && prompt.len() >= self.min_tokens()
+    }
+
+    /// When the next entry goes idle past the TTL (None when the pool is empty).
+    pub fn next_expiry(&self) -> Option<Instant> {
+        self.entries.iter().map(|e| e.last_used + self.config.ttl).min()
+    }
+
+    /// Drops entries idle for longer than the TTL; returns how many went.
+    pub fn expire(&mut self, now: Instant) -> usize {
+        let ttl = self.config.ttl;
+        let before = self.entries.len();
+        let mut freed = 0;
+        self.entries.retain(|e| {
+            let keep = now.saturating_duration_since(e.last_used) < ttl;
+            if !keep {
+                freed += e.bytes;
+            }
+            keep
+        });
+        self.bytes -= freed;
+        before - self.entries.len()
+    }
+
+    fn remove(&mut self, i: usize) {
+        let e = self.entries.swap_remove(i);
+        self.bytes -= e.bytes;
+    }
+
+    /// The KV state of the longest prefix of `prompt` held by an entry, trimmed to that prefix and
+    /// to `prompt.len() - 1` (the engine always computes at least the last prompt token).
+    /// None when nothing shares at least `min_cacheable_tokens` tokens with `prompt`.
+    pub fn lookup(&mut self, prompt: &[u32], now: Instant) -> Option<Reuse> {
+        self.expire(now);
+        if !self.enabled() || prompt.len() < self.min_tokens() {
+            return None;
+        }
+        let usable = prompt.len() - 1;
+        let mut best: Option<(usize, usize)> = None; // (entry, shared tokens)
+        for (i, e) in self.entries.iter().enumerate() {
+            let n = common_prefix(&e.tokens, prompt).min(usable);
+            let better = match best {
+                None => true,
+                // Ties go to the most recently used entry.
+                Some((j, m)) => n > m || (n == m && e.last_used > self.entries[j].last_used),
+            };
+            if better {
+                best = Some((i, n));
+            }
+        }
+        let (i, n) = best?;
+        if n < self.min_tokens() {
+            return None;
+        }
+        let entry = &mut self.entries[i];
+        entry.last_used = now;
+        let mut caches = entry.caches.clone();
+        for c in &mut caches {
+            c.trim_to(n);
+        }
+        Some(Reuse { caches, tokens: n })
+    }
+
+    /// Stores the KV state `caches` of exactly `tokens` (prompt + fed generated tokens).
+    pub fn store(&mut self, tokens: Vec<u32>, caches: Vec<KvCache>, now: Instant) -> Result<()> {
+        self.expire(now);
+        if !self.enabled() || tokens.len() < self.min_tokens() {
+            return Ok(());
+        }
+        if caches.iter().any(|c| c.offset != tokens.len()) {
+            return Ok(()); // not the state of these tokens: never store what cannot be trusted
+        }
+        // Already covered by an entry that holds these tokens and maybe more: refresh that one.
+        if let Some(e) = self.entries.iter_mut().find(|e| e.tokens.starts_with(&tokens)) {
+            e.last_used = now;
+            return Ok(());
+        }
+        let bytes: usize = caches.iter().map(KvCache::nbytes).sum();
+        if self.config.max_bytes.is_some_and(|max| bytes > max) {
+            return Ok(());
+        }
+        // Make sure nothing lazy (and the graph behind it) is kept alive by the pool.
+        let state: Vec<&Array> = caches.iter().flat_map(|c| c.state()).collect();
+        if !state.is_empty() {
+            mlx::eval(&state)?;
+        }
+        // Entries this one extends are now redundant.
+        let mut i = 0;
+        while i < self.entries.len() {
+            if tokens.starts_with(&self.entries[i].tokens) {
+                self.remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        // Room for the new entry, least recently used first (it fits the byte budget alone).
+        while !self.entries.is_empty()
+            && (self.entries.len() + 1 > self.config.max_entries
+                || self.config.max_bytes.is_some_and(|max| self.bytes + bytes > max))
+        {
+            let lru = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used).expect("non-empty");
+            self.remove(lru);
+        }
+        self.entries.push(Entry { tokens, caches, last_used: now, bytes });
+        self.bytes += bytes;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The pool's bookkeeping, with caches that hold no arrays (no MLX involved); the KV side is
+    //! covered by tests/prompt_cache.rs.
+    use super::*;
+    use std::time::Duration;
+
+    fn caches(n: usize) -> Vec<KvCache> {
+        (0..2)
+            .map(|_| {
+                let mut c = KvCache::new();
+                c.offset = n;
+                c
+            })
+            .collect()
+    }
+
+    fn pool(max_entries: usize, min: usize) -> PromptCachePool {
+        PromptCachePool::new(PromptCacheConfig { max_entries, min_cacheable_tokens: min, ..Default::default() })
+    }
+
+    fn put(p: &mut PromptCachePool, tokens: &[u32], now: Instant) {
+        p.store(tokens.to_vec(), caches(tokens.len()), now).unwrap();
+    }
+
+    fn seqs(p: &PromptCachePool) -> Vec<Vec<u32>> {
+        let mut v: Vec<_> = p.entries.iter().map(|e| e.tokens.clone()).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn the_longest_shared_prefix_wins_trimmed_and_at_least_one_token_is_left() {
+        let now = Instant::now();
+        let mut p = pool(16, 2);
+        put(&mut p, &[1, 2, 3, 4, 5, 6], now);
+        put(&mut p, &[1, 2, 9, 9], now);
+        let r = p.lookup(&[1, 2, 3, 4, 7, 7], now).unwrap();
+        assert_eq!(r.tokens, 4);
+        assert!(r.caches.iter().all(|c| c.offset == 4));
+        // The entry itself is untouched by trimming the copy.
+        assert!(p.entries.iter().any(|e| e.caches.iter().all(|c| c.offset == 6)));
+        // A strict prefix of an entry, and the entry's exact tokens: all but the last token.
+        assert_eq!(p.lookup(&[1, 2, 3], now).unwrap().tokens, 2);
+        assert_eq!(p.lookup(&[1, 2, 3, 4, 5, 6], now).unwrap().tokens, 5);
+        // Below the minimum shared prefix, or a prompt below the minimum: nothing.
+        assert!(p.lookup(&[1, 5, 5, 5], now).is_none());
+        assert!(p.lookup(&[1], now).is_none());
+    }
+
+    #[test]
+    fn extensions_replace_their_prefix_and_covered_states_are_not_stored_again() {
+        let now = Instant::now();
+        let mut p = pool(16, 1);
+        put(&mut p, &[1, 2, 3], now);
+        put(&mut p, &[1, 2, 3, 4, 5], now);
+        assert_eq!(seqs(&p), vec![vec![1, 2, 3, 4, 5]]);
+        put(&mut p, &[1, 2, 3, 4], now);
+        assert_eq!(seqs(&p), vec![vec![1, 2, 3, 4, 5]]);
+        put(&mut p, &[1, 2, 7], now);
+        assert_eq!(seqs(&p), vec![vec![1, 2, 3, 4, 5], vec![1, 2, 7]]);
+        // A state whose caches do not hold exactly these tokens is refused.
+        p.store(vec![5, 5, 5], caches(2), now).unwrap();
+        assert_eq!(p.len(), 2);
+    }
+
+    #[test]
+    fn least_recently_used_entries_go_first() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut p = pool(2, 1);
+        put(&mut p, &[1, 1], at(0));
+        put(&mut p, &[2, 2], at(1));
+        assert!(p.lookup(&[1, 1, 0], at(2)).is_some()); // 1 is now the most recent
+        put(&mut p, &[3, 3], at(3));
+        assert_eq!(seqs(&p), vec![vec![1, 1], vec![3, 3]]);
+    }
+
+    #[test]
+    fn idle_entries_expire_after_the_ttl() {
+        let t0 = Instant::now();
+        let mut p = PromptCachePool::new(PromptCacheConfig { ttl: Duration::from_secs(10), min_cacheable_tokens: 1, ..Default::default() });
+        assert_eq!(p.next_expiry(), None);
+        put(&mut p, &[1, 1], t0);
+        put(&mut p, &[2, 2], t0 + Duration::from_secs(5));
+        assert_eq!(p.next_expiry(), Some(t0 + Duration::from_secs(10)));
+        assert_eq!(p.expire(t0 + Duration::from_secs(9)), 0);
+        assert_eq!(p.expire(t0 + Duration::from_secs(10)), 1);
+        assert!(p.lookup(&[1, 1, 1], t0 + Duration::from_secs(11)).is_none());
+        assert!(p.lookup(&[2, 2, 2], t0 + Duration::from_secs(14)).is_some()); // refreshed
+        assert!(p.lookup(&[2, 2, 2], t0 + Duration::from_secs(23)).is_some());
+        assert!(p.lookup(&[2, 2, 2], t0 + Duration::from_secs(34)).is_none());
+        assert!(p.is_empty());
+    }
+
+    #[test]
+    fn a_disabled_pool_keeps_nothing() {
+        let now = Instant::now();
+        let mut p = pool(0, 1);
+        put(&mut p, &[1, 2, 3], now);
+        assert!(p.is_empty() && !p.enabled());
+        let mut p = PromptCachePool::new(PromptCacheConfig { max_bytes: Some(0), ..Default::default() });
+        assert!(!p.enabled());
+        put(&mut p, &[1; 20], now);
+        assert!(p.is_empty());
+    }
+}
