@@ -123,9 +123,14 @@ pub fn run(
     async_eval(&[&y, &lp])?;
 
     let mut stats = LoopStats { prefilled: prompt.len() - cached, ..Default::default() };
+    // Benchmark ablation only (BENCHMARKS.md): finish each token before building the next step.
+    let no_pipelining = std::env::var_os("MLEX_ABLATE_PIPELINING").is_some();
     let mut decode_start = None;
     let mut n = 0usize;
     loop {
+        if no_pipelining {
+            eval(&[&y, &lp])?;
+        }
         let next = if n + 1 < opts.max_tokens {
             stepper.remember(&y)?;
             let (ny, nlp) = stepper.step(&y.reshape(&[1, 1])?, caches)?;

@@ -187,6 +187,10 @@ pub enum Projections {
 
 impl Projections {
     pub fn new(parts: Vec<Linear>) -> Result<Self> {
+        // Benchmark ablation only (BENCHMARKS.md): keep the projections separate.
+        if std::env::var_os("MLEX_ABLATE_FUSION").is_some() {
+            return Ok(Projections::Separate(parts));
+        }
         Ok(match Linear::fuse(parts)? {
             Ok((linear, splits)) => Projections::Fused { linear, splits },
             Err(parts) => Projections::Separate(parts),
