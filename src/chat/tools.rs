@@ -62,7 +62,7 @@ impl ToolCallFormat {
     }
 
     /// Markers that open a call, each with the marker that closes it (None: runs to the end).
-    pub(crate) fn openers(self) -> &'static [(&'static str, Option<&'static str>)] {
+    pub fn openers(self) -> &'static [(&'static str, Option<&'static str>)] {
         match self {
             ToolCallFormat::Hermes => &[("<tool_call>", Some("</tool_call>"))],
             // Qwen3-Coder sometimes leaves out the <tool_call> wrapper.
@@ -77,7 +77,7 @@ impl ToolCallFormat {
     }
 
     /// Markers after which the model waits for tool results.
-    pub(crate) fn stop_markers(self) -> &'static [&'static str] {
+    pub fn stop_markers(self) -> &'static [&'static str] {
         match self {
             ToolCallFormat::Gemma4 => &["<|tool_response>"],
             _ => &[],

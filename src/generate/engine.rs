@@ -4,6 +4,7 @@
 use super::generator::{self, Flow, TokenStep};
 use super::options::{FinishReason, GenerateOptions, GenerateReply, GeneratedToken, TokenKind, Usage};
 use super::text::TextStream;
+use crate::chat::{OutputClassifier, Segment, SpanKind, Tool};
 use crate::error::{Error, Result};
 use crate::loader::{ModelConfig, WeightStore};
 use crate::mlx::{self, Device, Dtype};
@@ -23,6 +24,8 @@ pub enum Event {
 pub struct GenerateJob {
     pub prompt: Vec<u32>,
     pub options: GenerateOptions,
+    /// The tools offered (their schemas type parsed tool-call arguments).
+    pub tools: Option<Vec<Tool>>,
     pub abort: Arc<AtomicBool>,
     pub events: Sender<Event>,
 }
@@ -114,14 +117,16 @@ impl Engine {
         let opts = &job.options;
         let mut caches = self.model.new_caches();
         let mut text = TextStream::new(self.tokenizer.as_deref(), &opts.stop);
+        let mut out = OutputStream::new(self.tokenizer.as_deref(), &job.prompt, opts)?;
         let mut tokens = vec![];
         let mut logprobs = vec![];
         let mut finish = FinishReason::Length;
         let emit = |t: GeneratedToken| job.events.send(Event::Token(t)).is_ok();
-        // A token whose text is partly held back (incomplete character, possible stop string) is
-        // itself held until the next one arrives, so that text flushed at the end can join it:
-        // every token is streamed exactly once.
-        let mut held: Option<GeneratedToken> = None;
+        // A token whose text is partly held back (incomplete character, possible stop string,
+        // possible marker) is itself held until its text resolves, so that it takes the kind of
+        // what it turned out to be, and text flushed at the end can join it: every token is
+        // streamed exactly once.
+        let mut held: Vec<GeneratedToken> = Vec::new();
         // A completed stop string drops what is held back; every other ending flushes it.
         let mut stop_string_hit = false;
 
@@ -133,18 +138,34 @@ impl Engine {
                 finish = FinishReason::Abort;
                 return Ok(Flow::Stop);
             }
-            if !opts.ignore_eos && self.eos.contains(&step.id) {
+            if !step.forced && !opts.ignore_eos && self.eos.contains(&step.id) {
                 finish = FinishReason::Stop;
                 return Ok(Flow::Stop);
             }
+            // Budget 0 and the prompt opened the reasoning: close it before its first token.
+            if !step.forced && out.budget_spent() {
+                out.forced = true;
+                return Ok(Flow::Replace(out.forced_close.clone()));
+            }
+            let was_reasoning = out.classifier.in_reasoning();
             tokens.push(step.id);
             logprobs.push(step.logprob);
             let delta = text.push(step.id)?;
-            let token = GeneratedToken { id: step.id, text: delta.text, logprob: step.logprob, kind: TokenKind::Text };
-            let mut sent = held.take().is_none_or(&emit);
-            if text.has_pending() && !delta.stopped {
-                held = Some(token);
+            let (mut kind, piece) = out.push(&delta.text);
+            if step.forced {
+                kind = TokenKind::Reasoning;
+            }
+            let token = GeneratedToken { id: step.id, text: piece, logprob: step.logprob, kind };
+            let mut sent = true;
+            if (text.has_pending() && !delta.stopped) || out.classifier.has_pending() {
+                held.push(token);
             } else {
+                for mut h in held.drain(..) {
+                    if h.text.is_empty() {
+                        h.kind = token.kind;
+                    }
+                    sent = sent && emit(h);
+                }
                 sent = sent && emit(token);
             }
             if !sent {
@@ -156,6 +177,19 @@ impl Engine {
                 finish = FinishReason::Stop;
                 return Ok(Flow::Stop);
             }
+            if out.classifier.stop_requested() {
+                finish = FinishReason::Stop;
+                return Ok(Flow::Stop);
+            }
+            if !step.forced {
+                if was_reasoning {
+                    out.reasoning_tokens += 1;
+                }
+                if out.budget_spent() {
+                    out.forced = true;
+                    return Ok(Flow::Force(out.forced_close.clone()));
+                }
+            }
             Ok(Flow::Continue)
         });
         // The pipelined step after the last token may still be running on MLX's stream thread:
@@ -163,9 +197,23 @@ impl Engine {
         let _ = mlx::synchronize();
         let stats = run?;
         let tail = if stop_string_hit { String::new() } else { text.finish()?.text };
-        if let Some(mut last) = held {
-            last.text.push_str(&tail);
-            emit(last);
+        let mut rest = out.finish(&tail);
+        let final_kind = rest.first().map_or(kind_of(out.classifier.current_kind()), |s| kind_of(s.kind));
+        let last = held.len().checked_sub(1);
+        for (i, mut h) in held.into_iter().enumerate() {
+            if h.text.is_empty() {
+                h.kind = final_kind;
+            }
+            if Some(i) == last && rest.first().is_some_and(|s| kind_of(s.kind) == h.kind) {
+                h.text.push_str(&rest.remove(0).text);
+            }
+            emit(h);
+        }
+        // What is left (a token's text that spans two kinds, right at the end) is in the reply only.
+        drop(rest);
+        let output = out.classifier.into_output(job.tools.as_deref());
+        if !output.tool_calls.is_empty() && finish == FinishReason::Stop {
+            finish = FinishReason::ToolCalls;
         }
         let usage = Usage {
             prompt_tokens: job.prompt.len(),
@@ -181,13 +229,101 @@ impl Engine {
             peak_memory_bytes: stats.peak_memory as u64,
         };
         Ok(GenerateReply {
-            text: text.text,
-            reasoning: None,
-            tool_calls: vec![],
+            text: output.text,
+            reasoning: output.reasoning,
+            tool_calls: output.tool_calls,
             tokens,
             logprobs,
             finish_reason: finish,
             usage,
         })
+    }
+}
+
+fn kind_of(k: SpanKind) -> TokenKind {
+    match k {
+        SpanKind::Text => TokenKind::Text,
+        SpanKind::Reasoning => TokenKind::Reasoning,
+        SpanKind::ToolCall => TokenKind::ToolCall,
+    }
+}
+
+/// Classifies streamed text into text / reasoning / tool-call pieces, one kind per token, and
+/// keeps count of the reasoning budget.
+struct OutputStream {
+    classifier: OutputClassifier,
+    /// Pieces of a token's text that belong to a later kind than the token's: they ride on the
+    /// next token.
+    carry: Vec<Segment>,
+    budget: Option<usize>,
+    reasoning_tokens: usize,
+    /// Token ids that close the reasoning span (empty: no reasoning format, or no budget).
+    forced_close: Vec<u32>,
+    /// The closer was forced already (once per reply).
+    forced: bool,
+}
+
+impl OutputStream {
+    fn new(tokenizer: Option<&crate::tokenizer::Tokenizer>, prompt: &[u32], opts: &GenerateOptions) -> Result<Self> {
+        let reasoning = tokenizer.and_then(|t| t.reasoning_format());
+        let starts_inside = match (reasoning, tokenizer) {
+            (Some(f), Some(t)) => {
+                let tail = t.decode(&prompt[prompt.len().saturating_sub(16)..], false)?;
+                f.prompt_opens_reasoning(&tail)
+            }
+            _ => false,
+        };
+        let forced_close = match (reasoning, tokenizer, opts.reasoning_budget_tokens) {
+            (Some(f), Some(t), Some(_)) => t.encode(f.forced_close(), false)?,
+            _ => vec![],
+        };
+        Ok(OutputStream {
+            classifier: OutputClassifier::new(reasoning, opts.tool_call_format, starts_inside),
+            carry: Vec::new(),
+            budget: opts.reasoning_budget_tokens,
+            reasoning_tokens: 0,
+            forced_close,
+            forced: false,
+        })
+    }
+
+    /// Inside the reasoning with its budget used up (and a way to close it).
+    fn budget_spent(&self) -> bool {
+        self.classifier.in_reasoning()
+            && !self.forced
+            && !self.forced_close.is_empty()
+            && self.budget.is_some_and(|b| self.reasoning_tokens >= b)
+    }
+
+    /// Classifies a token's text: its kind and the text it carries.
+    fn push(&mut self, delta: &str) -> (TokenKind, String) {
+        let mut segs = std::mem::take(&mut self.carry);
+        for s in self.classifier.push(delta) {
+            match segs.last_mut() {
+                Some(last) if last.kind == s.kind => last.text.push_str(&s.text),
+                _ => segs.push(s),
+            }
+        }
+        if segs.is_empty() {
+            return (kind_of(self.classifier.current_kind()), String::new());
+        }
+        let first = segs.remove(0);
+        self.carry = segs.into_iter().filter(|s| !s.text.is_empty()).collect();
+        (kind_of(first.kind), first.text)
+    }
+
+    /// The classified rest of the output at its end.
+    fn finish(&mut self, tail: &str) -> Vec<Segment> {
+        let mut segs = std::mem::take(&mut self.carry);
+        segs.extend(self.classifier.push(tail));
+        segs.extend(self.classifier.finish());
+        let mut merged: Vec<Segment> = Vec::new();
+        for s in segs.into_iter().filter(|s| !s.text.is_empty()) {
+            match merged.last_mut() {
+                Some(last) if last.kind == s.kind => last.text.push_str(&s.text),
+                _ => merged.push(s),
+            }
+        }
+        merged
     }
 }
