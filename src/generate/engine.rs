@@ -122,11 +122,6 @@ impl Engine {
         let mut logprobs = vec![];
         let mut finish = FinishReason::Length;
         let emit = |t: GeneratedToken| job.events.send(Event::Token(t)).is_ok();
-        // A token whose text is partly held back (incomplete character, possible stop string,
-        // possible marker) is itself held until its text resolves, so that it takes the kind of
-        // what it turned out to be, and text flushed at the end can join it: every token is
-        // streamed exactly once.
-        let mut held: Vec<GeneratedToken> = Vec::new();
         // A completed stop string drops what is held back; every other ending flushes it.
         let mut stop_string_hit = false;
 
@@ -151,22 +146,11 @@ impl Engine {
             tokens.push(step.id);
             logprobs.push(step.logprob);
             let delta = text.push(step.id)?;
-            let (mut kind, piece) = out.push(&delta.text);
-            if step.forced {
-                kind = TokenKind::Reasoning;
-            }
-            let token = GeneratedToken { id: step.id, text: piece, logprob: step.logprob, kind };
+            let text_pending = text.has_pending() && !delta.stopped;
+            let ready = out.accept(step, &delta.text, text_pending);
             let mut sent = true;
-            if (text.has_pending() && !delta.stopped) || out.classifier.has_pending() {
-                held.push(token);
-            } else {
-                for mut h in held.drain(..) {
-                    if h.text.is_empty() {
-                        h.kind = token.kind;
-                    }
-                    sent = sent && emit(h);
-                }
-                sent = sent && emit(token);
+            for t in ready {
+                sent = sent && emit(t);
             }
             if !sent {
                 finish = FinishReason::Abort;
@@ -197,20 +181,9 @@ impl Engine {
         let _ = mlx::synchronize();
         let stats = run?;
         let tail = if stop_string_hit { String::new() } else { text.finish()?.text };
-        let mut rest = out.finish(&tail);
-        let final_kind = rest.first().map_or(kind_of(out.classifier.current_kind()), |s| kind_of(s.kind));
-        let last = held.len().checked_sub(1);
-        for (i, mut h) in held.into_iter().enumerate() {
-            if h.text.is_empty() {
-                h.kind = final_kind;
-            }
-            if Some(i) == last && rest.first().is_some_and(|s| kind_of(s.kind) == h.kind) {
-                h.text.push_str(&rest.remove(0).text);
-            }
-            emit(h);
+        for t in out.finish(&tail) {
+            emit(t);
         }
-        // What is left (a token's text that spans two kinds, right at the end) is in the reply only.
-        drop(rest);
         let output = out.classifier.into_output(job.tools.as_deref());
         if !output.tool_calls.is_empty() && finish == FinishReason::Stop {
             finish = FinishReason::ToolCalls;
@@ -252,6 +225,11 @@ fn kind_of(k: SpanKind) -> TokenKind {
 /// keeps count of the reasoning budget.
 struct OutputStream {
     classifier: OutputClassifier,
+    /// A token whose text is partly held back (incomplete character, possible stop string,
+    /// possible marker) is itself held until its text resolves, so that it takes the kind of
+    /// what it turned out to be, and text flushed at the end can join it: every token is
+    /// streamed exactly once.
+    held: Vec<GeneratedToken>,
     /// Pieces of a token's text that belong to a later kind than the token's: they ride on the
     /// next token.
     carry: Vec<Segment>,
@@ -277,14 +255,45 @@ impl OutputStream {
             (Some(f), Some(t), Some(_)) => t.encode(f.forced_close(), false)?,
             _ => vec![],
         };
-        Ok(OutputStream {
-            classifier: OutputClassifier::new(reasoning, opts.tool_call_format, starts_inside),
+        Ok(Self::with_classifier(
+            OutputClassifier::new(reasoning, opts.tool_call_format, starts_inside),
+            opts.reasoning_budget_tokens,
+            forced_close,
+        ))
+    }
+
+    fn with_classifier(classifier: OutputClassifier, budget: Option<usize>, forced_close: Vec<u32>) -> Self {
+        OutputStream {
+            classifier,
+            held: Vec::new(),
             carry: Vec::new(),
-            budget: opts.reasoning_budget_tokens,
+            budget,
             reasoning_tokens: 0,
             forced_close,
             forced: false,
-        })
+        }
+    }
+
+    /// Takes one token's decoded text (`text_pending`: the detokenizer / stop strings still hold
+    /// some of it back); returns the tokens ready to stream, in order.
+    fn accept(&mut self, step: TokenStep, delta: &str, text_pending: bool) -> Vec<GeneratedToken> {
+        let (mut kind, piece) = self.push(delta);
+        if step.forced {
+            kind = TokenKind::Reasoning;
+        }
+        let token = GeneratedToken { id: step.id, text: piece, logprob: step.logprob, kind };
+        if text_pending || self.classifier.has_pending() {
+            self.held.push(token);
+            return Vec::new();
+        }
+        let mut ready: Vec<GeneratedToken> = self.held.drain(..).collect();
+        for h in &mut ready {
+            if h.text.is_empty() {
+                h.kind = token.kind;
+            }
+        }
+        ready.push(token);
+        ready
     }
 
     /// Inside the reasoning with its budget used up (and a way to close it).
@@ -312,18 +321,122 @@ impl OutputStream {
         (kind_of(first.kind), first.text)
     }
 
-    /// The classified rest of the output at its end.
-    fn finish(&mut self, tail: &str) -> Vec<Segment> {
+    /// The rest of the output at its end (`tail`: what the detokenizer flushed): the held
+    /// tokens, the last one carrying what was held back. A piece of a different kind than that
+    /// token's (a token's text that spans two kinds, right at the end) is in the reply only.
+    fn finish(&mut self, tail: &str) -> Vec<GeneratedToken> {
         let mut segs = std::mem::take(&mut self.carry);
         segs.extend(self.classifier.push(tail));
         segs.extend(self.classifier.finish());
-        let mut merged: Vec<Segment> = Vec::new();
+        let mut rest: Vec<Segment> = Vec::new();
         for s in segs.into_iter().filter(|s| !s.text.is_empty()) {
-            match merged.last_mut() {
+            match rest.last_mut() {
                 Some(last) if last.kind == s.kind => last.text.push_str(&s.text),
-                _ => merged.push(s),
+                _ => rest.push(s),
             }
         }
-        merged
+        let final_kind = rest.first().map_or(kind_of(self.classifier.current_kind()), |s| kind_of(s.kind));
+        let mut held: Vec<GeneratedToken> = self.held.drain(..).collect();
+        for h in &mut held {
+            if h.text.is_empty() {
+                h.kind = final_kind;
+            }
+        }
+        if let (Some(last), Some(first)) = (held.last_mut(), rest.first()) {
+            if kind_of(first.kind) == last.kind {
+                last.text.push_str(&first.text);
+            }
+        }
+        held
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::{ReasoningFormat, ToolCallFormat};
+
+    /// Streams `pieces` (one per token) through an OutputStream; returns the streamed tokens.
+    fn stream(out: &mut OutputStream, pieces: &[&str]) -> Vec<GeneratedToken> {
+        let mut got = Vec::new();
+        for (i, p) in pieces.iter().enumerate() {
+            got.extend(out.accept(TokenStep { id: i as u32, logprob: -0.5, forced: false }, p, false));
+        }
+        got.extend(out.finish(""));
+        got
+    }
+
+    fn of(tokens: &[GeneratedToken], kind: TokenKind) -> String {
+        tokens.iter().filter(|t| t.kind == kind).map(|t| t.text.as_str()).collect()
+    }
+
+    #[test]
+    fn every_token_once_with_kinds_from_markers() {
+        let c = OutputClassifier::new(Some(ReasoningFormat::Think), Some(ToolCallFormat::Hermes), false);
+        let mut out = OutputStream::with_classifier(c, None, vec![]);
+        let pieces = [
+            "<", "think", ">", "\n", "Need", " weather", ".\n", "</", "think>", "\n\n", "Checking", ".", "\n\n",
+            "<tool_call>", "\n{\"name\": \"get_weather\", ", "\"arguments\": {\"city\": \"Paris\"}}", "\n", "</tool_call>",
+        ];
+        let tokens = stream(&mut out, &pieces);
+        assert_eq!(tokens.iter().map(|t| t.id).collect::<Vec<_>>(), (0..pieces.len() as u32).collect::<Vec<_>>());
+        let kinds: Vec<TokenKind> = tokens.iter().map(|t| t.kind).collect();
+        use TokenKind::*;
+        assert_eq!(
+            kinds,
+            [
+                Reasoning, Reasoning, Reasoning, Reasoning, Reasoning, Reasoning, Reasoning, Reasoning, Reasoning,
+                Text, Text, Text, ToolCall, ToolCall, ToolCall, ToolCall, ToolCall, ToolCall
+            ]
+        );
+        assert_eq!(of(&tokens, Text), "Checking.");
+        assert_eq!(of(&tokens, Reasoning), "Need weather.");
+        assert!(of(&tokens, ToolCall).starts_with("<tool_call>"));
+        let reply = out.classifier.into_output(None);
+        assert_eq!(reply.text, "Checking.");
+        assert_eq!(reply.reasoning.as_deref(), Some("Need weather."));
+        assert_eq!(reply.tool_calls[0].name, "get_weather");
+    }
+
+    #[test]
+    fn text_spanning_two_kinds_rides_on_the_next_token() {
+        let c = OutputClassifier::new(Some(ReasoningFormat::Think), None, true);
+        let mut out = OutputStream::with_classifier(c, None, vec![]);
+        let tokens = stream(&mut out, &["abc</think>Hel", "lo", " world"]);
+        assert_eq!(tokens.len(), 3);
+        assert_eq!((tokens[0].kind, tokens[0].text.as_str()), (TokenKind::Reasoning, "abc"));
+        assert_eq!((tokens[1].kind, tokens[1].text.as_str()), (TokenKind::Text, "Hello"));
+        assert_eq!((tokens[2].kind, tokens[2].text.as_str()), (TokenKind::Text, " world"));
+    }
+
+    #[test]
+    fn held_text_joins_the_last_token_at_the_end() {
+        let c = OutputClassifier::new(Some(ReasoningFormat::Think), None, false);
+        let mut out = OutputStream::with_classifier(c, None, vec![]);
+        let tokens = stream(&mut out, &["Answer", "\n", "<th"]);
+        assert_eq!(tokens.len(), 3);
+        assert!(tokens.iter().all(|t| t.kind == TokenKind::Text));
+        assert_eq!(of(&tokens, TokenKind::Text), "Answer\n<th");
+        assert_eq!(out.classifier.into_output(None).text, "Answer\n<th");
+    }
+
+    #[test]
+    fn budget_counts_tokens_inside_reasoning() {
+        let c = OutputClassifier::new(Some(ReasoningFormat::Think), None, false);
+        let mut out = OutputStream::with_classifier(c, Some(2), vec![7, 8]);
+        let step = |id| TokenStep { id, logprob: 0.0, forced: false };
+        out.accept(step(0), "<think>", false);
+        assert!(!out.budget_spent());
+        out.accept(step(1), "a", false);
+        out.reasoning_tokens += 1;
+        assert!(!out.budget_spent());
+        out.accept(step(2), "b", false);
+        out.reasoning_tokens += 1;
+        assert!(out.budget_spent());
+        out.forced = true;
+        assert!(!out.budget_spent());
+        let t = out.accept(TokenStep { id: 7, logprob: 0.0, forced: true }, "</think>", false);
+        assert!(t.iter().all(|t| t.kind == TokenKind::Reasoning));
+        assert!(!out.classifier.in_reasoning());
     }
 }
