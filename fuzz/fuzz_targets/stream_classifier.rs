@@ -68,7 +68,7 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let out = c.into_output(None);
-    if out.tool_calls.len() == cw.parts().iter().filter(|p| matches!(p, mlex_fuzz::chat::stream::Part::ToolCall { .. })).count() {
+    if out.tool_calls.len() == cw.parts().iter().filter(|p| matches!(p, mlex_fuzz::chat::Part::ToolCall { .. })).count() {
         assert_eq!(out.text, streamed_text);
     }
     let _ = cw.into_output(None);
