@@ -150,6 +150,18 @@ pub fn parse_tool_calls_with_tools(text: &str, format: ToolCallFormat, tools: Op
     ParsedToolCalls { text_without_calls: out.text, calls: out.tool_calls }
 }
 
+/// [`parse_tool_calls`] for text of an unknown format: every format is tried (Hermes first)
+/// and the first that finds calls wins; none: the text as it is.
+pub fn parse_tool_calls_any(text: &str) -> ParsedToolCalls {
+    for f in ToolCallFormat::ALL {
+        let r = parse_tool_calls(text, f);
+        if !r.calls.is_empty() {
+            return r;
+        }
+    }
+    ParsedToolCalls { text_without_calls: text.to_string(), calls: vec![] }
+}
+
 /// A call id unique in this process and unlikely to repeat across processes.
 pub fn new_call_id() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);

@@ -229,7 +229,8 @@ struct OutputStream {
     /// possible marker) is itself held until its text resolves, so that it takes the kind of
     /// what it turned out to be, and text flushed at the end can join it: every token is
     /// streamed exactly once.
-    held: Vec<GeneratedToken>,
+    /// With each: whether its kind is settled (forced tokens are reasoning whatever follows).
+    held: Vec<(GeneratedToken, bool)>,
     /// Pieces of a token's text that belong to a later kind than the token's: they ride on the
     /// next token.
     carry: Vec<Segment>,
@@ -283,17 +284,26 @@ impl OutputStream {
         }
         let token = GeneratedToken { id: step.id, text: piece, logprob: step.logprob, kind };
         if text_pending || self.classifier.has_pending() {
-            self.held.push(token);
+            self.held.push((token, step.forced));
             return Vec::new();
         }
-        let mut ready: Vec<GeneratedToken> = self.held.drain(..).collect();
-        for h in &mut ready {
-            if h.text.is_empty() {
-                h.kind = token.kind;
-            }
-        }
+        let kind = token.kind;
+        let mut ready = self.settle(kind);
         ready.push(token);
         ready
+    }
+
+    /// The held tokens, those with no text of their own taking `kind`.
+    fn settle(&mut self, kind: TokenKind) -> Vec<GeneratedToken> {
+        self.held
+            .drain(..)
+            .map(|(mut h, settled)| {
+                if h.text.is_empty() && !settled {
+                    h.kind = kind;
+                }
+                h
+            })
+            .collect()
     }
 
     /// Inside the reasoning with its budget used up (and a way to close it).
@@ -336,12 +346,7 @@ impl OutputStream {
             }
         }
         let final_kind = rest.first().map_or(kind_of(self.classifier.current_kind()), |s| kind_of(s.kind));
-        let mut held: Vec<GeneratedToken> = self.held.drain(..).collect();
-        for h in &mut held {
-            if h.text.is_empty() {
-                h.kind = final_kind;
-            }
-        }
+        let mut held = self.settle(final_kind);
         if let (Some(last), Some(first)) = (held.last_mut(), rest.first()) {
             if kind_of(first.kind) == last.kind {
                 last.text.push_str(&first.text);
