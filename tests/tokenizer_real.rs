@@ -238,6 +238,10 @@ fn llama_cpp_templates_match_transformers() {
             if KNOWN_DIFFERENCES.iter().any(|(f, c, _)| f == file && case.name.starts_with(c)) {
                 continue;
             }
+            // Most templates get a few cases; those whose output mlex parses get the whole matrix.
+            if results.get(&case.name).is_none() {
+                continue;
+            }
             let ours = template.render(&case.messages, &case.options(), &special);
             failures.extend(compare(&format!("{file}/{}", case.name), ours, &results[&case.name]));
             checked += 1;
