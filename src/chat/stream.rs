@@ -240,9 +240,12 @@ impl OutputClassifier {
             }
         }
         // Llama 3 writes calls as bare JSON at the start of its reply.
+        // (Not while what follows could still become a marker, e.g. `[` of Mistral's `[THINK]`.)
         if self.bare_json_calls() {
             let ws = self.pending.len() - self.pending.trim_start().len();
-            if self.pending[ws..].starts_with(['{', '[']) && best.is_none_or(|(p, _, _)| ws < p) {
+            let rest = &self.pending[ws..];
+            let undecided = self.triggers().iter().any(|(m, _)| m.starts_with(rest));
+            if rest.starts_with(['{', '[']) && !undecided && best.is_none_or(|(p, _, _)| ws < p) {
                 best = Some((ws, 0, Action::OpenTool { close: None }));
             }
         }
@@ -474,6 +477,15 @@ mod tests {
         // A JSON answer that is no call stays text.
         let (_, _, _, out) = run(None, Some(ToolCallFormat::Llama3Json), false, &["{\"answer\": 4}"]);
         assert_eq!(out.text, "{\"answer\": 4}");
+    }
+
+    #[test]
+    fn bare_json_waits_for_a_marker_that_starts_alike() {
+        // Found by the fuzzer: `[` could be Llama 3's JSON array or Mistral's `[THINK]`.
+        for pieces in [&["[THINK]x[/THINK]ok"][..], &["[", "TH", "INK]x[/THI", "NK]ok"][..]] {
+            let (t, r, _, _) = run(Some(ReasoningFormat::MistralThink), Some(ToolCallFormat::Llama3Json), false, pieces);
+            assert_eq!((t.as_str(), r.as_str()), ("ok", "x"), "{pieces:?}");
+        }
     }
 
     #[test]
