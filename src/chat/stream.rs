@@ -260,8 +260,13 @@ impl OutputClassifier {
     /// outside tool calls, the whitespace before that.
     fn releasable(&self) -> usize {
         let p = &self.pending;
+        let triggers = self.triggers();
+        if triggers.is_empty() {
+            // No marker can come: nothing to wait for (whitespace is only dropped next to one).
+            return p.len();
+        }
         let mut hold = 0;
-        for (m, _) in self.triggers() {
+        for (m, _) in triggers {
             for k in (1..m.len().min(p.len() + 1)).rev() {
                 if k > hold && m.is_char_boundary(k) && p.ends_with(&m[..k]) {
                     hold = k;
