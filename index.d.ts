@@ -130,8 +130,13 @@ export interface GenerateOptions {
   tools?: Tool[]
   /** Passed to the chat template as `enable_thinking` (models with a thinking switch). */
   enableThinking?: boolean
-  /** Most tokens of reasoning before the reasoning span is closed. */
+  /**
+   * Most tokens of reasoning before the reasoning span is closed (its closing marker is fed
+   * to the model and the answer follows).
+   */
   reasoningBudgetTokens?: number
+  /** How the model writes tool calls (default: chosen from the chat template when `tools` are given). */
+  toolCallFormat?: 'hermes' | 'qwen3_coder' | 'gemma4' | 'gemma_tool_code' | 'llama3_json' | 'mistral'
   /** Whether this call may use the session's prompt cache (default: the session's setting). */
   promptCache?: boolean
   /** Keep generating past end-of-sequence tokens (benchmarks). */
@@ -238,6 +243,22 @@ export interface NativeBatch {
   /** Set once, when generation has ended. */
   reply?: GenerateReply
 }
+
+/** Text with its tool calls parsed out (`parseToolCalls`). */
+export interface ParsedToolCalls {
+  /** The text without the calls' markup; calls that did not parse stay in it as written. */
+  text: string
+  /** The calls, with fresh ids. */
+  toolCalls: Array<ToolCall>
+}
+
+/**
+ * Parses the tool calls out of a model's reply text. `format`: how the model writes them
+ * (`'hermes'`, `'qwen3_coder'`, `'gemma4'`, `'gemma_tool_code'`, `'llama3_json'`, `'mistral'`);
+ * omitted, every format is tried and the first that finds calls wins. Malformed calls stay in
+ * `text` as written; this never throws on model output.
+ */
+export declare function parseToolCalls(text: string, format?: 'hermes' | 'qwen3_coder' | 'gemma4' | 'gemma_tool_code' | 'llama3_json' | 'mistral'): ParsedToolCalls
 
 /** Prompt-cache settings of a session. */
 export interface PromptCacheOptions {

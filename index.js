@@ -838,4 +838,5 @@ module.exports = nativeBinding
 module.exports.NativeGeneration = nativeBinding.NativeGeneration
 module.exports.NativeSession = nativeBinding.NativeSession
 module.exports.loadNativeSession = nativeBinding.loadNativeSession
+module.exports.parseToolCalls = nativeBinding.parseToolCalls
 module.exports.shutdownForExit = nativeBinding.shutdownForExit

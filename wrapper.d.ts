@@ -9,6 +9,7 @@ import type {
   GeneratedToken,
   LoadOptions,
   ModelInfo,
+  ParsedToolCalls,
   TokenizeOptions,
 } from './index'
 
@@ -23,6 +24,7 @@ export type {
   LoadOptions,
   LoadProgress,
   ModelInfo,
+  ParsedToolCalls,
   PromptCacheOptions,
   TokenizeOptions,
   Tool,
@@ -45,6 +47,21 @@ export type ErrorCode =
 export interface MlexError extends Error {
   code: ErrorCode
 }
+
+/** How a model writes its tool calls (`GenerateOptions.toolCallFormat`, `parseToolCalls`). */
+export type ToolCallFormat = 'hermes' | 'qwen3_coder' | 'gemma4' | 'gemma_tool_code' | 'llama3_json' | 'mistral'
+
+/**
+ * Parses the tool calls out of a model's reply text: Hermes `<tool_call>{json}</tool_call>`
+ * (Qwen2.5/3), Qwen3-Coder/Qwen3.5 XML, Gemma 4 `<|tool_call>call:…<tool_call|>`, Gemma 3
+ * `tool_code` blocks, Llama 3 JSON, Mistral `[TOOL_CALLS]`. Without `format`, every format is
+ * tried. Malformed calls stay in `text` as written; model output never makes it throw.
+ *
+ * ```ts
+ * const { text, toolCalls } = parseToolCalls(reply, 'hermes')
+ * ```
+ */
+export declare function parseToolCalls(text: string, format?: ToolCallFormat): ParsedToolCalls
 
 /** Every error code, for exhaustive handling. */
 export declare const ERROR_CODES: readonly ErrorCode[]

@@ -369,4 +369,22 @@ if (typeof Symbol.asyncDispose !== 'symbol') {
   delete Session.prototype[Symbol.asyncDispose]
 }
 
-module.exports = { Session, ERROR_CODES: [...ERROR_CODES] }
+/**
+ * Parses the tool calls out of a model's reply text (types: wrapper.d.ts). Synchronous and pure;
+ * malformed calls stay in `text`.
+ */
+function parseToolCalls(text, format) {
+  if (typeof text !== 'string') {
+    throw mlexError('INVALID_ARGUMENT', `parseToolCalls: text must be a string, got ${typeof text}`)
+  }
+  if (format !== undefined && format !== null && typeof format !== 'string') {
+    throw mlexError('INVALID_ARGUMENT', `parseToolCalls: format must be a string, got ${typeof format}`)
+  }
+  try {
+    return native.parseToolCalls(text, format ?? undefined)
+  } catch (e) {
+    throw fixError(e)
+  }
+}
+
+module.exports = { Session, parseToolCalls, ERROR_CODES: [...ERROR_CODES] }

@@ -6,4 +6,5 @@ const mlex = require('./wrapper.js')
 
 export const Session = mlex.Session
 export const ERROR_CODES = mlex.ERROR_CODES
+export const parseToolCalls = mlex.parseToolCalls
 export default mlex

@@ -240,8 +240,26 @@ impl Session {
         options: GenerateOptions,
         on_token: impl FnMut(&GeneratedToken) -> bool,
     ) -> Result<GenerateReply> {
+        self.generate_chat_with_abort(messages, tools, options, Arc::new(AtomicBool::new(false)), on_token)
+    }
+
+    /// [`Session::generate_cached`] with an abort flag another thread may set at any time.
+    /// With tools, tool calls are parsed out of the reply in `options.tool_call_format`, or the
+    /// format the chat template teaches when that is None.
+    pub fn generate_chat_with_abort(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[Tool]>,
+        mut options: GenerateOptions,
+        abort: Arc<AtomicBool>,
+        on_token: impl FnMut(&GeneratedToken) -> bool,
+    ) -> Result<GenerateReply> {
         let prompt = self.encode_messages(messages, tools, options.enable_thinking)?;
-        self.generate_tokens(&prompt, options, on_token)
+        let tools = tools.filter(|t| !t.is_empty());
+        if tools.is_some() && options.tool_call_format.is_none() {
+            options.tool_call_format = Some(self.tokenizer()?.tool_call_format());
+        }
+        self.submit(&prompt, options, tools.map(<[Tool]>::to_vec), abort, on_token)
     }
 
     /// [`Session::generate_cached`] without a streaming callback.
@@ -271,6 +289,17 @@ impl Session {
         prompt: &[u32],
         options: GenerateOptions,
         abort: Arc<AtomicBool>,
+        on_token: impl FnMut(&GeneratedToken) -> bool,
+    ) -> Result<GenerateReply> {
+        self.submit(prompt, options, None, abort, on_token)
+    }
+
+    fn submit(
+        &self,
+        prompt: &[u32],
+        options: GenerateOptions,
+        tools: Option<Vec<Tool>>,
+        abort: Arc<AtomicBool>,
         mut on_token: impl FnMut(&GeneratedToken) -> bool,
     ) -> Result<GenerateReply> {
         if prompt.is_empty() {
@@ -284,7 +313,7 @@ impl Session {
         }
         options.sampling.validate().map_err(Error::InvalidArgument)?;
         let (tx, rx) = mpsc::channel();
-        let job = GenerateJob { prompt: prompt.to_vec(), options, abort: abort.clone(), events: tx };
+        let job = GenerateJob { prompt: prompt.to_vec(), options, tools, abort: abort.clone(), events: tx };
         self.inner
             .commands
             .lock()

@@ -1,8 +1,8 @@
 //! The `mlex` command line: generate, chat, template, convert, bench.
 //! Exit status: 0 success, 2 usage error (clap), 1 any other error (one line on stderr).
 use clap::{Args, Parser, Subcommand};
-use mlex::chat::{parse_messages_json, parse_tools_json};
-use mlex::{ChatMessage, Device, Dtype, GenerateOptions, LoadOptions, SamplingConfig, Session};
+use mlex::chat::{parse_messages_json, parse_tools_json, ToolCallFormat};
+use mlex::{ChatMessage, Device, Dtype, GenerateOptions, LoadOptions, SamplingConfig, Session, TokenKind};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
@@ -103,6 +103,41 @@ struct SamplingArgs {
 }
 
 #[derive(Args)]
+struct ThinkArgs {
+    /// Ask the template for thinking (enable_thinking = true).
+    #[arg(long, conflicts_with = "no_think")]
+    think: bool,
+    /// Ask the template for no thinking (enable_thinking = false).
+    #[arg(long)]
+    no_think: bool,
+}
+
+impl ThinkArgs {
+    fn enable_thinking(&self) -> Option<bool> {
+        if self.think {
+            Some(true)
+        } else if self.no_think {
+            Some(false)
+        } else {
+            None
+        }
+    }
+}
+
+#[derive(Args)]
+struct ChatFeatureArgs {
+    #[command(flatten)]
+    think: ThinkArgs,
+    /// Most reasoning tokens before the reasoning span is closed and the answer begins.
+    #[arg(long)]
+    reasoning_budget: Option<usize>,
+    /// How the model writes tool calls: hermes, qwen3_coder, gemma4, gemma_tool_code,
+    /// llama3_json, mistral (default: from the chat template).
+    #[arg(long)]
+    tool_format: Option<String>,
+}
+
+#[derive(Args)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "messages", "prompt_tokens"])))]
 struct GenerateArgs {
     #[command(flatten)]
@@ -126,6 +161,8 @@ struct GenerateArgs {
     #[arg(long)]
     json: bool,
     #[command(flatten)]
+    chat: ChatFeatureArgs,
+    #[command(flatten)]
     sampling: SamplingArgs,
 }
 
@@ -136,6 +173,11 @@ struct ChatArgs {
     /// A system prompt for the conversation.
     #[arg(long)]
     system: Option<String>,
+    /// A JSON file with OpenAI-style tool definitions (calls are printed; no tool is run).
+    #[arg(long)]
+    tools: Option<PathBuf>,
+    #[command(flatten)]
+    chat: ChatFeatureArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
 }
@@ -151,6 +193,8 @@ struct TemplateArgs {
     /// Leave out the assistant prompt at the end.
     #[arg(long)]
     no_generation_prompt: bool,
+    #[command(flatten)]
+    think: ThinkArgs,
 }
 
 #[derive(Args)]
@@ -241,8 +285,15 @@ fn bench(a: BenchArgs) -> mlex::Result<()> {
     })
 }
 
-fn options(s: &SamplingArgs) -> GenerateOptions {
-    GenerateOptions {
+fn options(s: &SamplingArgs, c: &ChatFeatureArgs) -> mlex::Result<GenerateOptions> {
+    let tool_call_format = match &c.tool_format {
+        Some(f) => Some(f.parse::<ToolCallFormat>().map_err(|e| mlex::Error::InvalidArgument(format!("--tool-format: {e}")))?),
+        None => None,
+    };
+    Ok(GenerateOptions {
+        enable_thinking: c.think.enable_thinking(),
+        reasoning_budget_tokens: c.reasoning_budget,
+        tool_call_format,
         max_tokens: s.max_tokens,
         sampling: SamplingConfig {
             temperature: s.temperature,
@@ -256,6 +307,24 @@ fn options(s: &SamplingArgs) -> GenerateOptions {
         stop: s.stop.clone(),
         ignore_eos: s.ignore_eos,
         ..Default::default()
+    })
+}
+
+/// Streams a token: text to stdout, reasoning to stderr; tool-call markup is shown parsed at the end.
+fn print_token(out: &mut std::io::Stdout, t: &mlex::GeneratedToken) {
+    match t.kind {
+        TokenKind::Text => {
+            let _ = out.write_all(t.text.as_bytes());
+            let _ = out.flush();
+        }
+        TokenKind::Reasoning => eprint!("{}", t.text),
+        TokenKind::ToolCall => {}
+    }
+}
+
+fn print_tool_calls(reply: &mlex::GenerateReply) {
+    for c in &reply.tool_calls {
+        println!("\n[tool call {}] {}({})", c.id, c.name, c.arguments);
     }
 }
 
@@ -265,14 +334,13 @@ fn read(path: &PathBuf) -> mlex::Result<String> {
 
 fn generate(a: GenerateArgs) -> mlex::Result<()> {
     let session = load(&a.model)?;
-    let opts = options(&a.sampling);
+    let opts = options(&a.sampling, &a.chat)?;
     let tools = a.tools.as_ref().map(|p| read(p).and_then(|t| parse_tools_json(&t))).transpose()?;
     let json = a.json;
     let mut out = std::io::stdout();
     let stream = |t: &mlex::GeneratedToken| {
         if !json {
-            let _ = out.write_all(t.text.as_bytes());
-            let _ = out.flush();
+            print_token(&mut out, t);
         }
         true
     };
@@ -298,10 +366,12 @@ fn generate(a: GenerateArgs) -> mlex::Result<()> {
             "finish_reason": reply.finish_reason.as_str(),
             "reasoning": reply.reasoning,
             "tool_calls": reply.tool_calls,
+            "cached_tokens": reply.usage.cached_tokens,
             "usage": reply.usage,
         });
         println!("{v}");
     } else {
+        print_tool_calls(&reply);
         println!();
         let u = &reply.usage;
         eprintln!(
@@ -321,6 +391,8 @@ fn generate(a: GenerateArgs) -> mlex::Result<()> {
 fn chat(a: ChatArgs) -> mlex::Result<()> {
     let session = load(&a.model)?;
     let mut history: Vec<ChatMessage> = a.system.iter().map(ChatMessage::system).collect();
+    let opts = options(&a.sampling, &a.chat)?;
+    let tools = a.tools.as_ref().map(|p| read(p).and_then(|t| parse_tools_json(&t))).transpose()?;
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
     eprintln!("mlex chat — {} ({} layers). Empty line or Ctrl-D to quit.", session.info().model_type, session.info().num_layers);
@@ -335,13 +407,15 @@ fn chat(a: ChatArgs) -> mlex::Result<()> {
             break;
         }
         history.push(ChatMessage::user(line));
-        let reply = session.generate_cached(&history, None, options(&a.sampling), |t| {
-            let _ = out.write_all(t.text.as_bytes());
-            let _ = out.flush();
+        let reply = session.generate_cached(&history, tools.as_deref(), opts.clone(), |t| {
+            print_token(&mut out, t);
             true
         })?;
+        print_tool_calls(&reply);
         println!();
-        history.push(ChatMessage::assistant(reply.text));
+        let mut msg = ChatMessage::assistant_with_tool_calls(reply.text, reply.tool_calls);
+        msg.reasoning = reply.reasoning;
+        history.push(msg);
     }
     Ok(())
 }
@@ -354,7 +428,7 @@ fn template(a: TemplateArgs) -> mlex::Result<()> {
     let opts = mlex::tokenizer::TemplateOptions {
         add_generation_prompt: !a.no_generation_prompt,
         tools: tools.as_deref(),
-        enable_thinking: None,
+        enable_thinking: a.think.enable_thinking(),
         extra: Default::default(),
     };
     print!("{}", tok.apply_chat_template(&messages, &opts)?);

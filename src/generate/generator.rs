@@ -13,7 +13,10 @@ use std::time::Instant;
 #[derive(Debug, Clone, Copy)]
 pub struct TokenStep {
     pub id: u32,
+    /// 0 for forced tokens (they were fed, not sampled).
     pub logprob: f32,
+    /// Fed by the caller through [`Flow::Force`]/[`Flow::Replace`] rather than sampled.
+    pub forced: bool,
 }
 
 /// Timings of one run of the loop.
@@ -28,10 +31,16 @@ pub struct LoopStats {
 }
 
 /// What to do after a token was handed to the caller.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Flow {
     Continue,
     Stop,
+    /// Keep this token, then feed these tokens instead of sampling (each is handed to the
+    /// callback as a forced step, and counts towards `max_tokens`); sampling resumes after them.
+    /// Used to close a reasoning span when its budget is spent.
+    Force(Vec<u32>),
+    /// Like `Force`, but this token is dropped first (it is not counted and leaves no KV state).
+    Replace(Vec<u32>),
 }
 
 struct Stepper<'a> {
@@ -127,7 +136,7 @@ pub fn run(
     let no_pipelining = std::env::var_os("MLEX_ABLATE_PIPELINING").is_some();
     let mut decode_start = None;
     let mut n = 0usize;
-    loop {
+    'decode: loop {
         if no_pipelining {
             eval(&[&y, &lp])?;
         }
@@ -149,16 +158,59 @@ pub fn run(
             decode_start = Some(Instant::now());
         }
         n += 1;
-        if on_token(TokenStep { id, logprob })? == Flow::Stop {
+        let (forced, replace) = match on_token(TokenStep { id, logprob, forced: false })? {
+            Flow::Stop => break,
+            Flow::Continue => match next {
+                Some((ny, nlp)) => {
+                    y = ny;
+                    lp = nlp;
+                    continue;
+                }
+                None => break,
+            },
+            Flow::Force(t) => (t, false),
+            Flow::Replace(t) => (t, true),
+        };
+        // The step scheduled above fed `id` (its KV state is wanted, unless replaced) and sampled
+        // a successor that is now discarded. Without it there is no room for more tokens.
+        let scheduled = next.is_some();
+        if !scheduled && !replace {
             break;
         }
-        match next {
-            Some((ny, nlp)) => {
-                y = ny;
-                lp = nlp;
+        drop(next);
+        if replace {
+            n -= 1;
+            if scheduled {
+                let keep = caches.first().map_or(0, |c| c.offset).saturating_sub(1);
+                for c in caches.iter_mut() {
+                    c.trim_to(keep);
+                }
             }
-            None => break,
         }
+        let mut fed = Vec::with_capacity(forced.len());
+        for &t in &forced {
+            if n >= opts.max_tokens {
+                break;
+            }
+            n += 1;
+            fed.push(t);
+            if on_token(TokenStep { id: t, logprob: 0.0, forced: true })? == Flow::Stop {
+                break 'decode;
+            }
+        }
+        if fed.is_empty() || n >= opts.max_tokens {
+            break;
+        }
+        if let Some(bad) = fed.iter().find(|&&t| t >= vocab) {
+            return Err(Error::InvalidArgument(format!("forced token id {bad} is outside the vocabulary (size {vocab})")));
+        }
+        let input = Array::from_slice(&fed, &[1, fed.len() as i32])?;
+        let t = Array::from_slice(&fed, &[fed.len() as i32])?;
+        stepper.remember(&t)?;
+        let (ny, nlp) = stepper.step(&input, caches)?;
+        async_eval(&[&ny, &nlp])?;
+        y = ny;
+        lp = nlp;
     }
     stats.generated = n;
     stats.decode_s = decode_start.map_or(0.0, |t| t.elapsed().as_secs_f64());

@@ -1,5 +1,5 @@
 //! What a caller asks of one generation, and what comes back.
-use crate::chat::ToolCall;
+use crate::chat::{ToolCall, ToolCallFormat};
 use serde::Serialize;
 
 /// How the next token is chosen. The defaults are greedy decoding with no penalties.
@@ -73,6 +73,10 @@ pub struct GenerateOptions {
     pub reasoning_budget_tokens: Option<usize>,
     /// Whether to use the session's prompt cache for this call (None = the session's setting).
     pub prompt_cache: Option<bool>,
+    /// How the model writes tool calls. None: chosen from the chat template when tools are
+    /// passed ([`crate::Session::generate_cached`]); tool calls are parsed only when tools were
+    /// passed or a format is set here.
+    pub tool_call_format: Option<ToolCallFormat>,
     /// Keep going past end-of-sequence tokens (benchmarks, conformance runs).
     pub ignore_eos: bool,
     /// Prompt tokens processed per forward pass during prefill.
@@ -88,6 +92,7 @@ impl Default for GenerateOptions {
             enable_thinking: None,
             reasoning_budget_tokens: None,
             prompt_cache: None,
+            tool_call_format: None,
             ignore_eos: false,
             prefill_step_size: 512,
         }

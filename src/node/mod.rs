@@ -14,7 +14,10 @@
 //! the wrapper moves it into `err.code`.
 mod types;
 
-use crate::chat::{parse_messages_json, parse_tools_json, ChatMessage as CoreMessage, Tool as CoreTool};
+use crate::chat::{
+    parse_messages_json, parse_tools_json, ChatMessage as CoreMessage, Tool as CoreTool, ToolCall as CoreToolCall,
+    ToolCallFormat,
+};
 use crate::generate::{GenerateOptions as CoreGenerateOptions, GenerateReply as CoreReply, GeneratedToken as CoreToken, TokenKind};
 use crate::{Device, Dtype, Error as CoreError, LoadOptions as CoreLoadOptions, PromptCacheConfig, Session as CoreSession};
 use napi::bindgen_prelude::*;
@@ -199,6 +202,7 @@ fn generate_options(json: &str) -> Result<(CoreGenerateOptions, Option<Vec<CoreT
     g.enable_thinking = o.enable_thinking;
     g.reasoning_budget_tokens = count("reasoningBudgetTokens", o.reasoning_budget_tokens)?;
     g.prompt_cache = o.prompt_cache;
+    g.tool_call_format = o.tool_call_format.as_deref().map(tool_call_format).transpose()?;
     g.ignore_eos = o.ignore_eos.unwrap_or(false);
     Ok((g, tools_of(o.tools)?))
 }
@@ -243,6 +247,37 @@ fn token_js(t: &CoreToken) -> GeneratedToken {
     }
 }
 
+fn tool_call_format(name: &str) -> Result<ToolCallFormat> {
+    name.parse::<ToolCallFormat>().map_err(|e| invalid(format!("toolCallFormat: {e}")))
+}
+
+fn tool_call_js(c: &CoreToolCall) -> ToolCall {
+    ToolCall {
+        id: c.id.clone(),
+        kind: "function".into(),
+        function: ToolCallFunction {
+            name: c.name.clone(),
+            arguments: Value::String(match &c.arguments {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            }),
+        },
+    }
+}
+
+/// Parses the tool calls out of a model's reply text. `format`: how the model writes them
+/// (`'hermes'`, `'qwen3_coder'`, `'gemma4'`, `'gemma_tool_code'`, `'llama3_json'`, `'mistral'`);
+/// omitted, every format is tried and the first that finds calls wins. Malformed calls stay in
+/// `text` as written; this never throws on model output.
+#[napi(ts_return_type = "ParsedToolCalls")]
+pub fn parse_tool_calls(text: String, #[napi(ts_arg_type = "'hermes' | 'qwen3_coder' | 'gemma4' | 'gemma_tool_code' | 'llama3_json' | 'mistral'")] format: Option<String>) -> Result<ParsedToolCalls> {
+    let parsed = match format.as_deref() {
+        Some(f) => crate::chat::parse_tool_calls(&text, tool_call_format(f)?),
+        None => crate::chat::tools::parse_tool_calls_any(&text),
+    };
+    Ok(ParsedToolCalls { text: parsed.text_without_calls, tool_calls: parsed.calls.iter().map(tool_call_js).collect() })
+}
+
 fn reply_js(r: CoreReply) -> GenerateReply {
     let u = &r.usage;
     GenerateReply {
@@ -255,21 +290,7 @@ fn reply_js(r: CoreReply) -> GenerateReply {
             decode_tokens_per_second: u.decode_tokens_per_second,
             peak_memory_bytes: u.peak_memory_bytes as f64,
         },
-        tool_calls: r
-            .tool_calls
-            .iter()
-            .map(|c| ToolCall {
-                id: c.id.clone(),
-                kind: "function".into(),
-                function: ToolCallFunction {
-                    name: c.name.clone(),
-                    arguments: Value::String(match &c.arguments {
-                        Value::String(s) => s.clone(),
-                        other => other.to_string(),
-                    }),
-                },
-            })
-            .collect(),
+        tool_calls: r.tool_calls.iter().map(tool_call_js).collect(),
         finish_reason: r.finish_reason.as_str().to_string(),
         logprobs: r.logprobs.iter().map(|&x| x as f64).collect(),
         text: r.text,
@@ -481,9 +502,8 @@ fn run_generation(
         if abort.load(Ordering::SeqCst) {
             return Err(CoreError::Aborted);
         }
-        let prompt = session.encode_messages(&messages, tools.as_deref(), options.enable_thinking)?;
         // The engine streams every token exactly once (text it held back joins the last token).
-        let reply = session.generate_tokens_with_abort(&prompt, options, abort.clone(), |t| {
+        let reply = session.generate_chat_with_abort(&messages, tools.as_deref(), options, abort.clone(), |t| {
             // A send fails once JS has dropped the generation: stop then.
             tx.send(Item::Token(t.clone())).is_ok()
         });

@@ -168,8 +168,12 @@ pub struct GenerateOptions {
     pub tools: Option<Value>,
     /// Passed to the chat template as `enable_thinking` (models with a thinking switch).
     pub enable_thinking: Option<bool>,
-    /// Most tokens of reasoning before the reasoning span is closed.
+    /// Most tokens of reasoning before the reasoning span is closed (its closing marker is fed
+    /// to the model and the answer follows).
     pub reasoning_budget_tokens: Option<f64>,
+    /// How the model writes tool calls (default: chosen from the chat template when `tools` are given).
+    #[napi(ts_type = "'hermes' | 'qwen3_coder' | 'gemma4' | 'gemma_tool_code' | 'llama3_json' | 'mistral'")]
+    pub tool_call_format: Option<String>,
     /// Whether this call may use the session's prompt cache (default: the session's setting).
     pub prompt_cache: Option<bool>,
     /// Keep generating past end-of-sequence tokens (benchmarks).
@@ -300,4 +304,14 @@ pub struct NativeBatch {
     pub tokens: Vec<GeneratedToken>,
     /// Set once, when generation has ended.
     pub reply: Option<GenerateReply>,
+}
+
+/// Text with its tool calls parsed out (`parseToolCalls`).
+#[napi(object)]
+#[derive(Debug, Clone)]
+pub struct ParsedToolCalls {
+    /// The text without the calls' markup; calls that did not parse stay in it as written.
+    pub text: String,
+    /// The calls, with fresh ids.
+    pub tool_calls: Vec<ToolCall>,
 }

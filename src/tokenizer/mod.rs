@@ -15,7 +15,7 @@ pub use detokenizer::StreamDecoder;
 pub use special::SpecialTokens;
 pub use template::{ChatTemplate, TemplateOptions, TemplateSource};
 
-use crate::chat::ChatMessage;
+use crate::chat::{ChatMessage, ReasoningFormat, ToolCallFormat};
 use crate::error::{Error, Result};
 use special::{eos_ids_from_config, push_unique, read_json_optional};
 
@@ -136,6 +136,29 @@ impl Tokenizer {
 
     pub fn has_chat_template(&self) -> bool {
         self.inner.template.is_some()
+    }
+
+    /// The chat template, when the model has one.
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.inner.template.as_ref()
+    }
+
+    /// The reasoning markers this model uses: from its chat template, else from its vocabulary
+    /// (a tokenizer with `<think>` and `</think>` tokens).
+    pub fn reasoning_format(&self) -> Option<ReasoningFormat> {
+        if let Some(t) = &self.inner.template {
+            if let Some(f) = t.sources().find_map(ReasoningFormat::detect) {
+                return Some(f);
+            }
+        }
+        ReasoningFormat::ALL
+            .into_iter()
+            .find(|f| self.token_to_id(f.open()).is_some() && self.token_to_id(f.close()).is_some())
+    }
+
+    /// The tool-call format the chat template teaches (Hermes when it says nothing recognisable).
+    pub fn tool_call_format(&self) -> ToolCallFormat {
+        self.inner.template.as_ref().and_then(|t| t.source(true)).map_or(ToolCallFormat::Hermes, ToolCallFormat::detect)
     }
 
     /// Renders a conversation to the prompt text, as transformers'

@@ -47,6 +47,8 @@ pub enum TemplateSource {
 pub struct ChatTemplate {
     env: Environment<'static>,
     names: Vec<String>,
+    /// The sources, by name (what the model's output formats are detected from).
+    sources: Vec<(String, String)>,
     /// Templates that failed to compile: kept so that a model with a template minijinja cannot
     /// parse still loads (raw prompts work), and the error surfaces when the template is used.
     broken: HashMap<String, String>,
@@ -69,13 +71,25 @@ impl ChatTemplate {
         };
         let mut names = Vec::new();
         let mut broken = HashMap::new();
+        let sources = list.clone();
         for (name, src) in list {
             if let Err(e) = env.add_template_owned(name.clone(), strip_generation_tags(&src)) {
                 broken.insert(name.clone(), describe(&e));
             }
             names.push(name);
         }
-        ChatTemplate { env, names, broken }
+        ChatTemplate { env, names, sources, broken }
+    }
+
+    /// The source of the template used with (or without) tools.
+    pub fn source(&self, with_tools: bool) -> Option<&str> {
+        let name = self.pick(with_tools).ok()?;
+        self.sources.iter().find(|(n, _)| n == name).map(|(_, s)| s.as_str())
+    }
+
+    /// Every template's source.
+    pub fn sources(&self) -> impl Iterator<Item = &str> {
+        self.sources.iter().map(|(_, s)| s.as_str())
     }
 
     /// transformers' choice among named templates.

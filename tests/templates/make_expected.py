@@ -229,17 +229,35 @@ def tokenizer_file(assets, name):
     }
 
 
-# The llama.cpp set is large (70 templates): a few cases that exercise the most template logic.
+# The llama.cpp set is large (70 templates): a few cases that exercise the most template logic,
+# and the whole matrix (system prompt, tool calls and results, thinking on/off, reasoning round
+# trip…) for the templates whose output formats mlex parses (tool calls, reasoning spans).
 TEMPLATE_SET_CASES = ["multi_turn", "tools_parallel_calls", "reasoning_round_trip"]
+FULL_MATRIX_TEMPLATES = [
+    "Qwen-Qwen2.5-7B-Instruct.jinja",
+    "Qwen-Qwen3-0.6B.jinja",
+    "Qwen3-Coder.jinja",
+    "Qwen3.5-4B.jinja",
+    "google-gemma-4-31B-it.jinja",
+    "google-gemma-4-31B-it-interleaved.jinja",
+    "HuggingFaceTB-SmolLM3-3B.jinja",
+    "meta-llama-Llama-3.1-8B-Instruct.jinja",
+    "meta-llama-Llama-3.2-3B-Instruct.jinja",
+    "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+    "Mistral-Small-3.2-24B-Instruct-2506.jinja",
+    "mistralai-Ministral-3-14B-Reasoning-2512.jinja",
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
+]
 if os.environ.get("MLEX_ALL_CASES"):  # a local, wider sweep (not committed: ~600 kB)
     TEMPLATE_SET_CASES = [c["name"] for c in CASES]
 
 
 def templates_file(folder):
-    cases = [c for c in CASES if c["name"] in TEMPLATE_SET_CASES]
     results = {}
     for path in sorted(Path(folder).glob("*.jinja")):
         source = path.read_text()
+        full = path.name in FULL_MATRIX_TEMPLATES
+        cases = [c for c in CASES if full or c["name"] in TEMPLATE_SET_CASES]
 
         def render(messages, entry, source=source):
             out, _ = ctu.render_jinja_template(
@@ -261,7 +279,7 @@ def templates_file(folder):
         "generator": f"transformers {transformers.__version__}",
         "bos_token": "<s>",
         "eos_token": "</s>",
-        "cases": [case_entry(c) for c in cases],
+        "cases": [case_entry(c) for c in CASES],
         "templates": results,
     }
 

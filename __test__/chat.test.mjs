@@ -1,0 +1,129 @@
+// Chat features through the Node API: parseToolCalls, typed tokens, the reasoning split and
+// budget, toolCallFormat. The tiny random model never writes tool calls on its own; the parsers
+// are exercised directly, the engine plumbing through a thinking template and the budget.
+import { test, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { cpSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
+import { join } from 'node:path'
+import { tmpdir } from 'node:os'
+import { Session, parseToolCalls } from 'mlex'
+import { modelDir, user, rejectsWithCode } from './helpers.mjs'
+
+// Qwen3-Thinking style: the generation prompt opens the reasoning span.
+const THINK_TEMPLATE =
+  "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}" +
+  "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
+
+let plain
+let thinking
+before(async () => {
+  plain = await Session.load(modelDir())
+  const dir = mkdtempSync(join(tmpdir(), 'mlex-think-'))
+  cpSync(modelDir(), dir, { recursive: true })
+  const cfgPath = join(dir, 'tokenizer_config.json')
+  const cfg = JSON.parse(readFileSync(cfgPath, 'utf8'))
+  cfg.chat_template = THINK_TEMPLATE
+  writeFileSync(cfgPath, JSON.stringify(cfg))
+  thinking = await Session.load(dir)
+})
+after(async () => {
+  await plain?.close()
+  await thinking?.close()
+})
+
+test('parseToolCalls: Hermes, Qwen3-Coder XML, Gemma 4, Llama 3, Mistral, tool_code', () => {
+  const hermes = parseToolCalls(
+    'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    'hermes',
+  )
+  assert.equal(hermes.text, 'Let me check.')
+  assert.equal(hermes.toolCalls.length, 1)
+  const [call] = hermes.toolCalls
+  assert.equal(call.type, 'function')
+  assert.equal(call.function.name, 'get_weather')
+  assert.deepEqual(JSON.parse(call.function.arguments), { city: 'Paris' })
+  assert.match(call.id, /^call_[0-9a-f]+$/)
+
+  const xml = parseToolCalls('<tool_call>\n<function=f>\n<parameter=n>\n3\n</parameter>\n<parameter=s>\nhi there\n</parameter>\n</function>\n</tool_call>', 'qwen3_coder')
+  assert.deepEqual(JSON.parse(xml.toolCalls[0].function.arguments), { n: 3, s: 'hi there' })
+
+  const gemma = parseToolCalls('<|tool_call>call:search{query:<|"|>mlx, rust<|"|>,limit:5}<tool_call|>', 'gemma4')
+  assert.deepEqual(JSON.parse(gemma.toolCalls[0].function.arguments), { query: 'mlx, rust', limit: 5 })
+
+  const llama = parseToolCalls('<|python_tag|>{"name": "f", "parameters": {"a": 1}}', 'llama3_json')
+  assert.equal(llama.toolCalls[0].function.name, 'f')
+
+  const mistral = parseToolCalls('[TOOL_CALLS]f[ARGS]{"a": 1}', 'mistral')
+  assert.equal(mistral.toolCalls[0].function.name, 'f')
+
+  const code = parseToolCalls('```tool_code\nf(a="x", b=True)\n```', 'gemma_tool_code')
+  assert.deepEqual(JSON.parse(code.toolCalls[0].function.arguments), { a: 'x', b: true })
+
+  // Two calls get two ids.
+  const two = parseToolCalls('<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": {}}</tool_call>', 'hermes')
+  assert.notEqual(two.toolCalls[0].id, two.toolCalls[1].id)
+})
+
+test('parseToolCalls without a format tries them all', () => {
+  assert.equal(parseToolCalls('<|tool_call>call:f{}<tool_call|>').toolCalls[0].function.name, 'f')
+  assert.equal(parseToolCalls('[TOOL_CALLS][{"name": "g", "arguments": {}}]').toolCalls[0].function.name, 'g')
+  assert.deepEqual(parseToolCalls('just text'), { text: 'just text', toolCalls: [] })
+})
+
+test('parseToolCalls leaves malformed calls in the text and never throws on model output', () => {
+  for (const text of [
+    '<tool_call>{"name": "f", "arguments": {',
+    '<tool_call>{"name": "f", "arguments": {</tool_call>',
+    '<tool_call>not json</tool_call>',
+    '<|tool_call>call:f{a:<|"|>x}<tool_call|>',
+    '\u0000<tool_call>\uFFFD</tool_call>',
+  ]) {
+    const r = parseToolCalls(text, text.includes('<|tool_call>') ? 'gemma4' : 'hermes')
+    assert.deepEqual(r.toolCalls, [], text)
+    assert.equal(r.text, text)
+  }
+})
+
+test('parseToolCalls rejects bad arguments with INVALID_ARGUMENT', () => {
+  for (const [args, re] of [
+    [[42], /text must be a string/],
+    [['x', 'yaml'], /unknown tool call format/],
+    [['x', 5], /format must be a string/],
+  ]) {
+    assert.throws(() => parseToolCalls(...args), (e) => e.code === 'INVALID_ARGUMENT' && re.test(e.message))
+  }
+})
+
+test('tokens carry kinds; text tokens add up to reply.text', async () => {
+  const tokens = []
+  const reply = await plain.generate(user('Hi'), { maxTokens: 12, ignoreEos: true, onToken: (t) => { tokens.push(t) } })
+  assert.ok(tokens.every((t) => t.kind === 'text'), JSON.stringify(tokens.map((t) => t.kind)))
+  assert.equal(tokens.map((t) => t.text).join(''), reply.text)
+  assert.equal(reply.reasoning ?? null, null)
+  assert.deepEqual(reply.toolCalls, [])
+})
+
+test('reasoning budget: the closer is fed after N reasoning tokens, typed reasoning, then the answer', async () => {
+  const closer = [...Buffer.from('\n</think>\n\n')]
+  const n = 3
+  const tokens = []
+  for await (const t of thinking.stream(user('Think.'), { maxTokens: 20, ignoreEos: true, reasoningBudgetTokens: n })) {
+    tokens.push(t)
+  }
+  const ids = tokens.map((t) => t.id)
+  assert.deepEqual(ids.slice(n, n + closer.length), closer, JSON.stringify(ids))
+  assert.equal(ids.length, 20)
+  assert.ok(tokens.slice(0, n + closer.length).every((t) => t.kind === 'reasoning'), JSON.stringify(tokens))
+  assert.ok(tokens.slice(n + closer.length).every((t) => t.kind === 'text'))
+  const reply = await thinking.generate(user('Think.'), { maxTokens: 20, ignoreEos: true, reasoningBudgetTokens: n })
+  assert.deepEqual(reply.tokens, ids)
+  assert.ok(!reply.text.includes('think>'))
+  assert.equal(tokens.filter((t) => t.kind === 'text').map((t) => t.text).join(''), reply.text)
+})
+
+test('tools with an explicit toolCallFormat generate; a bad format rejects', async () => {
+  const tools = [{ type: 'function', function: { name: 'f', parameters: { type: 'object' } } }]
+  const reply = await plain.generate(user('Call f'), { maxTokens: 6, ignoreEos: true, tools, toolCallFormat: 'hermes' })
+  assert.equal(reply.finishReason, 'length')
+  await rejectsWithCode(assert, () => plain.generate(user('x'), { tools, toolCallFormat: 'nope' }), 'INVALID_ARGUMENT', /toolCallFormat/)
+})

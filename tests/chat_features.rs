@@ -1,0 +1,160 @@
+//! Chat features through the whole engine on a tiny checkpoint written by the test: typed
+//! streaming, the reasoning split and the reasoning budget (the forced closer), tool-call
+//! plumbing. A random tiny model never writes a tool call on its own; the parsers and the
+//! classifier are tested on synthetic streams in src/chat and src/generate/engine.rs.
+mod common;
+use common::{edit_json, TinyLlama, TINY_VOCAB};
+use mlex::chat::{parse_tools_json, ToolCallFormat};
+use mlex::{ChatMessage, FinishReason, GenerateOptions, GeneratedToken, Session, TokenKind};
+
+const THINK: u32 = TINY_VOCAB as u32;
+const END_THINK: u32 = TINY_VOCAB as u32 + 1;
+/// "\n</think>\n\n" in the tiny byte-level vocabulary.
+const CLOSER: [u32; 4] = [10, END_THINK, 10, 10];
+
+/// ChatML whose generation prompt opens the reasoning (as Qwen3-Thinking's and DeepSeek-R1's do)
+/// unless enable_thinking is false, where it writes an empty span (as Qwen3's does).
+const THINK_TEMPLATE: &str = "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{% else %}{{ '<think>\\n' }}{% endif %}{% endif %}";
+
+/// The tiny llama with `<think>` and `</think>` added to its vocabulary and a thinking template.
+fn thinking_model() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    TinyLlama { vocab: TINY_VOCAB + 2, ..Default::default() }.write(dir.path());
+    edit_json(&dir.path().join("tokenizer.json"), |t| {
+        for (id, content) in [(THINK, "<think>"), (END_THINK, "</think>")] {
+            t["model"]["vocab"][content] = id.into();
+            t["added_tokens"].as_array_mut().unwrap().push(serde_json::json!({
+                "id": id, "content": content, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": false}));
+        }
+    });
+    edit_json(&dir.path().join("tokenizer_config.json"), |c| c["chat_template"] = THINK_TEMPLATE.into());
+    dir
+}
+
+fn opts(max_tokens: usize, budget: Option<usize>) -> GenerateOptions {
+    GenerateOptions { max_tokens, reasoning_budget_tokens: budget, ignore_eos: true, ..Default::default() }
+}
+
+fn run(s: &Session, msgs: &[ChatMessage], o: GenerateOptions) -> (Vec<GeneratedToken>, mlex::GenerateReply) {
+    let mut streamed = Vec::new();
+    let reply = s
+        .generate_cached(msgs, None, o, |t| {
+            streamed.push(t.clone());
+            true
+        })
+        .unwrap();
+    (streamed, reply)
+}
+
+fn of(tokens: &[GeneratedToken], kind: TokenKind) -> String {
+    tokens.iter().filter(|t| t.kind == kind).map(|t| t.text.as_str()).collect()
+}
+
+#[test]
+fn tokenizer_sees_the_thinking_format() {
+    let dir = thinking_model();
+    let s = Session::load(dir.path()).unwrap();
+    let tok = s.tokenizer().unwrap();
+    assert_eq!(tok.reasoning_format(), Some(mlex::chat::ReasoningFormat::Think));
+    assert_eq!(tok.encode("\n</think>\n\n", false).unwrap(), CLOSER);
+}
+
+#[test]
+fn budget_forces_the_closer_after_n_reasoning_tokens() {
+    let dir = thinking_model();
+    let s = Session::load(dir.path()).unwrap();
+    let msgs = [ChatMessage::user("Think about it.")];
+    let free = run(&s, &msgs, opts(12, None)).1;
+    for n in [3usize, 5] {
+        assert!(!free.tokens[..n].contains(&END_THINK), "the model closed the span itself: {:?}", free.tokens);
+        let (streamed, reply) = run(&s, &msgs, opts(24, Some(n)));
+        // Greedy: the first n tokens are the model's own, then the closer, then the answer.
+        assert_eq!(reply.tokens[..n], free.tokens[..n], "budget {n}");
+        assert_eq!(reply.tokens[n..n + 4], CLOSER, "budget {n}: {:?}", reply.tokens);
+        assert_eq!(reply.tokens.len(), 24, "generation goes on to the answer");
+        assert_eq!(reply.usage.completion_tokens, 24);
+        assert_eq!(reply.logprobs[n..n + 4], [0.0; 4]);
+        // Every token streamed once, in order; the reasoning ones (closer included) typed so.
+        assert_eq!(streamed.iter().map(|t| t.id).collect::<Vec<_>>(), reply.tokens);
+        assert!(streamed[..n + 4].iter().all(|t| t.kind == TokenKind::Reasoning), "{streamed:?}");
+        assert!(streamed[n + 4..].iter().all(|t| t.kind != TokenKind::Reasoning));
+        assert!(!reply.text.contains("think>"));
+        assert_eq!(of(&streamed, TokenKind::Text), reply.text);
+        assert_eq!(of(&streamed, TokenKind::Reasoning), reply.reasoning.clone().unwrap_or_default());
+        // The answer after the closer is what the model says given that transcript.
+        let mut prompt = s.encode_messages(&msgs, None, None).unwrap();
+        prompt.extend_from_slice(&reply.tokens[..n + 4]);
+        let cont = s.generate_tokens(&prompt, opts(24 - n - 4, None), |_| true).unwrap();
+        assert_eq!(cont.tokens, reply.tokens[n + 4..], "budget {n}");
+    }
+}
+
+#[test]
+fn budget_zero_closes_before_the_first_token() {
+    let dir = thinking_model();
+    let s = Session::load(dir.path()).unwrap();
+    let msgs = [ChatMessage::user("Quick.")];
+    let (streamed, reply) = run(&s, &msgs, opts(10, Some(0)));
+    assert_eq!(reply.tokens[..4], CLOSER, "{:?}", reply.tokens);
+    assert_eq!(reply.tokens.len(), 10);
+    assert_eq!(reply.reasoning, None);
+    assert!(streamed[..4].iter().all(|t| t.kind == TokenKind::Reasoning));
+    let mut prompt = s.encode_messages(&msgs, None, None).unwrap();
+    prompt.extend_from_slice(&CLOSER);
+    let cont = s.generate_tokens(&prompt, opts(6, None), |_| true).unwrap();
+    assert_eq!(cont.tokens, reply.tokens[4..]);
+}
+
+#[test]
+fn thinking_off_starts_in_text_and_budget_does_nothing() {
+    let dir = thinking_model();
+    let s = Session::load(dir.path()).unwrap();
+    let msgs = [ChatMessage::user("No thinking.")];
+    let o = GenerateOptions { enable_thinking: Some(false), ..opts(12, Some(2)) };
+    let (streamed, reply) = run(&s, &msgs, o);
+    assert!(!reply.tokens.contains(&END_THINK) || reply.tokens.contains(&THINK), "{:?}", reply.tokens);
+    if !reply.tokens.contains(&THINK) {
+        assert!(streamed.iter().all(|t| t.kind == TokenKind::Text), "{streamed:?}");
+        assert_eq!(reply.reasoning, None);
+    }
+    assert_eq!(of(&streamed, TokenKind::Text), reply.text);
+}
+
+#[test]
+fn stream_and_reply_agree_without_budget() {
+    let dir = thinking_model();
+    let s = Session::load(dir.path()).unwrap();
+    for (i, temp) in [0.0f32, 1.5, 3.0].into_iter().enumerate() {
+        let mut o = opts(40, None);
+        o.sampling.temperature = temp;
+        o.sampling.seed = Some(i as u64);
+        let (streamed, reply) = run(&s, &[ChatMessage::user("Go.")], o);
+        assert_eq!(streamed.iter().map(|t| t.id).collect::<Vec<_>>(), reply.tokens);
+        assert_eq!(of(&streamed, TokenKind::Text), reply.text);
+        assert!(!reply.text.contains("<think>") && !reply.text.contains("</think>"));
+        // Reasoning spans are joined by a blank line in the reply; the stream has them back to back.
+        assert_eq!(of(&streamed, TokenKind::Reasoning), reply.reasoning.clone().unwrap_or_default().replace("\n\n", ""), "{streamed:?}");
+    }
+}
+
+#[test]
+fn tools_pick_the_template_format_and_random_output_stays_text() {
+    let dir = thinking_model();
+    let s = Session::load(dir.path()).unwrap();
+    let tools = parse_tools_json(r#"[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]"#).unwrap();
+    let (streamed, reply) = {
+        let mut v = Vec::new();
+        let r = s
+            .generate_cached(&[ChatMessage::user("Call f.")], Some(&tools), opts(16, None), |t| {
+                v.push(t.clone());
+                true
+            })
+            .unwrap();
+        (v, r)
+    };
+    assert_eq!(reply.finish_reason, FinishReason::Length);
+    assert!(reply.tool_calls.is_empty());
+    assert!(streamed.iter().all(|t| t.kind != TokenKind::ToolCall));
+    assert_eq!(s.tokenizer().unwrap().tool_call_format(), ToolCallFormat::Hermes);
+}
