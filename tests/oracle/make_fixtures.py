@@ -296,6 +296,20 @@ def case_list() -> list[dict]:
             },
         }),
         ("llama_rope_linear_f32", "llama", "f32", {"rope_scaling": {"type": "linear", "factor": 4.0}}),
+        # Dynamic NTK changes the base once the sequence passes max_position_embeddings (12 + 32 > 16).
+        ("llama_rope_dynamic_f32", "llama", "f32", {
+            "rope_scaling": {"type": "dynamic", "factor": 2.0},
+            "max_position_embeddings": 16,
+        }),
+        ("llama_rope_yarn_f32", "llama", "f32", {
+            "rope_scaling": {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 32,
+                "beta_fast": 32,
+                "beta_slow": 1,
+            },
+        }),
         ("llama_tied_f32", "llama", "f32", {"tie_word_embeddings": True}),
         ("llama_tied_q4g64", "llama", "q4g64", {"tie_word_embeddings": True}),
         ("mistral_f32", "llama", "f32", {
