@@ -130,6 +130,11 @@ fn load(spec: &EngineSpec) -> Result<(Engine, LoadedFacts)> {
     weights.finish()?;
     let params = model.parameters();
     mlx::eval(&params)?;
+    // Let the device finish and release what loading consumed (the unfused q/k/v and gate/up
+    // parts, the pre-cast tensors) before the first generation measures its peak: on the GPU the
+    // inputs of finished kernels are released by completion handlers, not by eval itself.
+    mlx::synchronize()?;
+    mlx::clear_cache();
     let weights_bytes = params.iter().map(|a| a.nbytes()).sum();
     let dtype = model.norm.weight.dtype();
     drop(params);
