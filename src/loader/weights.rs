@@ -189,10 +189,9 @@ impl WeightStore {
         if self.remaining.len() > 5 {
             extra.push(format!("… {} more", self.remaining.len() - 5));
         }
-        let (first, i) = self.remaining.iter().next().unwrap();
-        let _ = first;
+        let file = *self.remaining.values().next().expect("remaining is not empty");
         Err(Error::checkpoint(
-            &self.files[*i].path,
+            &self.files[file].path,
             format!("unexpected tensor(s) the model does not use: {}", extra.join(", ")),
         ))
     }
