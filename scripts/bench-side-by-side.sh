@@ -6,7 +6,8 @@
 #   scripts/bench-side-by-side.sh --model DIR [...]
 #
 # Env: MLEX (binary, default target/release/mlex), PYTHON (with mlx + mlx-lm; default the oracle
-# venv), MLEX_ARGS / MLXLM_ARGS (extra flags for one side only, e.g. MLXLM_ARGS="--dtype f32").
+# venv), MLEX_ARGS / MLXLM_ARGS (extra flags for one side only, e.g. MLXLM_ARGS="--dtype f32"),
+# BENCH_RAW (a file the per-run JSON lines of both engines are appended to).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 MLEX=${MLEX:-$here/../target/release/mlex}
@@ -23,6 +24,7 @@ for r in $(seq 1 "$rounds"); do
   "$MLEX" bench "${args[@]}" ${MLEX_ARGS:-} --runs 1 --json >> "$out"
   "$PYTHON" "$here/mlxlm_bench.py" "${args[@]}" ${MLXLM_ARGS:-} --runs 1 >> "$out"
 done
+if [ -n "${BENCH_RAW:-}" ]; then cat "$out" >> "$BENCH_RAW"; fi
 python3 - "$out" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]

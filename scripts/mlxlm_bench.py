@@ -4,6 +4,7 @@ model, printing one JSON line per run with the same keys as `mlex bench --json`.
   python scripts/mlxlm_bench.py --model DIR
   python scripts/mlxlm_bench.py --shape qwen3-0.6b --bits 4 [--dtype bf16|f32]
   options: --prompt-len 512 --gen 256 --runs 3
+  python scripts/mlxlm_bench.py --shape qwen3-0.6b --bits 4 --graph   # ops of one decode step
 
 Shapes are the same configs as `mlex bench --shape` (src/bench.rs)."""
 import argparse
@@ -49,6 +50,23 @@ def build(a):
     return model, cfg["vocab_size"]
 
 
+def decode_step_census(model):
+    """The MLX operations one decode step builds (model forward only), by primitive, as
+    `mlex bench --graph` counts them: export the lazy graph to dot and count its operation nodes."""
+    import io
+    import re
+    from collections import Counter
+    from mlx_lm.models.cache import make_prompt_cache
+    cache = make_prompt_cache(model)
+    model(mx.array([[1, 2, 3, 4, 5, 6, 7, 8]]), cache=cache)
+    mx.eval([c.keys for c in cache] + [c.values for c in cache])
+    logits = model(mx.array([[9]]), cache=cache)
+    dot = io.StringIO()
+    mx.export_to_dot(dot, [logits] + [c.keys for c in cache] + [c.values for c in cache])
+    counts = Counter(re.findall(r'\[label ="([^"]+)", shape=rectangle\]', dot.getvalue()))
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model")
@@ -59,7 +77,14 @@ def main():
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--gen", type=int, default=256)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--graph", action="store_true", help="print the ops of one decode step instead of timing")
     a = p.parse_args()
+    if a.graph:
+        model, _ = build(a)
+        census = decode_step_census(model)
+        print(json.dumps({"engine": "mlx-lm", "model": a.model or a.shape, "bits": a.bits,
+                          "ops": sum(c for _, c in census), "by_primitive": census}))
+        return
     t0 = time.perf_counter()
     model, vocab = build(a)
     load_s = time.perf_counter() - t0

@@ -61,6 +61,7 @@ pub fn run(spec: &BenchSpec, mut report: impl FnMut(Value)) -> Result<()> {
             "prefill_tok_s": (u.prefill_tokens_per_second * 10.0).round() / 10.0,
             "ttft_ms": (u.ttft_ms * 100.0).round() / 100.0,
             "decode_tok_s": (u.decode_tokens_per_second * 100.0).round() / 100.0,
+            "schedule_ms_per_step": (u.schedule_ms_per_step * 1000.0).round() / 1000.0,
             "weights_gib": gib(session.info().weights_bytes as f64),
             "peak_gib": gib(u.peak_memory_bytes as f64),
             "device": session.info().device, "dtype": session.info().dtype,
@@ -69,6 +70,33 @@ pub fn run(spec: &BenchSpec, mut report: impl FnMut(Value)) -> Result<()> {
         }));
     }
     Ok(())
+}
+
+/// The MLX operations one decode step of a random-weight `shape` builds (model forward only;
+/// greedy sampling adds a handful), counted by primitive, most frequent first, on the default
+/// device (MLX's CPU backend expands its `fast` ops into several, so the GPU's count is the one
+/// that matters).
+/// Per-operation overhead is what a small model's decode step costs on a GPU, so this is the
+/// number that fused projections and view-free decode paths reduce (BENCHMARKS.md).
+pub fn decode_step_census(shape: &str, bits: u32, group_size: u32) -> Result<Vec<(String, usize)>> {
+    use crate::loader::{ModelConfig, WeightStore};
+    let mut cfg = shape_config(shape)?;
+    if bits > 0 {
+        cfg["quantization"] = json!({"group_size": group_size, "bits": bits, "mode": "affine"});
+    }
+    let path = std::path::Path::new("<random weights>/config.json");
+    let config = ModelConfig::from_json(&cfg.to_string(), path)?;
+    crate::mlx::set_default_device(if crate::mlx::gpu_available() { crate::Device::Gpu } else { crate::Device::Cpu })?;
+    let mut weights = WeightStore::synthetic(config.quantization.clone(), crate::Dtype::Bfloat16, 0)?;
+    let model = crate::models::build_model(path.parent().unwrap(), config, &mut weights)?;
+    crate::mlx::eval(&model.parameters())?;
+    let mut caches = model.new_caches();
+    let prompt = crate::mlx::Array::from_slice(&[1u32, 2, 3, 4, 5, 6, 7, 8], &[1, 8])?;
+    model.forward(&prompt, &mut caches)?;
+    crate::mlx::eval(&caches.iter().flat_map(|c| c.state()).collect::<Vec<_>>())?;
+    let logits = model.forward(&crate::mlx::Array::from_slice(&[9u32], &[1, 1])?, &mut caches)?;
+    let state: Vec<&crate::mlx::Array> = std::iter::once(&logits).chain(caches.iter().flat_map(|c| c.state())).collect();
+    crate::mlx::graph_census(&state)
 }
 
 /// New tokens of the second turn (a user message) after the first turn and its reply.

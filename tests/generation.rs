@@ -66,6 +66,8 @@ fn max_tokens_gives_length_and_logprobs_are_valid() {
     assert_eq!(r.usage.prompt_tokens, PROMPT.len());
     assert_eq!(r.usage.completion_tokens, 5);
     assert!(r.usage.ttft_ms > 0.0 && r.usage.peak_memory_bytes > 0);
+    // Four decode steps were built and scheduled after the first token.
+    assert!(r.usage.schedule_ms_per_step > 0.0, "{:?}", r.usage);
 }
 
 #[test]

@@ -217,3 +217,17 @@ fn unsupported_quantization_is_an_error_not_an_abort() {
     let e = arr(&[1.0; 6], &[2, 3]).matmul(&arr(&[1.0; 6], &[2, 3])).unwrap_err();
     assert!(e.to_string().to_lowercase().contains("shape") || e.to_string().contains("matmul"), "{e}");
 }
+
+#[test]
+fn graph_census_counts_pending_ops_once_each() {
+    let a = arr(&rand_vec(8, 7), &[2, 4]);
+    let e = a.exp().unwrap();
+    // `e` feeds two ops; a split has two outputs but is one operation.
+    let s = e.add(&a).unwrap().multiply(&e).unwrap().split_at(&[2], 1).unwrap();
+    let census = mlex::mlx::graph_census(&[&s[0], &s[1]]).unwrap();
+    let count = |name: &str| census.iter().find(|(n, _)| n == name).map_or(0, |(_, c)| *c);
+    assert_eq!((count("Exp"), count("Add"), count("Multiply"), count("Split")), (1, 1, 1, 1), "{census:?}");
+    assert!(census.windows(2).all(|w| w[0].1 >= w[1].1), "most frequent first: {census:?}");
+    mlex::mlx::eval(&[&s[0], &s[1]]).unwrap();
+    assert!(mlex::mlx::graph_census(&[&s[0], &s[1]]).unwrap().is_empty(), "evaluated arrays have no pending ops");
+}

@@ -56,6 +56,9 @@ struct BenchArgs {
     /// --prompt-len tokens, its --gen-token reply and 64 new tokens), cached vs cold.
     #[arg(long)]
     prompt_cache: bool,
+    /// Print the MLX operations one decode step of --shape builds (by primitive) instead of timing.
+    #[arg(long)]
+    graph: bool,
     /// JSON lines only (default also prints a summary line per run to stderr).
     #[arg(long)]
     json: bool,
@@ -263,6 +266,13 @@ fn bench(a: BenchArgs) -> mlex::Result<()> {
         runs: a.runs,
     };
     let json = a.json;
+    if a.graph {
+        let shape = spec.shape.as_deref().ok_or_else(|| mlex::Error::InvalidArgument("--graph needs --shape".into()))?;
+        let census = mlex::bench::decode_step_census(shape, spec.bits, spec.group_size)?;
+        let total: usize = census.iter().map(|(_, c)| c).sum();
+        println!("{}", serde_json::json!({"engine": "mlex", "model": shape, "bits": spec.bits, "ops": total, "by_primitive": census}));
+        return Ok(());
+    }
     if a.prompt_cache {
         return mlex::bench::run_prompt_cache(&spec, |v| {
             println!("{v}");

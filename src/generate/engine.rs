@@ -249,6 +249,11 @@ impl Engine {
             } else {
                 0.0
             },
+            schedule_ms_per_step: if stats.steps_scheduled > 0 {
+                stats.schedule_s * 1e3 / stats.steps_scheduled as f64
+            } else {
+                0.0
+            },
             peak_memory_bytes: stats.peak_memory as u64,
         };
         Ok(GenerateReply {

@@ -27,6 +27,9 @@ pub struct LoopStats {
     pub generated: usize,
     pub ttft_s: f64,
     pub decode_s: f64,
+    /// Host time building and scheduling decode steps, and how many were scheduled.
+    pub schedule_s: f64,
+    pub steps_scheduled: usize,
     pub peak_memory: usize,
 }
 
@@ -141,9 +144,12 @@ pub fn run(
             eval(&[&y, &lp])?;
         }
         let next = if n + 1 < opts.max_tokens {
+            let t = Instant::now();
             stepper.remember(&y)?;
             let (ny, nlp) = stepper.step(&y.reshape(&[1, 1])?, caches)?;
             async_eval(&[&ny, &nlp])?;
+            stats.schedule_s += t.elapsed().as_secs_f64();
+            stats.steps_scheduled += 1;
             Some((ny, nlp))
         } else {
             None

@@ -155,6 +155,9 @@ pub struct Usage {
     pub ttft_ms: f64,
     pub prefill_tokens_per_second: f64,
     pub decode_tokens_per_second: f64,
+    /// Host time spent building and scheduling each decode step's graph (ms per step). When it
+    /// is close to 1000 / decode tok/s, decoding is bound by the host, not by the device.
+    pub schedule_ms_per_step: f64,
     pub peak_memory_bytes: u64,
 }
 

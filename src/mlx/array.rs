@@ -215,6 +215,20 @@ pub fn eval(arrays: &[&Array]) -> Result<()> {
     check(unsafe { sys::mlex_eval(raws.as_ptr(), raws.len()) })
 }
 
+/// The not-yet-evaluated operations behind `arrays`, counted by MLX primitive name (most
+/// frequent first): what one evaluation will dispatch, for profiling graph size.
+pub fn graph_census(arrays: &[&Array]) -> Result<Vec<(String, usize)>> {
+    let raws: Vec<sys::mlex_array> = arrays.iter().map(|a| a.raw).collect();
+    let mut out: *const std::os::raw::c_char = std::ptr::null();
+    check(unsafe { sys::mlex_graph_census(raws.as_ptr(), raws.len(), &mut out) })?;
+    // SAFETY: on success the shim points `out` at a NUL-terminated thread-local string.
+    let text = unsafe { std::ffi::CStr::from_ptr(out) }.to_string_lossy().into_owned();
+    Ok(text
+        .lines()
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(n, c)| Some((n.to_string(), c.parse().ok()?))))
+        .collect())
+}
+
 /// Schedules evaluation and returns at once; a later `eval`/read waits for it.
 pub fn async_eval(arrays: &[&Array]) -> Result<()> {
     let raws: Vec<sys::mlex_array> = arrays.iter().map(|a| a.raw).collect();

@@ -12,7 +12,7 @@ pub mod quant;
 pub mod random;
 pub mod sys;
 
-pub use array::{async_eval, eval, Array};
+pub use array::{async_eval, eval, graph_census, Array};
 pub use blas::blas_backend;
 pub use device::*;
 pub use dtype::{Dtype, Element};

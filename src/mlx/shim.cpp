@@ -2,12 +2,16 @@
 // everything so that no C++ exception ever unwinds into Rust (DESIGN.md §8.4).
 #include "shim.h"
 
+#include <algorithm>
 #include <cstring>
+#include <map>
+#include <unordered_set>
 #include <exception>
 #include <string>
 #include <vector>
 
 #include "mlx/mlx.h"
+#include "mlx/primitives.h"
 
 namespace mx = mlx::core;
 
@@ -170,6 +174,33 @@ int mlex_eval(const mlex_array* arrays, size_t n) {
 }
 int mlex_async_eval(const mlex_array* arrays, size_t n) {
   return guard([&] { mx::async_eval(to_vec(arrays, n)); });
+}
+int mlex_graph_census(const mlex_array* arrays, size_t n, const char** out) {
+  // Counts the not-yet-evaluated operations the arrays depend on, by primitive name (a
+  // multi-output operation once, through its first output): "name count" lines, most frequent first.
+  static thread_local std::string text;
+  return guard([&] {
+    std::unordered_set<std::uintptr_t> seen;
+    std::map<std::string, int> counts;
+    std::vector<mx::array> stack = to_vec(arrays, n);
+    while (!stack.empty()) {
+      mx::array a = stack.back();
+      stack.pop_back();
+      if (!seen.insert(a.id()).second || !a.has_primitive()) continue;
+      bool counted = false;
+      for (const auto& s : a.siblings()) {
+        counted |= !seen.insert(s.id()).second;
+      }
+      if (!counted) counts[a.primitive().name()]++;
+      for (const auto& in : a.inputs()) stack.push_back(in);
+    }
+    std::vector<std::pair<int, std::string>> rows;
+    for (auto& [name, c] : counts) rows.push_back({c, name});
+    std::sort(rows.begin(), rows.end(), [](auto& x, auto& y) { return x.first > y.first || (x.first == y.first && x.second < y.second); });
+    text.clear();
+    for (auto& [c, name] : rows) text += name + " " + std::to_string(c) + "\n";
+    *out = text.c_str();
+  });
 }
 int mlex_synchronize(void) {
   return guard([&] { mx::synchronize(); });

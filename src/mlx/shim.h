@@ -74,6 +74,8 @@ int mlex_arange(double start, double stop, double step, mlex_dtype dtype, mlex_a
 /* ---- evaluation, devices, memory ---- */
 int mlex_eval(const mlex_array* arrays, size_t n);
 int mlex_async_eval(const mlex_array* arrays, size_t n);
+/* Unevaluated operations behind `arrays`, as "name count" lines; *out is valid until the next call on this thread. */
+int mlex_graph_census(const mlex_array* arrays, size_t n, const char** out);
 int mlex_synchronize(void);
 int mlex_set_default_device(mlex_device d);
 int mlex_default_device(mlex_device* out);

@@ -3,7 +3,7 @@
 //! Section order as in every architecture file: spec, block, model, load.
 use crate::error::{Error, Result};
 use crate::loader::{ModelConfig, WeightStore};
-use crate::mlx::Array;
+use crate::mlx::{async_eval, eval, Array};
 use crate::nn::{Attention, Embedding, GatedMlp, KvCache, Linear, Projections, RmsNorm, Rope};
 
 /// What distinguishes one architecture of the family from another.
@@ -20,6 +20,9 @@ pub struct ArchSpec {
     /// Whether the output head reuses the embedding table when config.json does not say.
     pub tie_default: bool,
 }
+
+/// Layers of a prefill chunk scheduled beyond the one being waited for (see `DecoderModel::forward`).
+const PREFILL_LAYERS_AHEAD: usize = 2;
 
 pub struct DecoderBlock {
     pub input_layernorm: RmsNorm,
@@ -55,8 +58,23 @@ impl DecoderModel {
             )));
         }
         let mut h = self.embed_tokens.forward(tokens)?;
+        // Prefill keeps only a few layers queued ahead of the device. MLX releases an
+        // intermediate once the kernels that read it have completed, so a whole-model graph
+        // submitted at once keeps most layers' activations alive together (on the GPU this put
+        // our peak above mlx-lm's); waiting on the layer PREFILL_LAYERS_AHEAD back keeps the
+        // device busy while bounding what is in flight. A decode step is too small to matter.
+        // (MLEX_ABLATE_PREFILL_BOUND: benchmark ablation only, BENCHMARKS.md.)
+        let bounded = tokens.dim(-1) > 1 && std::env::var_os("MLEX_ABLATE_PREFILL_BOUND").is_none();
+        let mut in_flight = std::collections::VecDeque::with_capacity(PREFILL_LAYERS_AHEAD + 1);
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
             h = layer.forward(&h, cache)?;
+            if bounded {
+                async_eval(&[&h])?;
+                in_flight.push_back(h.clone());
+                if in_flight.len() > PREFILL_LAYERS_AHEAD {
+                    eval(&[&in_flight.pop_front().expect("not empty")])?;
+                }
+            }
         }
         let h = self.norm.forward(&h)?;
         match &self.lm_head {
@@ -94,7 +112,7 @@ impl DecoderModel {
                 Linear::load(w, q, &format!("{p}.{name}"), inp, out, bias)
             };
             let self_attn = Attention {
-                qkv: Projections::new(vec![
+                qkv: Projections::new("qkv", vec![
                     lin(w, "self_attn.q_proj", hidden, nh * hd, spec.qkv_bias)?,
                     lin(w, "self_attn.k_proj", hidden, nkv * hd, spec.qkv_bias)?,
                     lin(w, "self_attn.v_proj", hidden, nkv * hd, spec.qkv_bias)?,
@@ -109,7 +127,7 @@ impl DecoderModel {
                 scale: (hd as f32).powf(-0.5),
             };
             let mlp = GatedMlp {
-                gate_up: Projections::new(vec![
+                gate_up: Projections::new("gate_up", vec![
                     lin(w, "mlp.gate_proj", hidden, inter, spec.mlp_bias)?,
                     lin(w, "mlp.up_proj", hidden, inter, spec.mlp_bias)?,
                 ])?,
