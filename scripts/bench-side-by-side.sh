@@ -4,6 +4,7 @@
 #
 #   scripts/bench-side-by-side.sh --shape qwen3-0.6b --bits 4 [--prompt-len 512 --gen 256 --rounds 3]
 #   scripts/bench-side-by-side.sh --model DIR [...]
+#   --warmup N: untimed runs of each engine first (default 1; 0 on a CPU where every run is slow)
 #
 # Env: MLEX (binary, default target/release/mlex), PYTHON (with mlx + mlx-lm; default the oracle
 # venv), MLEX_ARGS / MLXLM_ARGS (extra flags for one side only, e.g. MLXLM_ARGS="--dtype f32"),
@@ -12,14 +13,21 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 MLEX=${MLEX:-$here/../target/release/mlex}
 PYTHON=${PYTHON:-${MLEX_ORACLE_VENV:-$here/../.venv-oracle}/bin/python}
-rounds=3; args=()
+rounds=3; warmup=1; args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds=$2; shift 2 ;;
+    --warmup) warmup=$2; shift 2 ;;
     *) args+=("$1"); shift ;;
   esac
 done
 out=$(mktemp); trap 'rm -f "$out"' EXIT
+# Untimed first runs: on a fresh GPU machine MLX JIT-compiles kernels for each new shape on first
+# use (and caches them on disk), which would otherwise land in whichever engine runs first.
+for _ in $(seq 1 "$warmup"); do
+  "$MLEX" bench "${args[@]}" ${MLEX_ARGS:-} --runs 1 --json > /dev/null
+  "$PYTHON" "$here/mlxlm_bench.py" "${args[@]}" ${MLXLM_ARGS:-} --runs 1 > /dev/null
+done
 for r in $(seq 1 "$rounds"); do
   "$MLEX" bench "${args[@]}" ${MLEX_ARGS:-} --runs 1 --json >> "$out"
   "$PYTHON" "$here/mlxlm_bench.py" "${args[@]}" ${MLXLM_ARGS:-} --runs 1 >> "$out"

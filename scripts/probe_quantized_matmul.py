@@ -1,5 +1,5 @@
 """Times MLX's quantized matmul kernels at the shapes our models use, to see which dispatch MLX
-picks and what it costs (BENCHMARKS.md, "What the GPU profile shows"). Prints one JSON line per
+picks and what it costs (BENCHMARKS.md, "Where decode time goes"). Prints one JSON line per
 case: microseconds per call, measured over a batch of independent calls evaluated together so
 that host-side launch overhead overlaps the kernels.
 
@@ -7,7 +7,7 @@ that host-side launch overhead overlaps the kernels.
 
 Cases:
   rows=1 (decode): one matmul of N outputs vs the same N split into row chunks of <= 16384
-    (MLX's CUDA backend only uses its matrix-vector kernel up to N, K <= 16384), and a K > 16384
+    (in case MLX used a tiled GEMM past N, K = 16384 at one row), and a K > 16384
     matmul vs two K halves added;
   rows=511 (prefill): quantized matmul vs dequantize + dense matmul."""
 import json
