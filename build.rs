@@ -11,6 +11,8 @@ use std::process::Command;
 fn main() {
     println!("cargo:rerun-if-changed=src/mlx/shim.h");
     println!("cargo:rerun-if-changed=src/mlx/shim.cpp");
+    println!("cargo:rerun-if-changed=src/mlx/cpu_quantized_matmul.h");
+    println!("cargo:rerun-if-changed=src/mlx/cpu_quantized_matmul.cpp");
     println!("cargo:rerun-if-changed=vendor/mlx.lock");
     println!("cargo:rerun-if-env-changed=MLX_DIR");
     println!("cargo:rerun-if-env-changed=MLEX_BACKEND");
@@ -33,6 +35,7 @@ fn main() {
         .cpp(true)
         .std("c++20") // C++17 fails inside mlx/device.h
         .file("src/mlx/shim.cpp")
+        .file("src/mlx/cpu_quantized_matmul.cpp")
         .include(&include)
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-deprecated-declarations")

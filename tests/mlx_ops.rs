@@ -231,3 +231,40 @@ fn graph_census_counts_pending_ops_once_each() {
     mlex::mlx::eval(&[&s[0], &s[1]]).unwrap();
     assert!(mlex::mlx::graph_census(&[&s[0], &s[1]]).unwrap().is_empty(), "evaluated arrays have no pending ops");
 }
+
+/// mlex's own CPU kernel (`CpuQuantizedMatmul`: affine 4/8-bit, float32, evaluated weights)
+/// against MLX's dequantize + matmul, at sizes that split the rows over the thread pool, with
+/// one and several rows of input, and with an input that is a non-contiguous view.
+#[test]
+fn cpu_quantized_matmul_kernel_matches_dequantize_then_matmul() {
+    let (n, k) = (1000i32, 512i32);
+    let wa = arr(&rand_vec((n * k) as usize, 21), &[n, k]);
+    for (bits, group) in [(4, 32), (4, 64), (4, 128), (8, 32), (8, 64), (8, 128)] {
+        let q = quant::quantize(&wa, group, bits, QuantMode::Affine).unwrap();
+        let biases = q.biases.as_ref().unwrap();
+        mlex::mlx::eval(&[&q.weight, &q.scales, biases]).unwrap();
+        let deq = quant::dequantize(&q.weight, &q.scales, Some(biases), group, bits, QuantMode::Affine).unwrap();
+        for rows in [1, 3] {
+            // [k, rows] transposed: a non-contiguous [rows, k] view.
+            let x = arr(&rand_vec((rows * k) as usize, 22 + rows as u64), &[k, rows]).transpose(&[1, 0]).unwrap();
+            let got = quant::quantized_matmul(&x, &q.weight, &q.scales, Some(biases), true, group, bits, QuantMode::Affine)
+                .unwrap();
+            let census = mlex::mlx::graph_census(&[&got]).unwrap();
+            assert!(census.iter().any(|(name, _)| name == "CpuQuantizedMatmul"), "bits {bits}: {census:?}");
+            let want = x.matmul(&deq.transpose(&[1, 0]).unwrap()).unwrap();
+            close(&got.to_vec::<f32>().unwrap(), &want.to_vec::<f32>().unwrap(), 1e-4);
+        }
+    }
+}
+
+/// The same check on the portable (non-AVX2) path, in a child process since the choice is made
+/// once per process.
+#[test]
+fn cpu_quantized_matmul_portable_path_matches_too() {
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["cpu_quantized_matmul_kernel_matches_dequantize_then_matmul", "--exact", "--test-threads", "1"])
+        .env("MLEX_CPU_QMM_SCALAR", "1")
+        .status()
+        .unwrap();
+    assert!(status.success());
+}

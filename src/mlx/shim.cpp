@@ -1,6 +1,7 @@
 // mlex's flat extern "C" shim over MLX's C++ API. Only the ops mlex uses; every entry catches
 // everything so that no C++ exception ever unwinds into Rust (DESIGN.md §8.4).
 #include "shim.h"
+#include "cpu_quantized_matmul.h"
 
 #include <algorithm>
 #include <cstring>
@@ -452,8 +453,15 @@ int mlex_dequantize(mlex_array w, mlex_array scales, mlex_array biases, int32_t 
 int mlex_quantized_matmul(mlex_array x, mlex_array w, mlex_array scales, mlex_array biases, bool transpose,
                           int32_t group_size, int32_t bits, const char* mode, mlex_array* out) {
   return guard([&] {
+    const std::string m = mode ? mode : "affine";
+    // Our own CPU kernel where it applies (MLX's runs a scalar loop on one thread on x86).
+    if (auto fast = mlex::cpu_quantized_matmul(unwrap(x), unwrap(w), unwrap(scales), opt(biases), transpose,
+                                               group_size, bits, m)) {
+      *out = wrap(*fast);
+      return;
+    }
     *out = wrap(mx::quantized_matmul(unwrap(x), unwrap(w), unwrap(scales), opt(biases), transpose,
-                                     group_size, bits, mode ? mode : "affine"));
+                                     group_size, bits, m));
   });
 }
 

@@ -1,0 +1,295 @@
+// See cpu_quantized_matmul.h. Layout (MLX's affine quantization): row n of the packed weight
+// holds K values of `bits` bits, lowest bits first within each uint32; group g of `group_size`
+// values dequantizes as scale[n, g] * q + bias[n, g]. So a dot product with x is
+//   Σ_g scale[n, g] · Σ_{i∈g} q_i x_i  +  Σ_g bias[n, g] · Σ_{i∈g} x_i
+// and the per-group sums of x are computed once per call and shared by every output row.
+#include "cpu_quantized_matmul.h"
+
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/primitives.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define MLEX_X86_64 1
+#endif
+
+namespace mx = mlx::core;
+
+namespace mlex {
+namespace {
+
+// ---- a small persistent thread pool: MLX's CPU backend runs each op on one thread ----
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int workers) {
+    for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { loop(); });
+  }
+  int size() const { return static_cast<int>(threads_.size()) + 1; }
+
+  // Runs f(0) … f(n-1), the calling thread taking a share, and returns when all have finished.
+  void run(int n, const std::function<void(int)>& f) {
+    std::lock_guard<std::mutex> one_caller(run_mu_);
+    if (n <= 1 || threads_.empty()) {
+      for (int i = 0; i < n; ++i) f(i);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      job_ = &f;
+      n_ = n;
+      next_ = 0;
+      remaining_ = n;
+      ++generation_;
+    }
+    wake_.notify_all();
+    work();
+    std::unique_lock<std::mutex> l(mu_);
+    done_.wait(l, [&] { return remaining_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  void work() {
+    while (true) {
+      const std::function<void(int)>* job;
+      int i;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        if (job_ == nullptr || next_ >= n_) return;
+        job = job_;
+        i = next_++;
+      }
+      (*job)(i);
+      std::lock_guard<std::mutex> l(mu_);
+      if (--remaining_ == 0) done_.notify_all();
+    }
+  }
+  void loop() {
+    uint64_t seen = 0;
+    while (true) {
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        wake_.wait(l, [&] { return generation_ != seen; });
+        seen = generation_;
+      }
+      work();
+    }
+  }
+
+  std::vector<std::thread> threads_;
+  std::mutex run_mu_, mu_;
+  std::condition_variable wake_, done_;
+  const std::function<void(int)>* job_ = nullptr;
+  int n_ = 0, next_ = 0, remaining_ = 0;
+  uint64_t generation_ = 0;
+};
+
+ThreadPool& pool() {
+  // Never destroyed: its threads sleep until the process exits (joining them from a static
+  // destructor could race with MLX's own teardown).
+  static ThreadPool* p = [] {
+    unsigned hw = std::thread::hardware_concurrency();
+    int workers = hw > 1 ? static_cast<int>(std::min(hw, 8u)) - 1 : 0;
+    return new ThreadPool(workers);
+  }();
+  return *p;
+}
+
+// ---- kernels: one output value = Σ_g scale_g · dot(q_g, x_g) + Σ_g bias_g · xsum_g ----
+
+float row_scalar(const uint32_t* wq, const float* scales, const float* biases, const float* x, const float* xsum,
+                 int groups, int group_size, int bits) {
+  const int per_word = 32 / bits;
+  const uint32_t mask = (1u << bits) - 1;
+  float total = 0.f;
+  for (int g = 0; g < groups; ++g) {
+    const uint32_t* w = wq + g * group_size / per_word;
+    const float* xg = x + g * group_size;
+    float dot = 0.f;
+    for (int i = 0; i < group_size / per_word; ++i) {
+      uint32_t word = w[i];
+      for (int j = 0; j < per_word; ++j) dot += static_cast<float>((word >> (bits * j)) & mask) * xg[i * per_word + j];
+    }
+    total += scales[g] * dot + biases[g] * xsum[g];
+  }
+  return total;
+}
+
+#ifdef MLEX_X86_64
+__attribute__((target("avx2,fma"))) float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+// 4-bit: one uint32 = 8 values; broadcast it and shift each lane by 4·lane.
+__attribute__((target("avx2,fma"))) float row_q4_avx2(const uint32_t* wq, const float* scales, const float* biases,
+                                                      const float* x, const float* xsum, int groups, int group_size) {
+  const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+  const __m256i mask = _mm256_set1_epi32(0xF);
+  const int words = group_size / 8;
+  __m256 total = _mm256_setzero_ps();
+  float bias_total = 0.f;
+  for (int g = 0; g < groups; ++g) {
+    const uint32_t* w = wq + g * words;
+    const float* xg = x + g * group_size;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 1 < words; i += 2) {
+      __m256i q0 = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w[i])), shifts), mask);
+      __m256i q1 = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w[i + 1])), shifts), mask);
+      a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q0), _mm256_loadu_ps(xg + 8 * i), a0);
+      a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q1), _mm256_loadu_ps(xg + 8 * i + 8), a1);
+    }
+    for (; i < words; ++i) {
+      __m256i q = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w[i])), shifts), mask);
+      a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_loadu_ps(xg + 8 * i), a0);
+    }
+    total = _mm256_fmadd_ps(_mm256_add_ps(a0, a1), _mm256_set1_ps(scales[g]), total);
+    bias_total += biases[g] * xsum[g];
+  }
+  return hsum(total) + bias_total;
+}
+
+// 8-bit: the bytes are the values in order; widen 8 at a time.
+__attribute__((target("avx2,fma"))) float row_q8_avx2(const uint32_t* wq, const float* scales, const float* biases,
+                                                      const float* x, const float* xsum, int groups, int group_size) {
+  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(wq);
+  __m256 total = _mm256_setzero_ps();
+  float bias_total = 0.f;
+  for (int g = 0; g < groups; ++g) {
+    const uint8_t* w = bytes + g * group_size;
+    const float* xg = x + g * group_size;
+    __m256 a = _mm256_setzero_ps();
+    for (int i = 0; i < group_size; i += 8) {
+      __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + i));
+      a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), _mm256_loadu_ps(xg + i), a);
+    }
+    total = _mm256_fmadd_ps(a, _mm256_set1_ps(scales[g]), total);
+    bias_total += biases[g] * xsum[g];
+  }
+  return hsum(total) + bias_total;
+}
+
+bool has_avx2_fma() {
+  // MLEX_CPU_QMM_SCALAR: tests of the portable path on a machine that has AVX2.
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                          std::getenv("MLEX_CPU_QMM_SCALAR") == nullptr;
+  return yes;
+}
+#endif
+
+struct Problem {
+  const float* x;
+  const uint32_t* w;
+  const float* scales;
+  const float* biases;
+  float* out;
+  int M, N, K, group_size, bits;
+};
+
+void compute(const Problem& p) {
+  const int groups = p.K / p.group_size;
+  const int words_per_row = p.K * p.bits / 32;
+  std::vector<float> xsum(static_cast<size_t>(p.M) * groups);
+  for (int m = 0; m < p.M; ++m)
+    for (int g = 0; g < groups; ++g) {
+      const float* xg = p.x + static_cast<size_t>(m) * p.K + g * p.group_size;
+      float s = 0.f;
+      for (int i = 0; i < p.group_size; ++i) s += xg[i];
+      xsum[static_cast<size_t>(m) * groups + g] = s;
+    }
+  auto row = [&](int n, int m) -> float {
+    const uint32_t* wq = p.w + static_cast<size_t>(n) * words_per_row;
+    const float* s = p.scales + static_cast<size_t>(n) * groups;
+    const float* b = p.biases + static_cast<size_t>(n) * groups;
+    const float* x = p.x + static_cast<size_t>(m) * p.K;
+    const float* xs = xsum.data() + static_cast<size_t>(m) * groups;
+#ifdef MLEX_X86_64
+    if (has_avx2_fma()) {
+      return p.bits == 4 ? row_q4_avx2(wq, s, b, x, xs, groups, p.group_size)
+                         : row_q8_avx2(wq, s, b, x, xs, groups, p.group_size);
+    }
+#endif
+    return row_scalar(wq, s, b, x, xs, groups, p.group_size, p.bits);
+  };
+  // Split the output rows; small problems stay on this thread (waking workers costs more).
+  const double work = static_cast<double>(p.M) * p.N * p.K;
+  const int tasks = work < (1 << 18) ? 1 : pool().size() * 4;
+  const int chunk = (p.N + tasks - 1) / tasks;
+  pool().run(tasks, [&](int t) {
+    const int lo = t * chunk, hi = std::min(p.N, lo + chunk);
+    for (int n = lo; n < hi; ++n)
+      for (int m = 0; m < p.M; ++m) p.out[static_cast<size_t>(m) * p.N + n] = row(n, m);
+  });
+}
+
+class CpuQuantizedMatmul : public mx::UnaryPrimitive {
+ public:
+  CpuQuantizedMatmul(mx::Stream s, int group_size, int bits) : mx::UnaryPrimitive(s), group_size_(group_size), bits_(bits) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const auto& x = inputs[0];
+    const auto& w = inputs[1];
+    const auto& scales = inputs[2];
+    const auto& biases = inputs[3];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (const auto& in : inputs) enc.set_input_array(in);
+    enc.set_output_array(out);
+    const int K = x.shape(-1), N = out.shape(-1);
+    Problem p{x.data<float>(), w.data<uint32_t>(), scales.data<float>(), biases.data<float>(), out.data<float>(),
+              static_cast<int>(out.size() / N), N, K, group_size_, bits_};
+    enc.dispatch([p]() { compute(p); });
+  }
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("[CpuQuantizedMatmul] runs on the CPU only");
+  }
+  const char* name() const override { return "CpuQuantizedMatmul"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const CpuQuantizedMatmul*>(&other);
+    return o != nullptr && o->group_size_ == group_size_ && o->bits_ == bits_;
+  }
+
+ private:
+  int group_size_, bits_;
+};
+
+bool ready_row_contiguous(const mx::array& a) { return a.is_available() && a.flags().row_contiguous; }
+
+}  // namespace
+
+std::optional<mx::array> cpu_quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
+                                              const std::optional<mx::array>& biases, bool transpose, int group_size,
+                                              int bits, const std::string& mode) {
+  // Benchmark ablation only (BENCHMARKS.md): MLX's own CPU kernel everywhere.
+  static const bool ablated = std::getenv("MLEX_ABLATE_CPU_QMM") != nullptr;
+  auto stream = mx::to_stream({});
+  if (ablated || stream.device != mx::Device::cpu || mode != "affine" || !transpose || !biases ||
+      (bits != 4 && bits != 8) || group_size % 8 != 0 || x.ndim() < 1 || x.dtype() != mx::float32 ||
+      w.dtype() != mx::uint32 || scales.dtype() != mx::float32 || biases->dtype() != mx::float32 || w.ndim() != 2) {
+    return std::nullopt;
+  }
+  const int K = x.shape(-1), N = w.shape(0);
+  if (K % group_size != 0 || w.shape(1) != K * bits / 32 || scales.ndim() != 2 || scales.shape(0) != N ||
+      scales.shape(1) != K / group_size || biases->shape() != scales.shape() || !ready_row_contiguous(w) ||
+      !ready_row_contiguous(scales) || !ready_row_contiguous(*biases)) {
+    return std::nullopt;
+  }
+  auto shape = x.shape();
+  shape.back() = N;
+  return mx::array(shape, mx::float32, std::make_shared<CpuQuantizedMatmul>(stream, group_size, bits),
+                   {mx::contiguous(x, false, stream), w, scales, *biases});
+}
+
+}  // namespace mlex

@@ -1,0 +1,21 @@
+// A faster CPU quantized matmul than MLX's own (which runs a scalar loop on one thread on x86):
+// `x @ dequantize(w)ᵀ` for affine 4- and 8-bit weights with float32 activations, scales and
+// biases, vectorised with AVX2/FMA where the CPU has it and spread over a small thread pool.
+// It is an MLX primitive, so it sits in the lazy graph like any other op.
+#pragma once
+
+#include <optional>
+
+#include "mlx/mlx.h"
+
+namespace mlex {
+
+// The product as a lazy array, or nothing when this kernel does not cover the case (not on the
+// CPU, another mode or bit width, other dtypes, weights not evaluated and row-contiguous): the
+// caller then uses mx::quantized_matmul.
+std::optional<mlx::core::array> cpu_quantized_matmul(const mlx::core::array& x, const mlx::core::array& w,
+                                                     const mlx::core::array& scales,
+                                                     const std::optional<mlx::core::array>& biases, bool transpose,
+                                                     int group_size, int bits, const std::string& mode);
+
+}  // namespace mlex
