@@ -5,7 +5,9 @@
 // and the per-group sums of x are computed once per call and shared by every output row.
 #include "cpu_quantized_matmul.h"
 
+#include <algorithm>
 #include <condition_variable>
+#include <limits>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -250,7 +252,15 @@ class CpuQuantizedMatmul : public mx::UnaryPrimitive {
     const int K = x.shape(-1), N = out.shape(-1);
     Problem p{x.data<float>(), w.data<uint32_t>(), scales.data<float>(), biases.data<float>(), out.data<float>(),
               static_cast<int>(out.size() / N), N, K, group_size_, bits_};
-    enc.dispatch([p]() { compute(p); });
+    enc.dispatch([p]() {
+      // This runs on MLX's CPU thread, where an exception would end the process: a failure
+      // (only allocation can fail here) leaves NaNs, which the caller sees as a bad result.
+      try {
+        compute(p);
+      } catch (...) {
+        std::fill(p.out, p.out + static_cast<size_t>(p.M) * p.N, std::numeric_limits<float>::quiet_NaN());
+      }
+    });
   }
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
     throw std::runtime_error("[CpuQuantizedMatmul] runs on the CPU only");
