@@ -232,14 +232,14 @@ fn graph_census_counts_pending_ops_once_each() {
     assert!(mlex::mlx::graph_census(&[&s[0], &s[1]]).unwrap().is_empty(), "evaluated arrays have no pending ops");
 }
 
-/// mlex's own CPU kernel (`CpuQuantizedMatmul`: affine 4/8-bit, float32, evaluated weights)
+/// mlex's own CPU kernel (`CpuQuantizedMatmul`: affine 2–8-bit, float32, evaluated weights)
 /// against MLX's dequantize + matmul, at sizes that split the rows over the thread pool, with
 /// one and several rows of input, and with an input that is a non-contiguous view.
 #[test]
 fn cpu_quantized_matmul_kernel_matches_dequantize_then_matmul() {
     let (n, k) = (1000i32, 512i32);
     let wa = arr(&rand_vec((n * k) as usize, 21), &[n, k]);
-    for (bits, group) in [(4, 32), (4, 64), (4, 128), (8, 32), (8, 64), (8, 128)] {
+    for (bits, group) in [(4, 32), (4, 64), (4, 128), (8, 32), (8, 64), (8, 128), (2, 64), (3, 32), (5, 64), (6, 128)] {
         let q = quant::quantize(&wa, group, bits, QuantMode::Affine).unwrap();
         let biases = q.biases.as_ref().unwrap();
         mlex::mlx::eval(&[&q.weight, &q.scales, biases]).unwrap();

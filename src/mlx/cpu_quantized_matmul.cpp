@@ -10,6 +10,7 @@
 #include <limits>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -126,6 +127,33 @@ float row_scalar(const uint32_t* wq, const float* scales, const float* biases, c
   return total;
 }
 
+// 2, 3, 5 and 6 bits: MLX packs each row as one little-endian bit stream, value i in bits
+// [i·bits, (i+1)·bits). Eight values take exactly `bits` bytes, so the row is read in byte-aligned
+// chunks of eight values (group sizes are multiples of 8).
+inline void unpack8(const uint8_t* chunk, int bits, int32_t* out) {
+  uint64_t v = 0;
+  std::memcpy(&v, chunk, static_cast<size_t>(bits));  // little-endian hosts (x86-64, arm64)
+  const uint64_t mask = (1u << bits) - 1;
+  for (int j = 0; j < 8; ++j) out[j] = static_cast<int32_t>((v >> (j * bits)) & mask);
+}
+
+float row_bitstream(const uint32_t* wq, const float* scales, const float* biases, const float* x, const float* xsum,
+                    int groups, int group_size, int bits) {
+  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(wq);
+  float total = 0.f;
+  int32_t q[8];
+  for (int g = 0; g < groups; ++g) {
+    const float* xg = x + g * group_size;
+    float dot = 0.f;
+    for (int i = 0; i < group_size; i += 8) {
+      unpack8(bytes + static_cast<size_t>(g * group_size + i) / 8 * bits, bits, q);
+      for (int j = 0; j < 8; ++j) dot += static_cast<float>(q[j]) * xg[i + j];
+    }
+    total += scales[g] * dot + biases[g] * xsum[g];
+  }
+  return total;
+}
+
 #ifdef MLEX_X86_64
 __attribute__((target("avx2,fma"))) float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -183,6 +211,50 @@ __attribute__((target("avx2,fma"))) float row_q8_avx2(const uint32_t* wq, const 
   return hsum(total) + bias_total;
 }
 
+// Eight values of 2/3/5/6 bits span at most 48 bits of a 64-bit load: lanes whose value ends
+// within the low 32 bits shift the low word, the others shift the word starting at bit 16.
+__attribute__((target("avx2,fma"))) float row_bitstream_avx2(const uint32_t* wq, const float* scales,
+                                                             const float* biases, const float* x, const float* xsum,
+                                                             int groups, int group_size, int bits,
+                                                             const uint8_t* end) {
+  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(wq);
+  alignas(32) int32_t sl[8], sh[8], uh[8];
+  for (int j = 0; j < 8; ++j) {
+    const int at = j * bits;
+    const bool high = at + bits > 32;
+    sl[j] = high ? 0 : at;
+    sh[j] = high ? at - 16 : 0;
+    uh[j] = high ? -1 : 0;
+  }
+  const __m256i shift_lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(sl));
+  const __m256i shift_hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(sh));
+  const __m256i use_hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(uh));
+  const __m256i mask = _mm256_set1_epi32((1 << bits) - 1);
+  __m256 total = _mm256_setzero_ps();
+  float bias_total = 0.f;
+  for (int g = 0; g < groups; ++g) {
+    const float* xg = x + g * group_size;
+    __m256 a = _mm256_setzero_ps();
+    for (int i = 0; i < group_size; i += 8) {
+      const uint8_t* chunk = bytes + static_cast<size_t>(g * group_size + i) / 8 * bits;
+      uint64_t v = 0;
+      // An 8-byte load, except at the very end of the weights where it would read past them.
+      if (chunk + 8 <= end) {
+        std::memcpy(&v, chunk, 8);  // one unaligned load
+      } else {
+        std::memcpy(&v, chunk, static_cast<size_t>(bits));
+      }
+      const __m256i lo = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(v))), shift_lo);
+      const __m256i hi = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(v >> 16))), shift_hi);
+      const __m256i q = _mm256_and_si256(_mm256_blendv_epi8(lo, hi, use_hi), mask);
+      a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_loadu_ps(xg + i), a);
+    }
+    total = _mm256_fmadd_ps(a, _mm256_set1_ps(scales[g]), total);
+    bias_total += biases[g] * xsum[g];
+  }
+  return hsum(total) + bias_total;
+}
+
 bool has_avx2_fma() {
   // MLEX_CPU_QMM_SCALAR: tests of the portable path on a machine that has AVX2.
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
@@ -219,10 +291,13 @@ void compute(const Problem& p) {
     const float* xs = xsum.data() + static_cast<size_t>(m) * groups;
 #ifdef MLEX_X86_64
     if (has_avx2_fma()) {
-      return p.bits == 4 ? row_q4_avx2(wq, s, b, x, xs, groups, p.group_size)
-                         : row_q8_avx2(wq, s, b, x, xs, groups, p.group_size);
+      if (p.bits == 4) return row_q4_avx2(wq, s, b, x, xs, groups, p.group_size);
+      if (p.bits == 8) return row_q8_avx2(wq, s, b, x, xs, groups, p.group_size);
+      const uint8_t* end = reinterpret_cast<const uint8_t*>(p.w) + static_cast<size_t>(p.N) * words_per_row * 4;
+      return row_bitstream_avx2(wq, s, b, x, xs, groups, p.group_size, p.bits, end);
     }
 #endif
+    if (p.bits != 4 && p.bits != 8) return row_bitstream(wq, s, b, x, xs, groups, p.group_size, p.bits);
     return row_scalar(wq, s, b, x, xs, groups, p.group_size, p.bits);
   };
   // Split the output rows; small problems stay on this thread (waking workers costs more).
@@ -286,7 +361,7 @@ std::optional<mx::array> cpu_quantized_matmul(const mx::array& x, const mx::arra
   static const bool ablated = std::getenv("MLEX_ABLATE_CPU_QMM") != nullptr;
   auto stream = mx::to_stream({});
   if (ablated || stream.device != mx::Device::cpu || mode != "affine" || !transpose || !biases ||
-      (bits != 4 && bits != 8) || group_size % 8 != 0 || x.ndim() < 1 || x.dtype() != mx::float32 ||
+      (bits < 2 || bits > 8 || bits == 7) || group_size % 8 != 0 || x.ndim() < 1 || x.dtype() != mx::float32 ||
       w.dtype() != mx::uint32 || scales.dtype() != mx::float32 || biases->dtype() != mx::float32 || w.ndim() != 2) {
     return std::nullopt;
   }
