@@ -211,17 +211,24 @@ fn stream_decoder_on_emoji_and_cjk() {
     }
 }
 
-/// llama.cpp's collection of real templates (Qwen, Llama, Mistral, Gemma, DeepSeek, gpt-oss, …).
-#[test]
-fn llama_cpp_templates_match_transformers() {
-    set_fixed_clock();
+/// Where the llama.cpp templates are (`MLEX_TEST_TEMPLATES` or the test-asset cache), or None
+/// with a note when they were not fetched.
+fn llama_cpp_templates_dir() -> Option<PathBuf> {
     let dir = std::env::var_os("MLEX_TEST_TEMPLATES")
         .map(PathBuf::from)
         .unwrap_or_else(|| assets_dir().join("llama.cpp-templates"));
     if !dir.is_dir() {
         eprintln!("note: skipping: no {} (run scripts/fetch-test-assets.sh --templates)", dir.display());
-        return;
+        return None;
     }
+    Some(dir)
+}
+
+/// llama.cpp's collection of real templates (Qwen, Llama, Mistral, Gemma, DeepSeek, gpt-oss, …).
+#[test]
+fn llama_cpp_templates_match_transformers() {
+    set_fixed_clock();
+    let Some(dir) = llama_cpp_templates_dir() else { return };
     let data = expected("llama_cpp_templates");
     let special = SpecialTokens {
         bos: data["bos_token"].as_str().map(String::from),
@@ -258,13 +265,7 @@ fn llama_cpp_templates_match_transformers() {
 fn tool_calls_round_trip_through_real_templates() {
     use mlex::chat::{parse_tool_calls, ReasoningFormat, ToolCall, ToolCallFormat};
     set_fixed_clock();
-    let dir = std::env::var_os("MLEX_TEST_TEMPLATES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| assets_dir().join("llama.cpp-templates"));
-    if !dir.is_dir() {
-        eprintln!("note: skipping: no {} (run scripts/fetch-test-assets.sh --templates)", dir.display());
-        return;
-    }
+    let Some(dir) = llama_cpp_templates_dir() else { return };
     let tools = parse_tools_json(
         r#"[{"type":"function","function":{"name":"get_weather","description":"Weather.","parameters":{"type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer"}},"required":["city"]}}}]"#,
     )
