@@ -213,22 +213,30 @@ __attribute__((target("avx2,fma"))) float row_q8_avx2(const uint32_t* wq, const 
 
 // Eight values of 2/3/5/6 bits span at most 48 bits of a 64-bit load: lanes whose value ends
 // within the low 32 bits shift the low word, the others shift the word starting at bit 16.
+// Per-lane shifts for one bit width, made once per matmul rather than per row.
+struct BitstreamLanes {
+  alignas(32) int32_t shift_lo[8];
+  alignas(32) int32_t shift_hi[8];
+  alignas(32) int32_t use_hi[8];
+  explicit BitstreamLanes(int bits) {
+    for (int j = 0; j < 8; ++j) {
+      const int at = j * bits;
+      const bool high = at + bits > 32;
+      shift_lo[j] = high ? 0 : at;
+      shift_hi[j] = high ? at - 16 : 0;
+      use_hi[j] = high ? -1 : 0;
+    }
+  }
+};
+
 __attribute__((target("avx2,fma"))) float row_bitstream_avx2(const uint32_t* wq, const float* scales,
                                                              const float* biases, const float* x, const float* xsum,
                                                              int groups, int group_size, int bits,
-                                                             const uint8_t* end) {
+                                                             const BitstreamLanes& lanes, const uint8_t* end) {
   const uint8_t* bytes = reinterpret_cast<const uint8_t*>(wq);
-  alignas(32) int32_t sl[8], sh[8], uh[8];
-  for (int j = 0; j < 8; ++j) {
-    const int at = j * bits;
-    const bool high = at + bits > 32;
-    sl[j] = high ? 0 : at;
-    sh[j] = high ? at - 16 : 0;
-    uh[j] = high ? -1 : 0;
-  }
-  const __m256i shift_lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(sl));
-  const __m256i shift_hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(sh));
-  const __m256i use_hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(uh));
+  const __m256i shift_lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes.shift_lo));
+  const __m256i shift_hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes.shift_hi));
+  const __m256i use_hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes.use_hi));
   const __m256i mask = _mm256_set1_epi32((1 << bits) - 1);
   __m256 total = _mm256_setzero_ps();
   float bias_total = 0.f;
@@ -283,6 +291,10 @@ void compute(const Problem& p) {
       for (int i = 0; i < p.group_size; ++i) s += xg[i];
       xsum[static_cast<size_t>(m) * groups + g] = s;
     }
+#ifdef MLEX_X86_64
+  const BitstreamLanes lanes(p.bits);
+  const uint8_t* end = reinterpret_cast<const uint8_t*>(p.w) + static_cast<size_t>(p.N) * words_per_row * 4;
+#endif
   auto row = [&](int n, int m) -> float {
     const uint32_t* wq = p.w + static_cast<size_t>(n) * words_per_row;
     const float* s = p.scales + static_cast<size_t>(n) * groups;
@@ -293,8 +305,7 @@ void compute(const Problem& p) {
     if (has_avx2_fma()) {
       if (p.bits == 4) return row_q4_avx2(wq, s, b, x, xs, groups, p.group_size);
       if (p.bits == 8) return row_q8_avx2(wq, s, b, x, xs, groups, p.group_size);
-      const uint8_t* end = reinterpret_cast<const uint8_t*>(p.w) + static_cast<size_t>(p.N) * words_per_row * 4;
-      return row_bitstream_avx2(wq, s, b, x, xs, groups, p.group_size, p.bits, end);
+      return row_bitstream_avx2(wq, s, b, x, xs, groups, p.group_size, p.bits, lanes, end);
     }
 #endif
     if (p.bits != 4 && p.bits != 8) return row_bitstream(wq, s, b, x, xs, groups, p.group_size, p.bits);
