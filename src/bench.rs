@@ -62,6 +62,8 @@ pub fn run(spec: &BenchSpec, mut report: impl FnMut(Value)) -> Result<()> {
             "ttft_ms": (u.ttft_ms * 100.0).round() / 100.0,
             "decode_tok_s": (u.decode_tokens_per_second * 100.0).round() / 100.0,
             "schedule_ms_per_step": (u.schedule_ms_per_step * 1000.0).round() / 1000.0,
+            "submit_ms_per_step": (u.submit_ms_per_step * 1000.0).round() / 1000.0,
+            "wait_ms_per_step": (u.wait_ms_per_step * 1000.0).round() / 1000.0,
             "weights_gib": gib(session.info().weights_bytes as f64),
             "peak_gib": gib(u.peak_memory_bytes as f64),
             "device": session.info().device, "dtype": session.info().dtype,

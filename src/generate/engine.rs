@@ -238,6 +238,7 @@ impl Engine {
         if !output.tool_calls.is_empty() && finish == FinishReason::Stop {
             finish = FinishReason::ToolCalls;
         }
+        let per_step = |s: f64| if stats.steps_scheduled > 0 { s * 1e3 / stats.steps_scheduled as f64 } else { 0.0 };
         let usage = Usage {
             prompt_tokens: job.prompt.len(),
             cached_tokens: job.prompt.len() - stats.prefilled,
@@ -249,11 +250,9 @@ impl Engine {
             } else {
                 0.0
             },
-            schedule_ms_per_step: if stats.steps_scheduled > 0 {
-                stats.schedule_s * 1e3 / stats.steps_scheduled as f64
-            } else {
-                0.0
-            },
+            schedule_ms_per_step: per_step(stats.schedule_s),
+            submit_ms_per_step: per_step(stats.submit_s),
+            wait_ms_per_step: if stats.generated > 1 { stats.wait_s * 1e3 / (stats.generated - 1) as f64 } else { 0.0 },
             peak_memory_bytes: stats.peak_memory as u64,
         };
         Ok(GenerateReply {

@@ -29,6 +29,10 @@ pub struct LoopStats {
     pub decode_s: f64,
     /// Host time building and scheduling decode steps, and how many were scheduled.
     pub schedule_s: f64,
+    /// The part of `schedule_s` spent inside `async_eval` (MLX encoding the step's kernels).
+    pub submit_s: f64,
+    /// Host time blocked reading each token (the device had not finished its step).
+    pub wait_s: f64,
     pub steps_scheduled: usize,
     pub peak_memory: usize,
 }
@@ -63,7 +67,10 @@ impl Stepper<'_> {
         let logits = self.sampler.penalize(&logits, self.history.as_ref())?;
         let logprobs = logits.subtract(&logits.logsumexp(&[-1], true)?)?;
         let token = self.sampler.sample(&logprobs)?;
-        let lp = logprobs.take_along_axis(&token.reshape(&[1, 1])?, -1)?.reshape(&[1])?;
+        // Float32 in the graph, so reading it needs no conversion op: any op created after the
+        // next step was scheduled makes the read wait on MLX's in-flight limit (see
+        // `mlex_array_read`), and the device would idle between steps.
+        let lp = logprobs.take_along_axis(&token.reshape(&[1, 1])?, -1)?.reshape(&[1])?.astype(Dtype::Float32)?;
         Ok((token, lp))
     }
 
@@ -147,7 +154,9 @@ pub fn run(
             let t = Instant::now();
             stepper.remember(&y)?;
             let (ny, nlp) = stepper.step(&y.reshape(&[1, 1])?, caches)?;
+            let built = Instant::now();
             async_eval(&[&ny, &nlp])?;
+            stats.submit_s += built.elapsed().as_secs_f64();
             stats.schedule_s += t.elapsed().as_secs_f64();
             stats.steps_scheduled += 1;
             Some((ny, nlp))
@@ -157,8 +166,12 @@ pub fn run(
         if n >= opts.max_tokens {
             break;
         }
+        let t = Instant::now();
         let id = y.to_vec::<u32>()?[0];
         let logprob = lp.item_f32()?;
+        if n > 0 {
+            stats.wait_s += t.elapsed().as_secs_f64();
+        }
         if n == 0 {
             stats.ttft_s = start.elapsed().as_secs_f64();
             decode_start = Some(Instant::now());

@@ -158,6 +158,12 @@ pub struct Usage {
     /// Host time spent building and scheduling each decode step's graph (ms per step). When it
     /// is close to 1000 / decode tok/s, decoding is bound by the host, not by the device.
     pub schedule_ms_per_step: f64,
+    /// The part of `schedule_ms_per_step` spent submitting the built graph (MLX encoding its
+    /// kernels); the rest is building it.
+    pub submit_ms_per_step: f64,
+    /// Host time per decode step blocked on the device to read the token. Near zero while the
+    /// host is the bottleneck.
+    pub wait_ms_per_step: f64,
     pub peak_memory_bytes: u64,
 }
 

@@ -119,10 +119,17 @@ int mlex_array_read(mlex_array a, mlex_dtype dtype, void* dst, size_t nbytes) {
   return guard([&] {
     mx::array x = unwrap(a);
     auto dt = to_dtype(dtype);
-    if (x.dtype() != dt) x = mx::astype(x, dt);
-    // Row-major contiguous copy regardless of the source's strides.
-    x = mx::contiguous(x);
+    // Wait for this array alone (array::eval of a scheduled array waits on its own event). A
+    // new op on `x` would queue behind everything scheduled on its stream since, and any eval
+    // waits while more than MLX's limit of command buffers are in flight: either way the read
+    // of a pipelined decode step's token would wait for the next step, and the device would
+    // idle while the host builds the one after. So a read that needs no conversion creates no
+    // op, and a conversion runs on the CPU once `x` is ready.
     x.eval();
+    if (x.dtype() != dt || !x.flags().row_contiguous) {
+      x = mx::contiguous(mx::astype(x, dt, mx::Device::cpu), false, mx::Device::cpu);
+      x.eval();
+    }
     if (x.nbytes() != nbytes)
       throw std::invalid_argument("read of " + std::to_string(nbytes) + " bytes from an array of " +
                                   std::to_string(x.nbytes()));
