@@ -13,6 +13,8 @@ fn main() {
     println!("cargo:rerun-if-changed=src/mlx/shim.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cpu_quantized_matmul.h");
     println!("cargo:rerun-if-changed=src/mlx/cpu_quantized_matmul.cpp");
+    println!("cargo:rerun-if-changed=src/mlx/cuda_quantized_matvec.h");
+    println!("cargo:rerun-if-changed=src/mlx/cuda_quantized_matvec.cpp");
     println!("cargo:rerun-if-changed=vendor/mlx.lock");
     println!("cargo:rerun-if-env-changed=MLX_DIR");
     println!("cargo:rerun-if-env-changed=MLEX_BACKEND");
@@ -36,6 +38,7 @@ fn main() {
         .std("c++20") // C++17 fails inside mlx/device.h
         .file("src/mlx/shim.cpp")
         .file("src/mlx/cpu_quantized_matmul.cpp")
+        .file("src/mlx/cuda_quantized_matvec.cpp")
         .include(&include)
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-deprecated-declarations")

@@ -268,3 +268,48 @@ fn cpu_quantized_matmul_portable_path_matches_too() {
         .unwrap();
     assert!(status.success());
 }
+
+/// mlex's CUDA matrix-vector kernel (`mlex_qmv4`: one row of x, affine 4-bit, bfloat16/float16)
+/// against MLX's dequantize + matmul in float32, for every group size, a row count that leaves a
+/// block partly empty, and an input view that is not 16-byte aligned. Runs only where the CUDA
+/// backend is (the GPU machine, see BENCHMARKS.md); elsewhere it has nothing to check.
+#[test]
+fn cuda_quantized_matvec_matches_dequantize_then_matmul() {
+    use mlex::mlx::{gpu_available, set_default_device, Device};
+    if !gpu_available() || cfg!(target_os = "macos") {
+        eprintln!("no CUDA GPU: skipped");
+        return;
+    }
+    set_default_device(Device::Gpu).unwrap();
+    for (n, k) in [(1001i32, 512i32), (4608, 3584), (64, 18944)] {
+        let wa = arr(&rand_vec((n * k) as usize, 31), &[n, k]);
+        for dtype in [Dtype::Bfloat16, Dtype::Float16] {
+            for group in [32, 64, 128] {
+                let q = quant::quantize(&wa.astype(dtype).unwrap(), group, 4, QuantMode::Affine).unwrap();
+                let biases = q.biases.as_ref().unwrap();
+                mlex::mlx::eval(&[&q.weight, &q.scales, biases]).unwrap();
+                let deq = quant::dequantize(&q.weight, &q.scales, Some(biases), group, 4, QuantMode::Affine)
+                    .unwrap()
+                    .astype(Dtype::Float32)
+                    .unwrap();
+                // One element past the start of a buffer: a view that is not 16-byte aligned.
+                let wide = arr(&rand_vec((k + 1) as usize, 32), &[1, 1, k + 1]).astype(dtype).unwrap();
+                mlex::mlx::eval(&[&wide]).unwrap();
+                for x in [wide.slice_axis(2, 0, k).unwrap(), wide.slice_axis(2, 1, k + 1).unwrap()] {
+                    let got = quant::quantized_matmul(&x, &q.weight, &q.scales, Some(biases), true, group, 4, QuantMode::Affine)
+                        .unwrap();
+                    let census = mlex::mlx::graph_census(&[&got]).unwrap();
+                    assert!(census.iter().any(|(name, _)| name == "CustomKernel"), "{n}x{k} g{group}: {census:?}");
+                    assert_eq!(got.shape(), vec![1, 1, n]);
+                    let want = x.astype(Dtype::Float32).unwrap().matmul(&deq.transpose(&[1, 0]).unwrap()).unwrap();
+                    let (g, w) = (got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+                    // bfloat16 output: a relative rounding of 2^-8, on sums of k terms.
+                    let scale = w.iter().map(|v| v.abs()).fold(0f32, f32::max);
+                    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+                        assert!((a - b).abs() <= 1e-2 * scale, "{n}x{k} {dtype:?} g{group} row {i}: {a} vs {b}");
+                    }
+                }
+            }
+        }
+    }
+}

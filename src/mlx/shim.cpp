@@ -2,6 +2,7 @@
 // everything so that no C++ exception ever unwinds into Rust (DESIGN.md §8.4).
 #include "shim.h"
 #include "cpu_quantized_matmul.h"
+#include "cuda_quantized_matvec.h"
 
 #include <algorithm>
 #include <cstring>
@@ -464,6 +465,12 @@ int mlex_quantized_matmul(mlex_array x, mlex_array w, mlex_array scales, mlex_ar
     // Our own CPU kernel where it applies (MLX's runs a scalar loop on one thread on x86).
     if (auto fast = mlex::cpu_quantized_matmul(unwrap(x), unwrap(w), unwrap(scales), opt(biases), transpose,
                                                group_size, bits, m)) {
+      *out = wrap(*fast);
+      return;
+    }
+    // And on CUDA for the decode step's matrix-vector products (MLX's qmv is far from bandwidth).
+    if (auto fast = mlex::cuda_quantized_matvec(unwrap(x), unwrap(w), unwrap(scales), opt(biases), transpose,
+                                                group_size, bits, m)) {
       *out = wrap(*fast);
       return;
     }

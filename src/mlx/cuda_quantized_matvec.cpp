@@ -1,0 +1,166 @@
+#include "cuda_quantized_matvec.h"
+
+#include <cstdlib>
+
+#include "mlx/backend/cuda/cuda.h"
+#include "mlx/fast.h"
+
+namespace mx = mlx::core;
+
+namespace mlex {
+namespace {
+
+// Rows of w per warp and warps per block: 8 rows a block keeps a 3,584-row projection spread
+// over ~450 blocks, enough to keep every SM's memory pipe busy.
+constexpr int kRowsPerWarp = 2;
+constexpr int kWarps = 4;
+
+// Helpers NVRTC compiles ahead of the kernel body (MLX's default header brings the CUDA
+// bfloat16/half types).
+constexpr const char* kHeader = R"(
+__device__ __forceinline__ float2 mlex_unpack2(uint32_t u, const __nv_bfloat16*) {
+  // bfloat16 is the top half of a float32.
+  return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+}
+__device__ __forceinline__ float2 mlex_unpack2(uint32_t u, const __half*) {
+  return make_float2(__half2float(__ushort_as_half((unsigned short)(u & 0xffffu))),
+                     __half2float(__ushort_as_half((unsigned short)(u >> 16))));
+}
+__device__ __forceinline__ float mlex_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float mlex_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ void mlex_store(__nv_bfloat16* p, float v) { *p = __float2bfloat16(v); }
+__device__ __forceinline__ void mlex_store(__half* p, float v) { *p = __float2half(v); }
+// A nibble masked in place (q * 16^i, i < 4) as an exact float: OR-ed into the mantissa of 2^23
+// and 2^23 subtracted, cheaper than an int-to-float conversion per weight.
+__device__ __forceinline__ float mlex_nibble(uint32_t word, uint32_t mask) {
+  return __uint_as_float((word & mask) | 0x4b000000u) - 8388608.0f;
+}
+)";
+
+// Template constants: N rows, K columns, GS group size, ROWS rows per warp, WARPS per block.
+// Lane l of a warp takes chunks l, l+32, ... of 32 weights (one 16-byte load of packed words,
+// inside one quantization group since GS >= 32) for each of the warp's rows; x's chunk is
+// loaded once for them. A nibble is used in place (q * 16^i) against x / 16^i, so no shifts:
+// sum_k (s q_k + b) x_k = s * sum_k q_k x_k + b * sum_k x_k per group, in float32.
+constexpr const char* kSource = R"(
+  constexpr int CHUNKS = K / 32;
+  constexpr int GROUPS = K / GS;
+  const int lane = threadIdx.x & 31;
+  const int row0 = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * ROWS;
+  if (row0 >= N) return;
+  const uint4* wq = reinterpret_cast<const uint4*>(w);
+  const uint4* xq = reinterpret_cast<const uint4*>(x);
+  // 16-byte loads need 16-byte aligned buffers; a view into a larger buffer may not be.
+  const bool aligned = ((reinterpret_cast<size_t>(x) | reinterpret_cast<size_t>(w)) & 15) == 0;
+  float acc[ROWS];
+  #pragma unroll
+  for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
+  #pragma unroll 2
+  for (int c = lane; c < CHUNKS; c += 32) {
+    uint4 wv[ROWS];
+    #pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const size_t at = (size_t)(row0 + r) * CHUNKS + c;
+      if (row0 + r >= N) {
+        wv[r] = make_uint4(0, 0, 0, 0);
+      } else if (aligned) {
+        wv[r] = wq[at];
+      } else {
+        wv[r] = make_uint4(w[4 * at], w[4 * at + 1], w[4 * at + 2], w[4 * at + 3]);
+      }
+    }
+    float xs[32];
+    float xsum = 0.0f;
+    if (aligned) {
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint4 v = xq[c * 4 + j];
+        const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+        #pragma unroll
+        for (int h = 0; h < 4; ++h) {
+          const float2 f = mlex_unpack2(u[h], x);
+          xs[8 * j + 2 * h] = f.x;
+          xs[8 * j + 2 * h + 1] = f.y;
+        }
+      }
+    } else {
+      #pragma unroll
+      for (int i = 0; i < 32; ++i) xs[i] = mlex_float(x[c * 32 + i]);
+    }
+    #pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      xsum += xs[i];
+      // Nibble i of a word is q * 16^(i % 4) in place (the top four read from word >> 16).
+      xs[i] *= (i % 4 == 0) ? 1.0f : (i % 4 == 1) ? 0.0625f : (i % 4 == 2) ? 0.00390625f : 0.000244140625f;
+    }
+    const int g = (c * 32) / GS;
+    #pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      if (row0 + r >= N) break;
+      const uint32_t words[4] = {wv[r].x, wv[r].y, wv[r].z, wv[r].w};
+      float d0 = 0.0f, d1 = 0.0f;
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t lo = words[j], hi = words[j] >> 16;
+        d0 += mlex_nibble(lo, 0xfu) * xs[8 * j + 0];
+        d1 += mlex_nibble(lo, 0xf0u) * xs[8 * j + 1];
+        d0 += mlex_nibble(lo, 0xf00u) * xs[8 * j + 2];
+        d1 += mlex_nibble(lo, 0xf000u) * xs[8 * j + 3];
+        d0 += mlex_nibble(hi, 0xfu) * xs[8 * j + 4];
+        d1 += mlex_nibble(hi, 0xf0u) * xs[8 * j + 5];
+        d0 += mlex_nibble(hi, 0xf00u) * xs[8 * j + 6];
+        d1 += mlex_nibble(hi, 0xf000u) * xs[8 * j + 7];
+      }
+      const size_t sg = (size_t)(row0 + r) * GROUPS + g;
+      acc[r] += mlex_float(scales[sg]) * (d0 + d1) + mlex_float(biases[sg]) * xsum;
+    }
+  }
+  #pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    float v = acc[r];
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0 && row0 + r < N) mlex_store(out + row0 + r, v);
+  }
+)";
+
+const mx::fast::CustomKernelFunction& kernel() {
+  static const mx::fast::CustomKernelFunction k =
+      mx::fast::cuda_kernel("mlex_qmv4", {"x", "w", "scales", "biases"}, {"out"}, kSource, kHeader);
+  return k;
+}
+
+}  // namespace
+
+std::optional<mx::array> cuda_quantized_matvec(const mx::array& x, const mx::array& w, const mx::array& scales,
+                                               const std::optional<mx::array>& biases, bool transpose,
+                                               int group_size, int bits, const std::string& mode) {
+  // Benchmark ablation only (BENCHMARKS.md): MLX's own kernel everywhere.
+  static const bool ablated = std::getenv("MLEX_ABLATE_CUDA_QMV") != nullptr;
+  static const bool cuda = mx::cu::is_available();
+  if (ablated || !cuda || mx::to_stream({}).device != mx::Device::gpu || mode != "affine" || !transpose ||
+      !biases || bits != 4 || (group_size != 32 && group_size != 64 && group_size != 128) || w.ndim() != 2 ||
+      w.dtype() != mx::uint32 || x.ndim() < 1 || (x.dtype() != mx::bfloat16 && x.dtype() != mx::float16) ||
+      scales.dtype() != x.dtype() || biases->dtype() != x.dtype()) {
+    return std::nullopt;
+  }
+  const int n = w.shape(0);
+  const int k = x.shape(-1);
+  if (x.size() != static_cast<size_t>(k) || k % 32 != 0 || k % group_size != 0 || w.shape(1) * 8 != k ||
+      scales.ndim() != 2 || scales.shape(0) != n || scales.shape(1) != k / group_size ||
+      biases->shape() != scales.shape()) {
+    return std::nullopt;
+  }
+  auto shape = x.shape();
+  shape.back() = n;
+  constexpr int rows_per_block = kRowsPerWarp * kWarps;
+  const int blocks = (n + rows_per_block - 1) / rows_per_block;
+  auto outs = kernel()({x, w, scales, *biases}, {shape}, {x.dtype()}, {blocks * kWarps * 32, 1, 1},
+                       {kWarps * 32, 1, 1},
+                       {{"T", x.dtype()}, {"N", n}, {"K", k}, {"GS", group_size}, {"ROWS", kRowsPerWarp},
+                        {"WARPS", kWarps}},
+                       std::nullopt, false, {});
+  return outs[0];
+}
+
+}  // namespace mlex
