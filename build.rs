@@ -14,6 +14,8 @@ fn main() {
     println!("cargo:rerun-if-changed=src/mlx/cpu_quantized_matmul.h");
     println!("cargo:rerun-if-changed=src/mlx/cpu_quantized_matmul.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cuda_quantized_matvec.h");
+    println!("cargo:rerun-if-changed=src/mlx/cpu_fast_ops.h");
+    println!("cargo:rerun-if-changed=src/mlx/cpu_fast_ops.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cuda_quantized_matvec.cpp");
     println!("cargo:rerun-if-changed=vendor/mlx.lock");
     println!("cargo:rerun-if-env-changed=MLX_DIR");
@@ -39,6 +41,7 @@ fn main() {
         .file("src/mlx/shim.cpp")
         .file("src/mlx/cpu_quantized_matmul.cpp")
         .file("src/mlx/cuda_quantized_matvec.cpp")
+        .file("src/mlx/cpu_fast_ops.cpp")
         .include(&include)
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-deprecated-declarations")

@@ -313,3 +313,83 @@ fn cuda_quantized_matvec_matches_dequantize_then_matmul() {
         }
     }
 }
+
+/// mlex's own CPU kernels for RMSNorm, RoPE and one-query attention (`src/mlx/cpu_fast_ops.cpp`)
+/// against naive Rust, on the cases the plain tests above leave out: inputs that are views
+/// (transposed, a slice of a larger KV buffer), no weight, traditional pairs, given frequencies,
+/// rotating only part of the features, scaled positions, grouped-query heads, a batch of two.
+#[test]
+fn cpu_fast_ops_match_naive_on_views_and_variants() {
+    let used = |a: &Array, name: &str| {
+        let census = mlex::mlx::graph_census(&[a]).unwrap();
+        assert!(census.iter().any(|(n, _)| n == name), "{name} not used: {census:?}");
+    };
+    // RMSNorm of a transposed [4, 6] view (rows of 6 read with stride 4), no weight.
+    let raw = rand_vec(24, 40);
+    let x = arr(&raw, &[6, 4]).transpose(&[1, 0]).unwrap();
+    let got = fast::rms_norm(&x, None, 1e-6).unwrap();
+    used(&got, "CpuRmsNorm");
+    let mut want = vec![];
+    for r in 0..4 {
+        let row: Vec<f32> = (0..6).map(|i| raw[i * 4 + r]).collect();
+        let inv = 1.0 / (row.iter().map(|v| v * v).sum::<f32>() / 6.0 + 1e-6).sqrt();
+        want.extend(row.iter().map(|v| v * inv));
+    }
+    close(&got.to_vec::<f32>().unwrap(), &want, 1e-5);
+
+    // RoPE on [2, 3, L=2, D=10] built as a transpose of [2, 2, 3, 10] (a view), rotating 8 of 10.
+    let (b, h, l, d, dims) = (2usize, 3usize, 2usize, 10usize, 8usize);
+    let raw = rand_vec(b * h * l * d, 41);
+    let x = arr(&raw, &[b as i32, l as i32, h as i32, d as i32]).transpose(&[0, 2, 1, 3]).unwrap();
+    let at = |bi: usize, hi: usize, li: usize, i: usize| raw[((bi * l + li) * h + hi) * d + i];
+    let freqs: Vec<f32> = (0..dims / 2).map(|i| 1.0 + 3.0 * i as f32).collect();
+    for (traditional, with_freqs, scale, offset) in [(false, false, 1.0f32, 5usize), (true, false, 0.5, 0), (false, true, 0.25, 7)] {
+        let f = arr(&freqs, &[(dims / 2) as i32]);
+        let got = fast::rope(&x, dims as i32, traditional, 500.0, scale, offset as i32, with_freqs.then_some(&f)).unwrap();
+        used(&got, "CpuRope");
+        let mut want = vec![0f32; b * h * l * d];
+        for (bi, hi, li) in (0..b).flat_map(|bi| (0..h).flat_map(move |hi| (0..l).map(move |li| (bi, hi, li)))) {
+            let o = &mut want[((bi * h + hi) * l + li) * d..][..d];
+            for i in 0..d {
+                o[i] = at(bi, hi, li, i);
+            }
+            let pos = (li + offset) as f32 * scale;
+            for i in 0..dims / 2 {
+                let inv = if with_freqs { 1.0 / freqs[i] } else { (-(i as f32) * (500f32.ln() / (dims / 2) as f32)).exp() };
+                let (i1, i2) = if traditional { (2 * i, 2 * i + 1) } else { (i, i + dims / 2) };
+                let (x1, x2, t) = (at(bi, hi, li, i1), at(bi, hi, li, i2), pos * inv);
+                o[i1] = x1 * t.cos() - x2 * t.sin();
+                o[i2] = x1 * t.sin() + x2 * t.cos();
+            }
+        }
+        close(&got.to_vec::<f32>().unwrap(), &want, 1e-4);
+    }
+
+    // One query, 4 query heads over 2 KV heads, batch 2; keys/values the first 5 of 8 slots.
+    let (b, hq, hkv, s, cap, d) = (2usize, 4usize, 2usize, 5usize, 8usize, 6usize);
+    let q = rand_vec(b * hq * d, 42);
+    let kb = rand_vec(b * hkv * cap * d, 43);
+    let vb = rand_vec(b * hkv * cap * d, 44);
+    let shape = [b as i32, hkv as i32, cap as i32, d as i32];
+    let k = arr(&kb, &shape).slice_axis(2, 0, s as i32).unwrap();
+    let v = arr(&vb, &shape).slice_axis(2, 0, s as i32).unwrap();
+    let got = fast::scaled_dot_product_attention(&arr(&q, &[b as i32, hq as i32, 1, d as i32]), &k, &v, 0.4, fast::AttentionMask::None)
+        .unwrap();
+    used(&got, "CpuDecodeAttention");
+    let mut want = vec![0f32; b * hq * d];
+    for bi in 0..b {
+        for hi in 0..hq {
+            let g = hi / (hq / hkv);
+            let kv = |buf: &[f32], j: usize, c: usize| buf[((bi * hkv + g) * cap + j) * d + c];
+            let qi = &q[(bi * hq + hi) * d..][..d];
+            let scores: Vec<f32> = (0..s).map(|j| (0..d).map(|c| qi[c] * 0.4 * kv(&kb, j, c)).sum()).collect();
+            let m = scores.iter().cloned().fold(f32::MIN, f32::max);
+            let e: Vec<f32> = scores.iter().map(|x| (x - m).exp()).collect();
+            let z: f32 = e.iter().sum();
+            for c in 0..d {
+                want[(bi * hq + hi) * d + c] = (0..s).map(|j| e[j] / z * kv(&vb, j, c)).sum();
+            }
+        }
+    }
+    close(&got.to_vec::<f32>().unwrap(), &want, 1e-5);
+}

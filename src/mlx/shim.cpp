@@ -1,6 +1,7 @@
 // mlex's flat extern "C" shim over MLX's C++ API. Only the ops mlex uses; every entry catches
 // everything so that no C++ exception ever unwinds into Rust (DESIGN.md §8.4).
 #include "shim.h"
+#include "cpu_fast_ops.h"
 #include "cpu_quantized_matmul.h"
 #include "cuda_quantized_matvec.h"
 
@@ -418,7 +419,14 @@ int mlex_view(mlex_array a, mlex_dtype dtype, mlex_array* out) {
 }
 
 int mlex_fast_rms_norm(mlex_array x, mlex_array weight, float eps, mlex_array* out) {
-  return guard([&] { *out = wrap(mx::fast::rms_norm(unwrap(x), opt(weight), eps)); });
+  return guard([&] {
+    // Our own CPU kernel where it applies (MLX's CPU backend expands it into ~8 ops); same below.
+    if (auto fast = mlex::cpu_rms_norm(unwrap(x), opt(weight), eps)) {
+      *out = wrap(*fast);
+      return;
+    }
+    *out = wrap(mx::fast::rms_norm(unwrap(x), opt(weight), eps));
+  });
 }
 int mlex_fast_layer_norm(mlex_array x, mlex_array weight, mlex_array bias, float eps, mlex_array* out) {
   return guard([&] { *out = wrap(mx::fast::layer_norm(unwrap(x), opt(weight), opt(bias), eps)); });
@@ -426,6 +434,10 @@ int mlex_fast_layer_norm(mlex_array x, mlex_array weight, mlex_array bias, float
 int mlex_fast_rope(mlex_array x, int32_t dims, bool traditional, float base, float scale, int32_t offset,
                    mlex_array freqs, mlex_array* out) {
   return guard([&] {
+    if (auto fast = mlex::cpu_rope(unwrap(x), dims, traditional, base, scale, offset, opt(freqs))) {
+      *out = wrap(*fast);
+      return;
+    }
     std::optional<float> b;
     if (freqs == nullptr) b = base;
     *out = wrap(mx::fast::rope(unwrap(x), dims, traditional, b, scale, offset, opt(freqs)));
@@ -436,6 +448,13 @@ int mlex_fast_sdpa(mlex_array q, mlex_array k, mlex_array v, float scale, const 
   return guard([&] {
     std::string mode = mask_mode ? mask_mode : "";
     if (mask != nullptr && mode.empty()) mode = "array";
+    // A decode step (one query) with a causal mask has nothing to mask: every key is at or before it.
+    if (mask == nullptr && (mode.empty() || mode == "causal")) {
+      if (auto fast = mlex::cpu_decode_attention(unwrap(q), unwrap(k), unwrap(v), scale)) {
+        *out = wrap(*fast);
+        return;
+      }
+    }
     *out = wrap(mx::fast::scaled_dot_product_attention(unwrap(q), unwrap(k), unwrap(v), scale, mode,
                                                        opt(mask)));
   });

@@ -1,0 +1,269 @@
+#include "cpu_fast_ops.h"
+
+#include <cmath>
+#include <algorithm>
+#include <cstdlib>
+#include <limits>
+#include <vector>
+
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/primitives.h"
+
+namespace mx = mlx::core;
+
+namespace mlex {
+namespace {
+
+// Element offset of the start of row `r` of `a` (rows: the last axis, over every leading axis in
+// row-major order), from the array's strides: inputs may be views (transposes, slices of the KV
+// cache buffer, broadcasts) and are read in place rather than copied.
+int64_t row_offset(const mx::array& a, int64_t r, int last_axes = 1) {
+  int64_t off = 0;
+  for (int ax = static_cast<int>(a.ndim()) - 1 - last_axes; ax >= 0; --ax) {
+    const int64_t n = a.shape(ax);
+    off += (r % n) * a.strides()[ax];
+    r /= n;
+  }
+  return off;
+}
+
+int64_t rows_of(const mx::array& a, int last_axes = 1) {
+  int64_t n = 1;
+  for (int ax = 0; ax + last_axes < static_cast<int>(a.ndim()); ++ax) n *= a.shape(ax);
+  return n;
+}
+
+bool on_cpu() { return mx::to_stream({}).device == mx::Device::cpu; }
+
+// The work runs on MLX's CPU thread, where an exception would end the process: a failure (only
+// allocation can fail in these loops) leaves NaNs, which the caller sees as a bad result.
+template <typename F>
+void dispatch_guarded(mx::array& out, F&& work) {
+  auto& enc = mx::cpu::get_command_encoder(out.primitive().stream());
+  float* o = out.data<float>();
+  const size_t n = out.size();
+  enc.dispatch([work = std::forward<F>(work), o, n]() {
+    try {
+      work();
+    } catch (...) {
+      std::fill(o, o + n, std::numeric_limits<float>::quiet_NaN());
+    }
+  });
+}
+
+void register_io(const std::vector<mx::array>& inputs, mx::array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(out.primitive().stream());
+  for (const auto& in : inputs) enc.set_input_array(in);
+  enc.set_output_array(out);
+}
+
+// x · rsqrt(mean(x²) + eps) · w over the last axis, as MLX's reference graph computes it.
+class CpuRmsNorm : public mx::UnaryPrimitive {
+ public:
+  CpuRmsNorm(mx::Stream s, float eps, bool has_weight) : mx::UnaryPrimitive(s), eps_(eps), has_weight_(has_weight) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    register_io(inputs, out);
+    const mx::array x = inputs[0];
+    const std::optional<mx::array> w = has_weight_ ? std::optional<mx::array>(inputs[1]) : std::nullopt;
+    const float eps = eps_;
+    dispatch_guarded(out, [x, w, eps, o = out.data<float>()]() {
+      const int64_t d = x.shape(-1), rows = rows_of(x), xs = x.strides().back();
+      const float* xp = x.data<float>();
+      const float* wp = w ? w->data<float>() : nullptr;
+      const int64_t ws = w ? w->strides()[0] : 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* xr = xp + row_offset(x, r);
+        float ss = 0.f;
+        for (int64_t i = 0; i < d; ++i) ss += xr[i * xs] * xr[i * xs];
+        const float inv = 1.0f / std::sqrt(ss / static_cast<float>(d) + eps);
+        float* orow = o + r * d;
+        for (int64_t i = 0; i < d; ++i) orow[i] = wp ? (xr[i * xs] * inv) * wp[i * ws] : xr[i * xs] * inv;
+      }
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("[CpuRmsNorm] runs on the CPU only");
+  }
+  const char* name() const override { return "CpuRmsNorm"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const CpuRmsNorm*>(&other);
+    return o && o->eps_ == eps_ && o->has_weight_ == has_weight_;
+  }
+
+ private:
+  float eps_;
+  bool has_weight_;
+};
+
+// Rotates pairs of the first `dims` features of `[..., L, D]` by (offset + l)·scale·inv_freq_i;
+// inv_freq_i = exp(-i·ln(base)/(dims/2)) or 1/freqs[i]; the rest of the features pass through.
+class CpuRope : public mx::UnaryPrimitive {
+ public:
+  CpuRope(mx::Stream s, int dims, bool traditional, float base, float scale, int offset, bool has_freqs)
+      : mx::UnaryPrimitive(s), dims_(dims), traditional_(traditional), base_(base), scale_(scale), offset_(offset),
+        has_freqs_(has_freqs) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    register_io(inputs, out);
+    const mx::array x = inputs[0];
+    const std::optional<mx::array> freqs = has_freqs_ ? std::optional<mx::array>(inputs[1]) : std::nullopt;
+    const int dims = dims_, offset = offset_;
+    const bool traditional = traditional_;
+    const float base = base_, scale = scale_;
+    dispatch_guarded(out, [=, o = out.data<float>()]() {
+      const int half = dims / 2;
+      const int64_t d = x.shape(-1), len = x.shape(-2), rows = rows_of(x), xs = x.strides().back();
+      std::vector<float> inv(half);
+      if (freqs) {
+        const float* f = freqs->data<float>();
+        for (int i = 0; i < half; ++i) inv[i] = 1.0f / f[i * freqs->strides()[0]];
+      } else {
+        const float step = std::log(base) / static_cast<float>(half);
+        for (int i = 0; i < half; ++i) inv[i] = std::exp(static_cast<float>(-i) * step);
+      }
+      std::vector<float> cs(static_cast<size_t>(len) * half), sn(cs.size());
+      for (int64_t l = 0; l < len; ++l) {
+        const float pos = (static_cast<float>(l) + static_cast<float>(offset)) * scale;
+        for (int i = 0; i < half; ++i) {
+          const float theta = pos * inv[i];
+          cs[l * half + i] = std::cos(theta);
+          sn[l * half + i] = std::sin(theta);
+        }
+      }
+      const float* xp = x.data<float>();
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* xr = xp + row_offset(x, r);
+        float* orow = o + r * d;
+        const float* c = cs.data() + (r % len) * half;
+        const float* s = sn.data() + (r % len) * half;
+        for (int i = 0; i < half; ++i) {
+          const int64_t i1 = traditional ? 2 * i : i, i2 = traditional ? 2 * i + 1 : i + half;
+          const float x1 = xr[i1 * xs], x2 = xr[i2 * xs];
+          orow[i1] = x1 * c[i] - x2 * s[i];
+          orow[i2] = x1 * s[i] + x2 * c[i];
+        }
+        for (int64_t i = dims; i < d; ++i) orow[i] = xr[i * xs];
+      }
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("[CpuRope] runs on the CPU only");
+  }
+  const char* name() const override { return "CpuRope"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const CpuRope*>(&other);
+    return o && o->dims_ == dims_ && o->traditional_ == traditional_ && o->base_ == base_ && o->scale_ == scale_ &&
+           o->offset_ == offset_ && o->has_freqs_ == has_freqs_;
+  }
+
+ private:
+  int dims_;
+  bool traditional_;
+  float base_, scale_;
+  int offset_;
+  bool has_freqs_;
+};
+
+// One query per head against S keys: scores = (scale·q)·kᵀ, a max-subtracted softmax, then ·v;
+// query head h reads key/value head h / (Hq / Hkv).
+class CpuDecodeAttention : public mx::UnaryPrimitive {
+ public:
+  CpuDecodeAttention(mx::Stream s, float scale) : mx::UnaryPrimitive(s), scale_(scale) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    register_io(inputs, out);
+    const mx::array q = inputs[0], k = inputs[1], v = inputs[2];
+    const float scale = scale_;
+    dispatch_guarded(out, [=, o = out.data<float>()]() {
+      const int64_t batch = q.shape(0), hq = q.shape(1), hkv = k.shape(1), S = k.shape(2), D = q.shape(3);
+      const int64_t rep = hq / hkv;
+      const auto &qs = q.strides(), &ks = k.strides(), &vs = v.strides();
+      const float *qp = q.data<float>(), *kp = k.data<float>(), *vp = v.data<float>();
+      std::vector<float> qh(D), p(S), acc(D);
+      for (int64_t b = 0; b < batch; ++b)
+        for (int64_t h = 0; h < hq; ++h) {
+          const float* qr = qp + b * qs[0] + h * qs[1];
+          for (int64_t i = 0; i < D; ++i) qh[i] = scale * qr[i * qs[3]];
+          const int64_t g = h / rep;
+          float mx_score = -std::numeric_limits<float>::infinity();
+          for (int64_t j = 0; j < S; ++j) {
+            const float* kr = kp + b * ks[0] + g * ks[1] + j * ks[2];
+            float dot = 0.f;
+            for (int64_t i = 0; i < D; ++i) dot += qh[i] * kr[i * ks[3]];
+            p[j] = dot;
+            mx_score = std::max(mx_score, dot);
+          }
+          float sum = 0.f;
+          for (int64_t j = 0; j < S; ++j) {
+            p[j] = std::exp(p[j] - mx_score);
+            sum += p[j];
+          }
+          std::fill(acc.begin(), acc.end(), 0.f);
+          for (int64_t j = 0; j < S; ++j) {
+            const float pj = p[j] / sum;
+            const float* vr = vp + b * vs[0] + g * vs[1] + j * vs[2];
+            for (int64_t i = 0; i < D; ++i) acc[i] += pj * vr[i * vs[3]];
+          }
+          std::copy(acc.begin(), acc.end(), o + (b * hq + h) * D);
+        }
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("[CpuDecodeAttention] runs on the CPU only");
+  }
+  const char* name() const override { return "CpuDecodeAttention"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const CpuDecodeAttention*>(&other);
+    return o && o->scale_ == scale_;
+  }
+
+ private:
+  float scale_;
+};
+
+// Benchmark ablation only (BENCHMARKS.md): MLX's reference graphs everywhere.
+bool ablated() {
+  static const bool a = std::getenv("MLEX_ABLATE_CPU_FAST_OPS") != nullptr;
+  return a;
+}
+
+}  // namespace
+
+std::optional<mx::array> cpu_rms_norm(const mx::array& x, const std::optional<mx::array>& weight, float eps) {
+  if (ablated() || !on_cpu() || x.ndim() < 1 || x.dtype() != mx::float32 ||
+      (weight && (weight->dtype() != mx::float32 || weight->ndim() != 1 || weight->shape(0) != x.shape(-1)))) {
+    return std::nullopt;
+  }
+  auto s = mx::to_stream({});
+  std::vector<mx::array> inputs{x};
+  if (weight) inputs.push_back(*weight);
+  return mx::array(x.shape(), mx::float32, std::make_shared<CpuRmsNorm>(s, eps, weight.has_value()), inputs);
+}
+
+std::optional<mx::array> cpu_rope(const mx::array& x, int dims, bool traditional, float base, float scale, int offset,
+                                  const std::optional<mx::array>& freqs) {
+  if (ablated() || !on_cpu() || x.ndim() < 3 || x.dtype() != mx::float32 || dims % 2 != 0 || dims < 2 ||
+      dims > x.shape(-1) || (freqs && (freqs->ndim() != 1 || freqs->shape(0) != dims / 2))) {
+    return std::nullopt;
+  }
+  auto s = mx::to_stream({});
+  std::vector<mx::array> inputs{x};
+  if (freqs) inputs.push_back(mx::astype(*freqs, mx::float32, s));
+  return mx::array(x.shape(), mx::float32,
+                   std::make_shared<CpuRope>(s, dims, traditional, base, scale, offset, freqs.has_value()), inputs);
+}
+
+std::optional<mx::array> cpu_decode_attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale) {
+  if (ablated() || !on_cpu() || q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4 || q.dtype() != mx::float32 ||
+      k.dtype() != mx::float32 || v.dtype() != mx::float32 || q.shape(2) != 1 || k.shape(0) != q.shape(0) ||
+      v.shape(0) != q.shape(0) || k.shape(1) != v.shape(1) || k.shape(1) == 0 || q.shape(1) % k.shape(1) != 0 ||
+      k.shape(2) != v.shape(2) || k.shape(2) == 0 || k.shape(3) != q.shape(3) || v.shape(3) != q.shape(3)) {
+    return std::nullopt;
+  }
+  auto s = mx::to_stream({});
+  return mx::array(q.shape(), mx::float32, std::make_shared<CpuDecodeAttention>(s, scale), {q, k, v});
+}
+
+}  // namespace mlex

@@ -1,0 +1,28 @@
+// Our own CPU implementations of three of MLX's `fast` ops: RMSNorm, RoPE, and attention for one
+// query (the decode step). MLX's CPU backend has no kernels for these: it expands each into its
+// reference graph of generic ops (~8 for RMSNorm, ~20 for RoPE, ~10 for attention), and on a
+// decode step those ops' dispatch costs more than their arithmetic (BENCHMARKS.md, CPU section).
+// Each is one MLX primitive computing what that reference graph computes, in float32.
+#pragma once
+
+#include <optional>
+
+#include "mlx/mlx.h"
+
+namespace mlex {
+
+// Each returns the result as a lazy array, or nothing when it does not cover the case (not on the
+// CPU, not float32, a shape it does not handle): the caller then uses MLX's op.
+
+std::optional<mlx::core::array> cpu_rms_norm(const mlx::core::array& x, const std::optional<mlx::core::array>& weight,
+                                             float eps);
+
+// `freqs` (per-pair wavelength divisors) replaces `base` when given, as in mx::fast::rope.
+std::optional<mlx::core::array> cpu_rope(const mlx::core::array& x, int dims, bool traditional, float base, float scale,
+                                         int offset, const std::optional<mlx::core::array>& freqs);
+
+// softmax(q·kᵀ·scale)·v for q `[B, Hq, 1, D]` and k/v `[B, Hkv, S, D]` (Hq a multiple of Hkv), no mask.
+std::optional<mlx::core::array> cpu_decode_attention(const mlx::core::array& q, const mlx::core::array& k,
+                                                     const mlx::core::array& v, float scale);
+
+}  // namespace mlex
