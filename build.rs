@@ -15,6 +15,7 @@ fn main() {
     println!("cargo:rerun-if-changed=src/mlx/cpu_quantized_matmul.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cuda_quantized_matvec.h");
     println!("cargo:rerun-if-changed=src/mlx/cpu_fast_ops.h");
+    println!("cargo:rerun-if-changed=src/mlx/cpu_strided.h");
     println!("cargo:rerun-if-changed=src/mlx/cpu_fast_ops.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cuda_quantized_matvec.cpp");
     println!("cargo:rerun-if-changed=vendor/mlx.lock");

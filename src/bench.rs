@@ -76,8 +76,8 @@ pub fn run(spec: &BenchSpec, mut report: impl FnMut(Value)) -> Result<()> {
 
 /// The MLX operations one decode step of a random-weight `shape` builds (model forward only;
 /// greedy sampling adds a handful), counted by primitive, most frequent first, on the default
-/// device (MLX's CPU backend expands its `fast` ops into several, so the GPU's count is the one
-/// that matters).
+/// device in its default compute dtype (on the CPU, mlex's own kernels replace MLX's `fast` ops,
+/// which MLX's CPU backend would expand into several each).
 /// Per-operation overhead is what a small model's decode step costs on a GPU, so this is the
 /// number that fused projections and view-free decode paths reduce (BENCHMARKS.md).
 pub fn decode_step_census(shape: &str, bits: u32, group_size: u32) -> Result<Vec<(String, usize)>> {
@@ -88,8 +88,11 @@ pub fn decode_step_census(shape: &str, bits: u32, group_size: u32) -> Result<Vec
     }
     let path = std::path::Path::new("<random weights>/config.json");
     let config = ModelConfig::from_json(&cfg.to_string(), path)?;
-    crate::mlx::set_default_device(if crate::mlx::gpu_available() { crate::Device::Gpu } else { crate::Device::Cpu })?;
-    let mut weights = WeightStore::synthetic(config.quantization.clone(), crate::Dtype::Bfloat16, 0)?;
+    let gpu = crate::mlx::gpu_available();
+    crate::mlx::set_default_device(if gpu { crate::Device::Gpu } else { crate::Device::Cpu })?;
+    // Each device's default compute dtype (float32 on the CPU), since which kernels apply depends on it.
+    let dtype = if gpu { crate::Dtype::Bfloat16 } else { crate::Dtype::Float32 };
+    let mut weights = WeightStore::synthetic(config.quantization.clone(), dtype, 0)?;
     let model = crate::models::build_model(path.parent().unwrap(), config, &mut weights)?;
     crate::mlx::eval(&model.parameters())?;
     let mut caches = model.new_caches();

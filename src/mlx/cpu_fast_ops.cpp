@@ -1,5 +1,7 @@
 #include "cpu_fast_ops.h"
 
+#include "cpu_strided.h"
+
 #include <cmath>
 #include <algorithm>
 #include <cstdlib>
@@ -13,25 +15,6 @@ namespace mx = mlx::core;
 
 namespace mlex {
 namespace {
-
-// Element offset of the start of row `r` of `a` (rows: the last axis, over every leading axis in
-// row-major order), from the array's strides: inputs may be views (transposes, slices of the KV
-// cache buffer, broadcasts) and are read in place rather than copied.
-int64_t row_offset(const mx::array& a, int64_t r, int last_axes = 1) {
-  int64_t off = 0;
-  for (int ax = static_cast<int>(a.ndim()) - 1 - last_axes; ax >= 0; --ax) {
-    const int64_t n = a.shape(ax);
-    off += (r % n) * a.strides()[ax];
-    r /= n;
-  }
-  return off;
-}
-
-int64_t rows_of(const mx::array& a, int last_axes = 1) {
-  int64_t n = 1;
-  for (int ax = 0; ax + last_axes < static_cast<int>(a.ndim()); ++ax) n *= a.shape(ax);
-  return n;
-}
 
 bool on_cpu() { return mx::to_stream({}).device == mx::Device::cpu; }
 
@@ -69,7 +52,7 @@ class CpuRmsNorm : public mx::UnaryPrimitive {
     const std::optional<mx::array> w = has_weight_ ? std::optional<mx::array>(inputs[1]) : std::nullopt;
     const float eps = eps_;
     dispatch_guarded(out, [x, w, eps, o = out.data<float>()]() {
-      const int64_t d = x.shape(-1), rows = rows_of(x), xs = x.strides().back();
+      const int64_t d = x.shape(-1), rows = row_count(x), xs = x.strides().back();
       const float* xp = x.data<float>();
       const float* wp = w ? w->data<float>() : nullptr;
       const int64_t ws = w ? w->strides()[0] : 0;
@@ -114,7 +97,7 @@ class CpuRope : public mx::UnaryPrimitive {
     const float base = base_, scale = scale_;
     dispatch_guarded(out, [=, o = out.data<float>()]() {
       const int half = dims / 2;
-      const int64_t d = x.shape(-1), len = x.shape(-2), rows = rows_of(x), xs = x.strides().back();
+      const int64_t d = x.shape(-1), len = x.shape(-2), rows = row_count(x), xs = x.strides().back();
       std::vector<float> inv(half);
       if (freqs) {
         const float* f = freqs->data<float>();

@@ -5,6 +5,8 @@
 // and the per-group sums of x are computed once per call and shared by every output row.
 #include "cpu_quantized_matmul.h"
 
+#include "cpu_strided.h"
+
 #include <algorithm>
 #include <condition_variable>
 #include <limits>
@@ -341,10 +343,23 @@ class CpuQuantizedMatmul : public mx::UnaryPrimitive {
     const int K = x.shape(-1), N = out.shape(-1);
     Problem p{x.data<float>(), w.data<uint32_t>(), scales.data<float>(), biases.data<float>(), out.data<float>(),
               static_cast<int>(out.size() / N), N, K, group_size_, bits_};
-    enc.dispatch([p]() {
+    // A view as x is gathered into rows here, on the CPU thread, rather than by a copy op in the
+    // graph (one op per matmul of a decode step).
+    const bool gather = !x.flags().row_contiguous;
+    enc.dispatch([p, gather, x]() mutable {
       // This runs on MLX's CPU thread, where an exception would end the process: a failure
       // (only allocation can fail here) leaves NaNs, which the caller sees as a bad result.
       try {
+        std::vector<float> rows;
+        if (gather) {
+          rows.resize(static_cast<size_t>(p.M) * p.K);
+          const int64_t step = x.strides().back();
+          for (int m = 0; m < p.M; ++m) {
+            const float* src = p.x + mlex::row_offset(x, m);
+            for (int k = 0; k < p.K; ++k) rows[static_cast<size_t>(m) * p.K + k] = src[k * step];
+          }
+          p.x = rows.data();
+        }
         compute(p);
       } catch (...) {
         std::fill(p.out, p.out + static_cast<size_t>(p.M) * p.N, std::numeric_limits<float>::quiet_NaN());
@@ -388,7 +403,7 @@ std::optional<mx::array> cpu_quantized_matmul(const mx::array& x, const mx::arra
   auto shape = x.shape();
   shape.back() = N;
   return mx::array(shape, mx::float32, std::make_shared<CpuQuantizedMatmul>(stream, group_size, bits),
-                   {mx::contiguous(x, false, stream), w, scales, *biases});
+                   {x, w, scales, *biases});
 }
 
 }  // namespace mlex
