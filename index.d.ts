@@ -326,6 +326,18 @@ export interface Usage {
   prefillTokensPerSecond: number
   /** Generation speed. */
   decodeTokensPerSecond: number
+  /**
+   * Host milliseconds per decode step spent building and scheduling it. When it is close to
+   * 1000 / decodeTokensPerSecond, decoding is bound by the host, not by the device.
+   */
+  scheduleMsPerStep: number
+  /** The part of scheduleMsPerStep spent inside MLX submitting the step's kernels. */
+  submitMsPerStep: number
+  /**
+   * Host milliseconds per decode step blocked on the device to read the token (near zero
+   * when the host is the bottleneck).
+   */
+  waitMsPerStep: number
   /** Peak memory MLX used during the generation. */
   peakMemoryBytes: number
 }

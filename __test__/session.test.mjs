@@ -51,6 +51,8 @@ test('generate returns a reply with usage', async () => {
   assert.equal(reply.usage.cachedTokens, 0)
   assert.ok(reply.usage.ttftMs >= 0)
   assert.ok(reply.usage.decodeTokensPerSecond > 0)
+  assert.ok(reply.usage.scheduleMsPerStep > 0 && reply.usage.submitMsPerStep <= reply.usage.scheduleMsPerStep)
+  assert.ok(reply.usage.waitMsPerStep >= 0)
   assert.ok(reply.logprobs.every((l) => l <= 0))
 })
 

@@ -242,6 +242,14 @@ pub struct Usage {
     pub prefill_tokens_per_second: f64,
     /// Generation speed.
     pub decode_tokens_per_second: f64,
+    /// Host milliseconds per decode step spent building and scheduling it. When it is close to
+    /// 1000 / decodeTokensPerSecond, decoding is bound by the host, not by the device.
+    pub schedule_ms_per_step: f64,
+    /// The part of scheduleMsPerStep spent inside MLX submitting the step's kernels.
+    pub submit_ms_per_step: f64,
+    /// Host milliseconds per decode step blocked on the device to read the token (near zero
+    /// when the host is the bottleneck).
+    pub wait_ms_per_step: f64,
     /// Peak memory MLX used during the generation.
     pub peak_memory_bytes: f64,
 }
