@@ -16,6 +16,9 @@ fn main() {
     println!("cargo:rerun-if-changed=src/mlx/cuda_quantized_matvec.h");
     println!("cargo:rerun-if-changed=src/mlx/cpu_fast_ops.h");
     println!("cargo:rerun-if-changed=src/mlx/cpu_strided.h");
+    println!("cargo:rerun-if-changed=src/mlx/cpu_simd.h");
+    println!("cargo:rerun-if-changed=src/mlx/cpu_thread_pool.h");
+    println!("cargo:rerun-if-changed=src/mlx/cpu_thread_pool.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cpu_fast_ops.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cuda_quantized_matvec.cpp");
     println!("cargo:rerun-if-changed=vendor/mlx.lock");
@@ -43,6 +46,7 @@ fn main() {
         .file("src/mlx/cpu_quantized_matmul.cpp")
         .file("src/mlx/cuda_quantized_matvec.cpp")
         .file("src/mlx/cpu_fast_ops.cpp")
+        .file("src/mlx/cpu_thread_pool.cpp")
         .include(&include)
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-deprecated-declarations")

@@ -365,31 +365,45 @@ fn cpu_fast_ops_match_naive_on_views_and_variants() {
         close(&got.to_vec::<f32>().unwrap(), &want, 1e-4);
     }
 
-    // One query, 4 query heads over 2 KV heads, batch 2; keys/values the first 5 of 8 slots.
-    let (b, hq, hkv, s, cap, d) = (2usize, 4usize, 2usize, 5usize, 8usize, 6usize);
-    let q = rand_vec(b * hq * d, 42);
-    let kb = rand_vec(b * hkv * cap * d, 43);
-    let vb = rand_vec(b * hkv * cap * d, 44);
-    let shape = [b as i32, hkv as i32, cap as i32, d as i32];
-    let k = arr(&kb, &shape).slice_axis(2, 0, s as i32).unwrap();
-    let v = arr(&vb, &shape).slice_axis(2, 0, s as i32).unwrap();
-    let got = fast::scaled_dot_product_attention(&arr(&q, &[b as i32, hq as i32, 1, d as i32]), &k, &v, 0.4, fast::AttentionMask::None)
-        .unwrap();
-    used(&got, "CpuDecodeAttention");
-    let mut want = vec![0f32; b * hq * d];
-    for bi in 0..b {
-        for hi in 0..hq {
-            let g = hi / (hq / hkv);
-            let kv = |buf: &[f32], j: usize, c: usize| buf[((bi * hkv + g) * cap + j) * d + c];
-            let qi = &q[(bi * hq + hi) * d..][..d];
-            let scores: Vec<f32> = (0..s).map(|j| (0..d).map(|c| qi[c] * 0.4 * kv(&kb, j, c)).sum()).collect();
-            let m = scores.iter().cloned().fold(f32::MIN, f32::max);
-            let e: Vec<f32> = scores.iter().map(|x| (x - m).exp()).collect();
-            let z: f32 = e.iter().sum();
-            for c in 0..d {
-                want[(bi * hq + hi) * d + c] = (0..s).map(|j| e[j] / z * kv(&vb, j, c)).sum();
+    // One query, 4 query heads over 2 KV heads, batch 2, keys/values the first 5 of 8 slots; then
+    // a context long enough for the SIMD loops and the thread pool (8 heads x 300 keys x 64).
+    for (b, hq, hkv, s, cap, d) in [(2usize, 4usize, 2usize, 5usize, 8usize, 6usize), (1, 8, 2, 300, 320, 64)] {
+        let q = rand_vec(b * hq * d, 42);
+        let kb = rand_vec(b * hkv * cap * d, 43);
+        let vb = rand_vec(b * hkv * cap * d, 44);
+        let shape = [b as i32, hkv as i32, cap as i32, d as i32];
+        let k = arr(&kb, &shape).slice_axis(2, 0, s as i32).unwrap();
+        let v = arr(&vb, &shape).slice_axis(2, 0, s as i32).unwrap();
+        let qa = arr(&q, &[b as i32, hq as i32, 1, d as i32]);
+        let got = fast::scaled_dot_product_attention(&qa, &k, &v, 0.4, fast::AttentionMask::None).unwrap();
+        used(&got, "CpuDecodeAttention");
+        let mut want = vec![0f32; b * hq * d];
+        for bi in 0..b {
+            for hi in 0..hq {
+                let g = hi / (hq / hkv);
+                let kv = |buf: &[f32], j: usize, c: usize| buf[((bi * hkv + g) * cap + j) * d + c];
+                let qi = &q[(bi * hq + hi) * d..][..d];
+                let scores: Vec<f32> = (0..s).map(|j| (0..d).map(|c| qi[c] * 0.4 * kv(&kb, j, c)).sum()).collect();
+                let m = scores.iter().cloned().fold(f32::MIN, f32::max);
+                let e: Vec<f32> = scores.iter().map(|x| (x - m).exp()).collect();
+                let z: f32 = e.iter().sum();
+                for c in 0..d {
+                    want[(bi * hq + hi) * d + c] = (0..s).map(|j| e[j] / z * kv(&vb, j, c)).sum();
+                }
             }
         }
+        close(&got.to_vec::<f32>().unwrap(), &want, 1e-5);
     }
-    close(&got.to_vec::<f32>().unwrap(), &want, 1e-5);
+}
+
+/// The same checks on the portable (non-AVX2) loops, in a child process since the choice is made
+/// once per process.
+#[test]
+fn cpu_fast_ops_portable_path_matches_too() {
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["cpu_fast_ops_match_naive_on_views_and_variants", "--exact", "--test-threads", "1"])
+        .env("MLEX_CPU_QMM_SCALAR", "1")
+        .status()
+        .unwrap();
+    assert!(status.success());
 }

@@ -5,109 +5,24 @@
 // and the per-group sums of x are computed once per call and shared by every output row.
 #include "cpu_quantized_matmul.h"
 
+#include "cpu_simd.h"
 #include "cpu_strided.h"
+#include "cpu_thread_pool.h"
 
 #include <algorithm>
-#include <condition_variable>
-#include <limits>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
-#include <mutex>
-#include <thread>
+#include <limits>
 #include <vector>
 
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#define MLEX_X86_64 1
-#endif
-
 namespace mx = mlx::core;
 
 namespace mlex {
 namespace {
-
-// ---- a small persistent thread pool: MLX's CPU backend runs each op on one thread ----
-
-class ThreadPool {
- public:
-  explicit ThreadPool(int workers) {
-    for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { loop(); });
-  }
-  int size() const { return static_cast<int>(threads_.size()) + 1; }
-
-  // Runs f(0) … f(n-1), the calling thread taking a share, and returns when all have finished.
-  void run(int n, const std::function<void(int)>& f) {
-    std::lock_guard<std::mutex> one_caller(run_mu_);
-    if (n <= 1 || threads_.empty()) {
-      for (int i = 0; i < n; ++i) f(i);
-      return;
-    }
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      job_ = &f;
-      n_ = n;
-      next_ = 0;
-      remaining_ = n;
-      ++generation_;
-    }
-    wake_.notify_all();
-    work();
-    std::unique_lock<std::mutex> l(mu_);
-    done_.wait(l, [&] { return remaining_ == 0; });
-    job_ = nullptr;
-  }
-
- private:
-  void work() {
-    while (true) {
-      const std::function<void(int)>* job;
-      int i;
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        if (job_ == nullptr || next_ >= n_) return;
-        job = job_;
-        i = next_++;
-      }
-      (*job)(i);
-      std::lock_guard<std::mutex> l(mu_);
-      if (--remaining_ == 0) done_.notify_all();
-    }
-  }
-  void loop() {
-    uint64_t seen = 0;
-    while (true) {
-      {
-        std::unique_lock<std::mutex> l(mu_);
-        wake_.wait(l, [&] { return generation_ != seen; });
-        seen = generation_;
-      }
-      work();
-    }
-  }
-
-  std::vector<std::thread> threads_;
-  std::mutex run_mu_, mu_;
-  std::condition_variable wake_, done_;
-  const std::function<void(int)>* job_ = nullptr;
-  int n_ = 0, next_ = 0, remaining_ = 0;
-  uint64_t generation_ = 0;
-};
-
-ThreadPool& pool() {
-  // Never destroyed: its threads sleep until the process exits (joining them from a static
-  // destructor could race with MLX's own teardown).
-  static ThreadPool* p = [] {
-    unsigned hw = std::thread::hardware_concurrency();
-    int workers = hw > 1 ? static_cast<int>(std::min(hw, 8u)) - 1 : 0;
-    return new ThreadPool(workers);
-  }();
-  return *p;
-}
 
 // ---- kernels: one output value = Σ_g scale_g · dot(q_g, x_g) + Σ_g bias_g · xsum_g ----
 
@@ -157,12 +72,6 @@ float row_bitstream(const uint32_t* wq, const float* scales, const float* biases
 }
 
 #ifdef MLEX_X86_64
-__attribute__((target("avx2,fma"))) float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
-}
 
 // 4-bit: one uint32 = 8 values; broadcast it and shift each lane by 4·lane.
 __attribute__((target("avx2,fma"))) float row_q4_avx2(const uint32_t* wq, const float* scales, const float* biases,
@@ -265,12 +174,6 @@ __attribute__((target("avx2,fma"))) float row_bitstream_avx2(const uint32_t* wq,
   return hsum(total) + bias_total;
 }
 
-bool has_avx2_fma() {
-  // MLEX_CPU_QMM_SCALAR: tests of the portable path on a machine that has AVX2.
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                          std::getenv("MLEX_CPU_QMM_SCALAR") == nullptr;
-  return yes;
-}
 #endif
 
 struct Problem {
