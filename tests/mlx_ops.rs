@@ -261,12 +261,17 @@ fn cpu_quantized_matmul_kernel_matches_dequantize_then_matmul() {
 /// once per process.
 #[test]
 fn cpu_quantized_matmul_portable_path_matches_too() {
+    rerun_without_avx2("cpu_quantized_matmul_kernel_matches_dequantize_then_matmul");
+}
+
+/// Runs the test `name` of this binary again in a child process that may not use AVX2.
+fn rerun_without_avx2(name: &str) {
     let status = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["cpu_quantized_matmul_kernel_matches_dequantize_then_matmul", "--exact", "--test-threads", "1"])
+        .args([name, "--exact", "--test-threads", "1"])
         .env("MLEX_CPU_QMM_SCALAR", "1")
         .status()
         .unwrap();
-    assert!(status.success());
+    assert!(status.success(), "{name} without AVX2");
 }
 
 /// mlex's CUDA matrix-vector kernel (`mlex_qmv4`: one row of x, affine 4-bit, bfloat16/float16)
@@ -314,10 +319,11 @@ fn cuda_quantized_matvec_matches_dequantize_then_matmul() {
     }
 }
 
-/// mlex's own CPU kernels for RMSNorm, RoPE and one-query attention (`src/mlx/cpu_fast_ops.cpp`)
+/// mlex's own CPU kernels for RMSNorm, RoPE and attention (`src/mlx/cpu_fast_ops.cpp`)
 /// against naive Rust, on the cases the plain tests above leave out: inputs that are views
 /// (transposed, a slice of a larger KV buffer), no weight, traditional pairs, given frequencies,
-/// rotating only part of the features, scaled positions, grouped-query heads, a batch of two.
+/// rotating only part of the features, scaled positions, grouped-query heads, a batch of two,
+/// causal prefill rows after a cached prefix.
 #[test]
 fn cpu_fast_ops_match_naive_on_views_and_variants() {
     let used = |a: &Array, name: &str| {
@@ -365,31 +371,34 @@ fn cpu_fast_ops_match_naive_on_views_and_variants() {
         close(&got.to_vec::<f32>().unwrap(), &want, 1e-4);
     }
 
-    // One query, 4 query heads over 2 KV heads, batch 2, keys/values the first 5 of 8 slots; then
-    // a context long enough for the SIMD loops and the thread pool (8 heads x 300 keys x 64).
-    for (b, hq, hkv, s, cap, d) in [(2usize, 4usize, 2usize, 5usize, 8usize, 6usize), (1, 8, 2, 300, 320, 64)] {
-        let q = rand_vec(b * hq * d, 42);
+    // Attention: one query, 4 query heads over 2 KV heads, batch 2, keys/values the first 5 of 8
+    // slots; a context long enough for the SIMD loops and the thread pool (8 heads x 300 keys x
+    // 64); and causal prefill rows, the last L of S positions (a cached prefix of S - L).
+    let cases = [(2usize, 4usize, 2usize, 1usize, 5usize, 8usize, 6usize, false), (1, 8, 2, 1, 300, 320, 64, false),
+                 (2, 4, 2, 3, 5, 8, 6, true), (1, 8, 2, 40, 100, 128, 64, true)];
+    for (b, hq, hkv, l, s, cap, d, causal) in cases {
+        let q = rand_vec(b * hq * l * d, 42);
         let kb = rand_vec(b * hkv * cap * d, 43);
         let vb = rand_vec(b * hkv * cap * d, 44);
         let shape = [b as i32, hkv as i32, cap as i32, d as i32];
         let k = arr(&kb, &shape).slice_axis(2, 0, s as i32).unwrap();
         let v = arr(&vb, &shape).slice_axis(2, 0, s as i32).unwrap();
-        let qa = arr(&q, &[b as i32, hq as i32, 1, d as i32]);
-        let got = fast::scaled_dot_product_attention(&qa, &k, &v, 0.4, fast::AttentionMask::None).unwrap();
-        used(&got, "CpuDecodeAttention");
-        let mut want = vec![0f32; b * hq * d];
-        for bi in 0..b {
-            for hi in 0..hq {
-                let g = hi / (hq / hkv);
-                let kv = |buf: &[f32], j: usize, c: usize| buf[((bi * hkv + g) * cap + j) * d + c];
-                let qi = &q[(bi * hq + hi) * d..][..d];
-                let scores: Vec<f32> = (0..s).map(|j| (0..d).map(|c| qi[c] * 0.4 * kv(&kb, j, c)).sum()).collect();
-                let m = scores.iter().cloned().fold(f32::MIN, f32::max);
-                let e: Vec<f32> = scores.iter().map(|x| (x - m).exp()).collect();
-                let z: f32 = e.iter().sum();
-                for c in 0..d {
-                    want[(bi * hq + hi) * d + c] = (0..s).map(|j| e[j] / z * kv(&vb, j, c)).sum();
-                }
+        let qa = arr(&q, &[b as i32, hq as i32, l as i32, d as i32]);
+        let mask = if causal { fast::AttentionMask::Causal } else { fast::AttentionMask::None };
+        let got = fast::scaled_dot_product_attention(&qa, &k, &v, 0.4, mask).unwrap();
+        used(&got, "CpuAttention");
+        let mut want = vec![0f32; b * hq * l * d];
+        for (bi, hi, li) in (0..b).flat_map(|bi| (0..hq).flat_map(move |hi| (0..l).map(move |li| (bi, hi, li)))) {
+            let g = hi / (hq / hkv);
+            let seen = if causal { s - l + li + 1 } else { s };
+            let kv = |buf: &[f32], j: usize, c: usize| buf[((bi * hkv + g) * cap + j) * d + c];
+            let row = ((bi * hq + hi) * l + li) * d;
+            let scores: Vec<f32> = (0..seen).map(|j| (0..d).map(|c| q[row + c] * 0.4 * kv(&kb, j, c)).sum()).collect();
+            let m = scores.iter().cloned().fold(f32::MIN, f32::max);
+            let e: Vec<f32> = scores.iter().map(|x| (x - m).exp()).collect();
+            let z: f32 = e.iter().sum();
+            for c in 0..d {
+                want[row + c] = (0..seen).map(|j| e[j] / z * kv(&vb, j, c)).sum();
             }
         }
         close(&got.to_vec::<f32>().unwrap(), &want, 1e-5);
@@ -400,10 +409,5 @@ fn cpu_fast_ops_match_naive_on_views_and_variants() {
 /// once per process.
 #[test]
 fn cpu_fast_ops_portable_path_matches_too() {
-    let status = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["cpu_fast_ops_match_naive_on_views_and_variants", "--exact", "--test-threads", "1"])
-        .env("MLEX_CPU_QMM_SCALAR", "1")
-        .status()
-        .unwrap();
-    assert!(status.success());
+    rerun_without_avx2("cpu_fast_ops_match_naive_on_views_and_variants");
 }

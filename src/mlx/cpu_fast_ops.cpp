@@ -173,34 +173,41 @@ __attribute__((target("avx2,fma"))) void axpy_avx2(float p, const float* v, floa
 }
 #endif
 
-// One query per head against S keys: scores = (scale·q)·kᵀ, a max-subtracted softmax, then ·v;
-// query head h reads key/value head h / (Hq / Hkv). Heads are spread over the thread pool once
-// the context is long enough for it to pay (at 2,048 tokens attention is most of a CPU step).
-class CpuDecodeAttention : public mx::UnaryPrimitive {
+// Each query row against the keys it may see: scores = (scale·q)·kᵀ, a max-subtracted softmax,
+// then ·v; query head h reads key/value head h / (Hq / Hkv). With `causal`, query l of L (the
+// last L positions of the S keys) sees keys 0 … S-L+l, as MLX's causal mask does. Rows are spread
+// over the thread pool once there is enough work for it to pay (at 2,048 tokens of context,
+// attention is most of a CPU decode step, and all of a long prompt's prefill but the matmuls).
+class CpuAttention : public mx::UnaryPrimitive {
  public:
-  CpuDecodeAttention(mx::Stream s, float scale) : mx::UnaryPrimitive(s), scale_(scale) {}
+  CpuAttention(mx::Stream s, float scale, bool causal) : mx::UnaryPrimitive(s), scale_(scale), causal_(causal) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     register_io(inputs, out);
     const mx::array q = inputs[0], k = inputs[1], v = inputs[2];
     const float scale = scale_;
+    const bool causal = causal_;
     dispatch_guarded(out, [=, o = out.data<float>()]() {
-      const int64_t batch = q.shape(0), hq = q.shape(1), hkv = k.shape(1), S = k.shape(2), D = q.shape(3);
+      const int64_t batch = q.shape(0), hq = q.shape(1), L = q.shape(2), hkv = k.shape(1), S = k.shape(2),
+                    D = q.shape(3);
       const int64_t rep = hq / hkv;
       const auto &qs = q.strides(), &ks = k.strides(), &vs = v.strides();
       const float *qp = q.data<float>(), *kp = k.data<float>(), *vp = v.data<float>();
 #ifdef MLEX_X86_64
       const bool simd = has_avx2_fma() && ks[3] == 1 && vs[3] == 1;
 #endif
-      auto head = [&](int64_t bh) {
-        const int64_t b = bh / hq, h = bh % hq, g = h / rep;
-        std::vector<float> qh(D), p(S), acc(D, 0.f);
-        const float* qr = qp + b * qs[0] + h * qs[1];
+      auto row = [&](int64_t bhl) {
+        const int64_t l = bhl % L, bh = bhl / L, b = bh / hq, h = bh % hq, g = h / rep;
+        // Keys this query sees: all of them without a mask, else up to its own position (L <= S,
+        // so at least one).
+        const int64_t seen = causal ? S - L + l + 1 : S;
+        std::vector<float> qh(D), p(seen), acc(D, 0.f);
+        const float* qr = qp + b * qs[0] + h * qs[1] + l * qs[2];
         for (int64_t i = 0; i < D; ++i) qh[i] = scale * qr[i * qs[3]];
         const float* kb = kp + b * ks[0] + g * ks[1];
         const float* vb = vp + b * vs[0] + g * vs[1];
         float top = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < S; ++j) {
+        for (int64_t j = 0; j < seen; ++j) {
           const float* kr = kb + j * ks[2];
           float dot = 0.f;
 #ifdef MLEX_X86_64
@@ -213,11 +220,11 @@ class CpuDecodeAttention : public mx::UnaryPrimitive {
           top = std::max(top, dot);
         }
         float sum = 0.f;
-        for (int64_t j = 0; j < S; ++j) {
+        for (int64_t j = 0; j < seen; ++j) {
           p[j] = std::exp(p[j] - top);
           sum += p[j];
         }
-        for (int64_t j = 0; j < S; ++j) {
+        for (int64_t j = 0; j < seen; ++j) {
           const float pj = p[j] / sum;
           const float* vr = vb + j * vs[2];
 #ifdef MLEX_X86_64
@@ -228,28 +235,33 @@ class CpuDecodeAttention : public mx::UnaryPrimitive {
 #endif
           for (int64_t i = 0; i < D; ++i) acc[i] += pj * vr[i * vs[3]];
         }
-        std::copy(acc.begin(), acc.end(), o + bh * D);
+        std::copy(acc.begin(), acc.end(), o + bhl * D);
       };
-      const int64_t heads = batch * hq;
-      // Below ~2^16 multiply-adds per step a wake-up of the workers costs more than it saves.
-      if (heads > 1 && heads * S * D >= (1 << 16)) {
-        pool().run(static_cast<int>(heads), [&](int bh) { head(bh); });
+      const int64_t rows = batch * hq * L;
+      // Below ~2^16 multiply-adds a wake-up of the workers costs more than it saves; above, a
+      // few tasks per thread even out the causal rows' unequal lengths.
+      if (rows > 1 && rows * S * D >= (1 << 16)) {
+        const int64_t tasks = std::min<int64_t>(rows, pool().size() * 8);
+        pool().run(static_cast<int>(tasks), [&](int t) {
+          for (int64_t r = t; r < rows; r += tasks) row(r);
+        });
       } else {
-        for (int64_t bh = 0; bh < heads; ++bh) head(bh);
+        for (int64_t r = 0; r < rows; ++r) row(r);
       }
     });
   }
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("[CpuDecodeAttention] runs on the CPU only");
+    throw std::runtime_error("[CpuAttention] runs on the CPU only");
   }
-  const char* name() const override { return "CpuDecodeAttention"; }
+  const char* name() const override { return "CpuAttention"; }
   bool is_equivalent(const mx::Primitive& other) const override {
-    auto* o = dynamic_cast<const CpuDecodeAttention*>(&other);
-    return o && o->scale_ == scale_;
+    auto* o = dynamic_cast<const CpuAttention*>(&other);
+    return o && o->scale_ == scale_ && o->causal_ == causal_;
   }
 
  private:
   float scale_;
+  bool causal_;
 };
 
 // Benchmark ablation only (BENCHMARKS.md): MLX's reference graphs everywhere.
@@ -284,15 +296,16 @@ std::optional<mx::array> cpu_rope(const mx::array& x, int dims, bool traditional
                    std::make_shared<CpuRope>(s, dims, traditional, base, scale, offset, freqs.has_value()), inputs);
 }
 
-std::optional<mx::array> cpu_decode_attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale) {
+std::optional<mx::array> cpu_attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
+                                       bool causal) {
   if (ablated() || !on_cpu() || q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4 || q.dtype() != mx::float32 ||
-      k.dtype() != mx::float32 || v.dtype() != mx::float32 || q.shape(2) != 1 || k.shape(0) != q.shape(0) ||
+      k.dtype() != mx::float32 || v.dtype() != mx::float32 || q.shape(2) == 0 || k.shape(0) != q.shape(0) ||
       v.shape(0) != q.shape(0) || k.shape(1) != v.shape(1) || k.shape(1) == 0 || q.shape(1) % k.shape(1) != 0 ||
-      k.shape(2) != v.shape(2) || k.shape(2) == 0 || k.shape(3) != q.shape(3) || v.shape(3) != q.shape(3)) {
+      k.shape(2) != v.shape(2) || k.shape(2) < q.shape(2) || k.shape(3) != q.shape(3) || v.shape(3) != q.shape(3)) {
     return std::nullopt;
   }
   auto s = mx::to_stream({});
-  return mx::array(q.shape(), mx::float32, std::make_shared<CpuDecodeAttention>(s, scale), {q, k, v});
+  return mx::array(q.shape(), mx::float32, std::make_shared<CpuAttention>(s, scale, causal), {q, k, v});
 }
 
 }  // namespace mlex

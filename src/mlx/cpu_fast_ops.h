@@ -1,7 +1,7 @@
-// Our own CPU implementations of three of MLX's `fast` ops: RMSNorm, RoPE, and attention for one
-// query (the decode step). MLX's CPU backend has no kernels for these: it expands each into its
-// reference graph of generic ops (~8 for RMSNorm, ~20 for RoPE, ~10 for attention), and on a
-// decode step those ops' dispatch costs more than their arithmetic (BENCHMARKS.md, CPU section).
+// Our own CPU implementations of three of MLX's `fast` ops: RMSNorm, RoPE and attention. MLX's CPU backend has no kernels for these: it expands each into its
+// reference graph of generic ops (~8 for RMSNorm, ~20 for RoPE, ~10 for attention): on a decode
+// step those ops' dispatch costs more than their arithmetic, and attention's matmuls go to the
+// wheel's slow reference BLAS (BENCHMARKS.md, CPU section).
 // Each is one MLX primitive computing what that reference graph computes, in float32.
 #pragma once
 
@@ -21,8 +21,9 @@ std::optional<mlx::core::array> cpu_rms_norm(const mlx::core::array& x, const st
 std::optional<mlx::core::array> cpu_rope(const mlx::core::array& x, int dims, bool traditional, float base, float scale,
                                          int offset, const std::optional<mlx::core::array>& freqs);
 
-// softmax(q·kᵀ·scale)·v for q `[B, Hq, 1, D]` and k/v `[B, Hkv, S, D]` (Hq a multiple of Hkv), no mask.
-std::optional<mlx::core::array> cpu_decode_attention(const mlx::core::array& q, const mlx::core::array& k,
-                                                     const mlx::core::array& v, float scale);
+// softmax(q·kᵀ·scale)·v for q `[B, Hq, L, D]` and k/v `[B, Hkv, S, D]` (Hq a multiple of Hkv,
+// L <= S), without a mask or with MLX's causal one (the queries are the last L positions).
+std::optional<mlx::core::array> cpu_attention(const mlx::core::array& q, const mlx::core::array& k,
+                                              const mlx::core::array& v, float scale, bool causal);
 
 }  // namespace mlex

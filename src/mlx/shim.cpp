@@ -448,9 +448,8 @@ int mlex_fast_sdpa(mlex_array q, mlex_array k, mlex_array v, float scale, const 
   return guard([&] {
     std::string mode = mask_mode ? mask_mode : "";
     if (mask != nullptr && mode.empty()) mode = "array";
-    // A decode step (one query) with a causal mask has nothing to mask: every key is at or before it.
     if (mask == nullptr && (mode.empty() || mode == "causal")) {
-      if (auto fast = mlex::cpu_decode_attention(unwrap(q), unwrap(k), unwrap(v), scale)) {
+      if (auto fast = mlex::cpu_attention(unwrap(q), unwrap(k), unwrap(v), scale, mode == "causal")) {
         *out = wrap(*fast);
         return;
       }
