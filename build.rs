@@ -17,6 +17,7 @@ fn main() {
     println!("cargo:rerun-if-changed=src/mlx/cpu_fast_ops.h");
     println!("cargo:rerun-if-changed=src/mlx/cpu_strided.h");
     println!("cargo:rerun-if-changed=src/mlx/cpu_simd.h");
+    println!("cargo:rerun-if-changed=src/mlx/cpu_primitive.h");
     println!("cargo:rerun-if-changed=src/mlx/cpu_thread_pool.h");
     println!("cargo:rerun-if-changed=src/mlx/cpu_thread_pool.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cpu_fast_ops.cpp");

@@ -1,5 +1,6 @@
 #include "cpu_fast_ops.h"
 
+#include "cpu_primitive.h"
 #include "cpu_simd.h"
 #include "cpu_strided.h"
 #include "cpu_thread_pool.h"
@@ -10,8 +11,6 @@
 #include <limits>
 #include <vector>
 
-#include "mlx/backend/cpu/encoder.h"
-#include "mlx/primitives.h"
 
 namespace mx = mlx::core;
 
@@ -20,40 +19,16 @@ namespace {
 
 bool on_cpu() { return mx::to_stream({}).device == mx::Device::cpu; }
 
-// The work runs on MLX's CPU thread, where an exception would end the process: a failure (only
-// allocation can fail in these loops) leaves NaNs, which the caller sees as a bad result.
-template <typename F>
-void dispatch_guarded(mx::array& out, F&& work) {
-  auto& enc = mx::cpu::get_command_encoder(out.primitive().stream());
-  float* o = out.data<float>();
-  const size_t n = out.size();
-  enc.dispatch([work = std::forward<F>(work), o, n]() {
-    try {
-      work();
-    } catch (...) {
-      std::fill(o, o + n, std::numeric_limits<float>::quiet_NaN());
-    }
-  });
-}
-
-void register_io(const std::vector<mx::array>& inputs, mx::array& out) {
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(out.primitive().stream());
-  for (const auto& in : inputs) enc.set_input_array(in);
-  enc.set_output_array(out);
-}
-
 // x · rsqrt(mean(x²) + eps) · w over the last axis, as MLX's reference graph computes it.
-class CpuRmsNorm : public mx::UnaryPrimitive {
+class CpuRmsNorm : public CpuPrimitive {
  public:
-  CpuRmsNorm(mx::Stream s, float eps, bool has_weight) : mx::UnaryPrimitive(s), eps_(eps), has_weight_(has_weight) {}
+  CpuRmsNorm(mx::Stream s, float eps, bool has_weight) : CpuPrimitive(s), eps_(eps), has_weight_(has_weight) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    register_io(inputs, out);
     const mx::array x = inputs[0];
     const std::optional<mx::array> w = has_weight_ ? std::optional<mx::array>(inputs[1]) : std::nullopt;
     const float eps = eps_;
-    dispatch_guarded(out, [x, w, eps, o = out.data<float>()]() {
+    dispatch(inputs, out, [x, w, eps](float* o) {
       const int64_t d = x.shape(-1), rows = row_count(x), xs = x.strides().back();
       const float* xp = x.data<float>();
       const float* wp = w ? w->data<float>() : nullptr;
@@ -68,9 +43,6 @@ class CpuRmsNorm : public mx::UnaryPrimitive {
       }
     });
   }
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("[CpuRmsNorm] runs on the CPU only");
-  }
   const char* name() const override { return "CpuRmsNorm"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const CpuRmsNorm*>(&other);
@@ -84,20 +56,19 @@ class CpuRmsNorm : public mx::UnaryPrimitive {
 
 // Rotates pairs of the first `dims` features of `[..., L, D]` by (offset + l)·scale·inv_freq_i;
 // inv_freq_i = exp(-i·ln(base)/(dims/2)) or 1/freqs[i]; the rest of the features pass through.
-class CpuRope : public mx::UnaryPrimitive {
+class CpuRope : public CpuPrimitive {
  public:
   CpuRope(mx::Stream s, int dims, bool traditional, float base, float scale, int offset, bool has_freqs)
-      : mx::UnaryPrimitive(s), dims_(dims), traditional_(traditional), base_(base), scale_(scale), offset_(offset),
+      : CpuPrimitive(s), dims_(dims), traditional_(traditional), base_(base), scale_(scale), offset_(offset),
         has_freqs_(has_freqs) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    register_io(inputs, out);
     const mx::array x = inputs[0];
     const std::optional<mx::array> freqs = has_freqs_ ? std::optional<mx::array>(inputs[1]) : std::nullopt;
     const int dims = dims_, offset = offset_;
     const bool traditional = traditional_;
     const float base = base_, scale = scale_;
-    dispatch_guarded(out, [=, o = out.data<float>()]() {
+    dispatch(inputs, out, [=](float* o) {
       const int half = dims / 2;
       const int64_t d = x.shape(-1), len = x.shape(-2), rows = row_count(x), xs = x.strides().back();
       std::vector<float> inv(half);
@@ -132,9 +103,6 @@ class CpuRope : public mx::UnaryPrimitive {
         for (int64_t i = dims; i < d; ++i) orow[i] = xr[i * xs];
       }
     });
-  }
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("[CpuRope] runs on the CPU only");
   }
   const char* name() const override { return "CpuRope"; }
   bool is_equivalent(const mx::Primitive& other) const override {
@@ -178,16 +146,15 @@ __attribute__((target("avx2,fma"))) void axpy_avx2(float p, const float* v, floa
 // last L positions of the S keys) sees keys 0 … S-L+l, as MLX's causal mask does. Rows are spread
 // over the thread pool once there is enough work for it to pay (at 2,048 tokens of context,
 // attention is most of a CPU decode step, and all of a long prompt's prefill but the matmuls).
-class CpuAttention : public mx::UnaryPrimitive {
+class CpuAttention : public CpuPrimitive {
  public:
-  CpuAttention(mx::Stream s, float scale, bool causal) : mx::UnaryPrimitive(s), scale_(scale), causal_(causal) {}
+  CpuAttention(mx::Stream s, float scale, bool causal) : CpuPrimitive(s), scale_(scale), causal_(causal) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    register_io(inputs, out);
     const mx::array q = inputs[0], k = inputs[1], v = inputs[2];
     const float scale = scale_;
     const bool causal = causal_;
-    dispatch_guarded(out, [=, o = out.data<float>()]() {
+    dispatch(inputs, out, [=](float* o) {
       const int64_t batch = q.shape(0), hq = q.shape(1), L = q.shape(2), hkv = k.shape(1), S = k.shape(2),
                     D = q.shape(3);
       const int64_t rep = hq / hkv;
@@ -249,9 +216,6 @@ class CpuAttention : public mx::UnaryPrimitive {
         for (int64_t r = 0; r < rows; ++r) row(r);
       }
     });
-  }
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("[CpuAttention] runs on the CPU only");
   }
   const char* name() const override { return "CpuAttention"; }
   bool is_equivalent(const mx::Primitive& other) const override {

@@ -5,6 +5,7 @@
 // and the per-group sums of x are computed once per call and shared by every output row.
 #include "cpu_quantized_matmul.h"
 
+#include "cpu_primitive.h"
 #include "cpu_simd.h"
 #include "cpu_strided.h"
 #include "cpu_thread_pool.h"
@@ -16,8 +17,6 @@
 #include <limits>
 #include <vector>
 
-#include "mlx/backend/cpu/encoder.h"
-#include "mlx/primitives.h"
 
 namespace mx = mlx::core;
 
@@ -230,47 +229,32 @@ void compute(const Problem& p) {
   });
 }
 
-class CpuQuantizedMatmul : public mx::UnaryPrimitive {
+class CpuQuantizedMatmul : public CpuPrimitive {
  public:
-  CpuQuantizedMatmul(mx::Stream s, int group_size, int bits) : mx::UnaryPrimitive(s), group_size_(group_size), bits_(bits) {}
+  CpuQuantizedMatmul(mx::Stream s, int group_size, int bits) : CpuPrimitive(s), group_size_(group_size), bits_(bits) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto& x = inputs[0];
-    const auto& w = inputs[1];
-    const auto& scales = inputs[2];
-    const auto& biases = inputs[3];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    for (const auto& in : inputs) enc.set_input_array(in);
-    enc.set_output_array(out);
     const int K = x.shape(-1), N = out.shape(-1);
-    Problem p{x.data<float>(), w.data<uint32_t>(), scales.data<float>(), biases.data<float>(), out.data<float>(),
+    Problem p{x.data<float>(), inputs[1].data<uint32_t>(), inputs[2].data<float>(), inputs[3].data<float>(), nullptr,
               static_cast<int>(out.size() / N), N, K, group_size_, bits_};
     // A view as x is gathered into rows here, on the CPU thread, rather than by a copy op in the
     // graph (one op per matmul of a decode step).
     const bool gather = !x.flags().row_contiguous;
-    enc.dispatch([p, gather, x]() mutable {
-      // This runs on MLX's CPU thread, where an exception would end the process: a failure
-      // (only allocation can fail here) leaves NaNs, which the caller sees as a bad result.
-      try {
-        std::vector<float> rows;
-        if (gather) {
-          rows.resize(static_cast<size_t>(p.M) * p.K);
-          const int64_t step = x.strides().back();
-          for (int m = 0; m < p.M; ++m) {
-            const float* src = p.x + mlex::row_offset(x, m);
-            for (int k = 0; k < p.K; ++k) rows[static_cast<size_t>(m) * p.K + k] = src[k * step];
-          }
-          p.x = rows.data();
+    dispatch(inputs, out, [p, gather, x](float* o) mutable {
+      p.out = o;
+      std::vector<float> rows;
+      if (gather) {
+        rows.resize(static_cast<size_t>(p.M) * p.K);
+        const int64_t step = x.strides().back();
+        for (int m = 0; m < p.M; ++m) {
+          const float* src = p.x + mlex::row_offset(x, m);
+          for (int k = 0; k < p.K; ++k) rows[static_cast<size_t>(m) * p.K + k] = src[k * step];
         }
-        compute(p);
-      } catch (...) {
-        std::fill(p.out, p.out + static_cast<size_t>(p.M) * p.N, std::numeric_limits<float>::quiet_NaN());
+        p.x = rows.data();
       }
+      compute(p);
     });
-  }
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("[CpuQuantizedMatmul] runs on the CPU only");
   }
   const char* name() const override { return "CpuQuantizedMatmul"; }
   bool is_equivalent(const mx::Primitive& other) const override {
