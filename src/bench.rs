@@ -92,15 +92,15 @@ pub fn decode_step_census(shape: &str, bits: u32, group_size: u32) -> Result<Vec
     crate::mlx::set_default_device(if gpu { crate::Device::Gpu } else { crate::Device::Cpu })?;
     // Each device's default compute dtype (float32 on the CPU), since which kernels apply depends on it.
     let dtype = if gpu { crate::Dtype::Bfloat16 } else { crate::Dtype::Float32 };
-    let mut weights = WeightStore::synthetic(config.quantization.clone(), dtype, 0)?;
-    let model = crate::models::build_model(path.parent().unwrap(), config, &mut weights)?;
+    let weights = std::cell::RefCell::new(WeightStore::synthetic(config.quantization.clone(), dtype, 0)?);
+    let model = crate::models::build_model(&config, &crate::loader::Vb::new(&weights, config.quantization.as_ref()))?;
     crate::mlx::eval(&model.parameters())?;
-    let mut caches = model.new_caches();
+    let mut caches = model.make_caches();
     let prompt = crate::mlx::Array::from_slice(&[1u32, 2, 3, 4, 5, 6, 7, 8], &[1, 8])?;
     model.forward(&prompt, &mut caches)?;
-    crate::mlx::eval(&caches.iter().flat_map(|c| c.state()).collect::<Vec<_>>())?;
+    crate::mlx::eval(&caches.state())?;
     let logits = model.forward(&crate::mlx::Array::from_slice(&[9u32], &[1, 1])?, &mut caches)?;
-    let state: Vec<&crate::mlx::Array> = std::iter::once(&logits).chain(caches.iter().flat_map(|c| c.state())).collect();
+    let state: Vec<&crate::mlx::Array> = std::iter::once(&logits).chain(caches.state()).collect();
     crate::mlx::graph_census(&state)
 }
 

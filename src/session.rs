@@ -126,6 +126,8 @@ impl Session {
         options: LoadOptions,
         synthetic_seed: Option<u64>,
     ) -> Result<Session> {
+        // An unknown architecture or a bad field fails here, before any thread or weight.
+        crate::models::check_config(&config)?;
         let mut eos: Vec<u32> = tokenizer.as_ref().map(|t| t.eos_token_ids().to_vec()).unwrap_or_default();
         if eos.is_empty() {
             eos = ids_of(config.eos_token_id.as_ref());

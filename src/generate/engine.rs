@@ -7,9 +7,9 @@ use super::prompt_cache::PromptCachePool;
 use super::text::TextStream;
 use crate::chat::{OutputClassifier, Segment, SpanKind, Tool};
 use crate::error::{Error, Result};
-use crate::loader::{ModelConfig, WeightStore};
+use crate::loader::{ModelConfig, Vb, WeightStore};
 use crate::mlx::{self, Device, Dtype};
-use crate::models::{build_model, DecoderModel};
+use crate::models::{build_model, CausalLm};
 use crate::session::PromptCacheConfig;
 use crate::tokenizer::Tokenizer;
 use std::path::PathBuf;
@@ -61,7 +61,7 @@ pub struct LoadedFacts {
 }
 
 struct Engine {
-    model: DecoderModel,
+    model: Box<dyn CausalLm>,
     tokenizer: Option<Arc<Tokenizer>>,
     eos: Vec<u32>,
 }
@@ -126,8 +126,9 @@ fn load(spec: &EngineSpec) -> Result<(Engine, LoadedFacts)> {
         None => WeightStore::open(&spec.dir)?,
     };
     weights.compute_dtype = spec.dtype;
-    let model = build_model(&spec.dir, spec.config.clone(), &mut weights)?;
-    weights.finish()?;
+    let weights = std::cell::RefCell::new(weights);
+    let model = build_model(&spec.config, &Vb::new(&weights, spec.config.quantization.as_ref()))?;
+    weights.into_inner().finish()?;
     let params = model.parameters();
     mlx::eval(&params)?;
     // Let the device finish and release what loading consumed (the unfused q/k/v and gate/up
@@ -136,7 +137,7 @@ fn load(spec: &EngineSpec) -> Result<(Engine, LoadedFacts)> {
     mlx::synchronize()?;
     mlx::clear_cache();
     let weights_bytes = params.iter().map(|a| a.nbytes()).sum();
-    let dtype = model.norm.weight.dtype();
+    let dtype = model.dtype();
     drop(params);
     let facts = LoadedFacts { dtype, device: spec.device, weights_bytes };
     Ok((Engine { model, tokenizer: spec.tokenizer.clone(), eos: spec.eos.clone() }, facts))
@@ -149,7 +150,7 @@ impl Engine {
         let reuse = if use_pool { pool.lookup(&job.prompt, Instant::now()) } else { None };
         let mut caches = match reuse {
             Some(r) => r.caches,
-            None => self.model.new_caches(),
+            None => self.model.make_caches(),
         };
         // Every sampled token in order: the generator feeds each one back (pipelined) before
         // handing it over, so the caches end up holding the prompt and a prefix of these.
@@ -166,7 +167,7 @@ impl Engine {
         if job.abort.load(Ordering::Relaxed) {
             return Err(Error::Aborted);
         }
-        let run = generator::run(&self.model, &mut caches, &job.prompt, opts, |step: TokenStep| {
+        let run = generator::run(self.model.as_ref(), &mut caches, &job.prompt, opts, |step: TokenStep| {
             sampled.push(step.id);
             if job.abort.load(Ordering::Relaxed) {
                 finish = FinishReason::Abort;
@@ -222,7 +223,7 @@ impl Engine {
         if use_pool {
             // Exactly the tokens whose keys/values the caches hold (an EOS fed by the pipelined
             // step included; a sampled token never fed excluded).
-            let held = caches.first().map_or(0, |c| c.offset);
+            let held = caches.offset();
             if held >= job.prompt.len() && held - job.prompt.len() <= sampled.len() {
                 let mut seq = job.prompt.clone();
                 seq.extend_from_slice(&sampled[..held - job.prompt.len()]);

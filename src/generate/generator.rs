@@ -5,8 +5,8 @@ use super::options::GenerateOptions;
 use super::sampler::Sampler;
 use crate::error::{Error, Result};
 use crate::mlx::{async_eval, eval, memory_stats, reset_peak_memory, Array, Dtype};
-use crate::models::DecoderModel;
-use crate::nn::KvCache;
+use crate::models::CausalLm;
+use crate::nn::LayerCaches;
 use std::time::Instant;
 
 /// One decoded token and its log probability.
@@ -51,7 +51,7 @@ pub enum Flow {
 }
 
 struct Stepper<'a> {
-    model: &'a DecoderModel,
+    model: &'a dyn CausalLm,
     sampler: Sampler,
     /// The most recent tokens (lazy), for the repetition penalty.
     history: Option<Array>,
@@ -60,7 +60,7 @@ struct Stepper<'a> {
 
 impl Stepper<'_> {
     /// Runs `input` `[1, L]` through the model and samples the next token: (token `[1]`, logprob `[1]`).
-    fn step(&mut self, input: &Array, caches: &mut [KvCache]) -> Result<(Array, Array)> {
+    fn step(&mut self, input: &Array, caches: &mut LayerCaches) -> Result<(Array, Array)> {
         let logits = self.model.forward(input, caches)?;
         let l = logits.dim(1);
         let logits = logits.slice_axis(1, l - 1, l)?.reshape(&[1, -1])?;
@@ -90,11 +90,11 @@ impl Stepper<'_> {
     }
 }
 
-/// Generates from `prompt`, of which the first `caches[0].offset` tokens are already in `caches`.
+/// Generates from `prompt`, of which the first `caches.offset()` tokens are already in `caches`.
 /// `on_token` is called once per token and decides whether to go on; `max_tokens` is enforced here.
 pub fn run(
-    model: &DecoderModel,
-    caches: &mut [KvCache],
+    model: &dyn CausalLm,
+    caches: &mut LayerCaches,
     prompt: &[u32],
     opts: &GenerateOptions,
     mut on_token: impl FnMut(TokenStep) -> Result<Flow>,
@@ -102,14 +102,18 @@ pub fn run(
     if prompt.is_empty() {
         return Err(Error::InvalidArgument("the prompt is empty: at least one token is needed".into()));
     }
-    let vocab = model.config.vocab_size as u32;
+    let vocab = model.vocab_size() as u32;
     if let Some(bad) = prompt.iter().find(|&&t| t >= vocab) {
         return Err(Error::InvalidArgument(format!("prompt token id {bad} is outside the vocabulary (size {vocab})")));
     }
     opts.sampling.validate().map_err(Error::InvalidArgument)?;
-    let cached = caches.first().map_or(0, |c| c.offset).min(prompt.len() - 1);
-    for c in caches.iter_mut() {
-        c.trim_to(cached);
+    let mut cached = caches.offset().min(prompt.len() - 1);
+    if caches.can_trim_to(cached) {
+        caches.trim_to(cached)?;
+    } else {
+        // A state that cannot go back (a sliding window past its slack): start over.
+        *caches = model.make_caches();
+        cached = 0;
     }
 
     reset_peak_memory();
@@ -133,8 +137,7 @@ pub fn run(
         let n = (prompt.len() - 1 - pos).min(step_size);
         let chunk = Array::from_slice(&prompt[pos..pos + n], &[1, n as i32])?;
         model.forward(&chunk, caches)?;
-        let state: Vec<&Array> = caches.iter().flat_map(|c| c.state()).collect();
-        eval(&state)?;
+        eval(&caches.state())?;
         pos += n;
     }
     let last = Array::from_slice(&prompt[pos..], &[1, (prompt.len() - pos) as i32])?;
@@ -200,10 +203,7 @@ pub fn run(
         if replace {
             n -= 1;
             if scheduled {
-                let keep = caches.first().map_or(0, |c| c.offset).saturating_sub(1);
-                for c in caches.iter_mut() {
-                    c.trim_to(keep);
-                }
+                caches.trim_to(caches.offset().saturating_sub(1))?;
             }
         }
         let mut fed = Vec::with_capacity(forced.len());

@@ -6,7 +6,7 @@
 //! a system prompt), trimmed to the shared part. After the call, the prompt plus the generated tokens
 //! that were actually fed to the model are stored.
 //!
-//! Reuse is copy-on-use: an entry's [`KvCache`]s are cloned (handles to the same MLX arrays) and the
+//! Reuse is copy-on-use: an entry's [`LayerCaches`] are cloned (handles to the same MLX arrays) and the
 //! clones' `offset` trimmed. The pooled arrays are never written: `slice_update` is functional and
 //! MLX only reuses an input buffer in place when nothing else references it (`is_donatable`: the
 //! array and its data have a use count of 1), which the pooled handle prevents; so the first write
@@ -18,13 +18,13 @@
 //! existing one replaces it, and one already covered by an existing entry only refreshes that entry.
 use crate::error::Result;
 use crate::mlx::{self, Array};
-use crate::nn::KvCache;
+use crate::nn::LayerCaches;
 use crate::session::PromptCacheConfig;
 use std::time::Instant;
 
 struct Entry {
     tokens: Vec<u32>,
-    caches: Vec<KvCache>,
+    caches: LayerCaches,
     last_used: Instant,
     bytes: usize,
 }
@@ -32,7 +32,7 @@ struct Entry {
 /// KV state taken from the pool for one call.
 pub struct Reuse {
     /// Per-layer caches holding the first `tokens` tokens of the prompt.
-    pub caches: Vec<KvCache>,
+    pub caches: LayerCaches,
     pub tokens: usize,
 }
 
@@ -118,6 +118,11 @@ impl PromptCachePool {
         let mut best: Option<(usize, usize)> = None; // (entry, shared tokens)
         for (i, e) in self.entries.iter().enumerate() {
             let n = common_prefix(&e.tokens, prompt).min(usable);
+            // A state that cannot be brought back to the shared prefix (a sliding window that
+            // moved past it) is of no use for this prompt.
+            if !e.caches.can_trim_to(n) {
+                continue;
+            }
             let better = match best {
                 None => true,
                 // Ties go to the most recently used entry.
@@ -134,19 +139,17 @@ impl PromptCachePool {
         let entry = &mut self.entries[i];
         entry.last_used = now;
         let mut caches = entry.caches.clone();
-        for c in &mut caches {
-            c.trim_to(n);
-        }
+        caches.trim_to(n).ok()?;
         Some(Reuse { caches, tokens: n })
     }
 
     /// Stores the KV state `caches` of exactly `tokens` (prompt + fed generated tokens).
-    pub fn store(&mut self, tokens: Vec<u32>, caches: Vec<KvCache>, now: Instant) -> Result<()> {
+    pub fn store(&mut self, tokens: Vec<u32>, caches: LayerCaches, now: Instant) -> Result<()> {
         self.expire(now);
         if !self.enabled() || tokens.len() < self.min_tokens() {
             return Ok(());
         }
-        if caches.iter().any(|c| c.offset != tokens.len()) {
+        if caches.0.iter().any(|c| c.offset() != tokens.len()) {
             return Ok(()); // not the state of these tokens: never store what cannot be trusted
         }
         // Already covered by an entry that holds these tokens and maybe more: refresh that one.
@@ -154,12 +157,12 @@ impl PromptCachePool {
             e.last_used = now;
             return Ok(());
         }
-        let bytes: usize = caches.iter().map(KvCache::nbytes).sum();
+        let bytes = caches.nbytes();
         if self.config.max_bytes.is_some_and(|max| bytes > max) {
             return Ok(());
         }
         // Make sure nothing lazy (and the graph behind it) is kept alive by the pool.
-        let state: Vec<&Array> = caches.iter().flat_map(|c| c.state()).collect();
+        let state: Vec<&Array> = caches.state();
         if !state.is_empty() {
             mlx::eval(&state)?;
         }
@@ -191,16 +194,19 @@ mod tests {
     //! The pool's bookkeeping, with caches that hold no arrays (no MLX involved); the KV side is
     //! covered by tests/prompt_cache.rs.
     use super::*;
+    use crate::nn::{Cache, KvCache};
     use std::time::Duration;
 
-    fn caches(n: usize) -> Vec<KvCache> {
-        (0..2)
-            .map(|_| {
-                let mut c = KvCache::new();
-                c.offset = n;
-                c
-            })
-            .collect()
+    fn caches(n: usize) -> LayerCaches {
+        LayerCaches(
+            (0..2)
+                .map(|_| {
+                    let mut c = KvCache::new();
+                    c.offset = n;
+                    Box::new(c) as Box<dyn Cache>
+                })
+                .collect(),
+        )
     }
 
     fn pool(max_entries: usize, min: usize) -> PromptCachePool {
@@ -225,9 +231,9 @@ mod tests {
         put(&mut p, &[1, 2, 9, 9], now);
         let r = p.lookup(&[1, 2, 3, 4, 7, 7], now).unwrap();
         assert_eq!(r.tokens, 4);
-        assert!(r.caches.iter().all(|c| c.offset == 4));
+        assert!(r.caches.0.iter().all(|c| c.offset() == 4));
         // The entry itself is untouched by trimming the copy.
-        assert!(p.entries.iter().any(|e| e.caches.iter().all(|c| c.offset == 6)));
+        assert!(p.entries.iter().any(|e| e.caches.0.iter().all(|c| c.offset() == 6)));
         // A strict prefix of an entry, and the entry's exact tokens: all but the last token.
         assert_eq!(p.lookup(&[1, 2, 3], now).unwrap().tokens, 2);
         assert_eq!(p.lookup(&[1, 2, 3, 4, 5, 6], now).unwrap().tokens, 5);

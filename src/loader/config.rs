@@ -2,40 +2,18 @@
 //! errors that name the file and the field.
 use super::quant_config::QuantConfig;
 use crate::error::{Error, Result};
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-/// The fields our architectures read (a superset across llama / qwen2 / qwen3).
+/// What every architecture shares, read by the session and the engine. Each architecture reads
+/// the rest of config.json into its own config struct ([`ModelConfig::parse`]).
 #[derive(Debug, Clone, Deserialize)]
 pub struct ModelConfig {
     pub model_type: String,
-    pub hidden_size: usize,
     pub num_hidden_layers: usize,
-    pub intermediate_size: usize,
-    pub num_attention_heads: usize,
-    #[serde(default)]
-    pub num_key_value_heads: Option<usize>,
-    #[serde(default)]
-    pub head_dim: Option<usize>,
-    #[serde(default = "default_eps")]
-    pub rms_norm_eps: f32,
     pub vocab_size: usize,
-    #[serde(default)]
-    pub rope_theta: Option<f32>,
-    #[serde(default)]
-    pub rope_traditional: bool,
-    #[serde(default)]
-    pub rope_scaling: Option<Value>,
-    /// transformers ≥ 5 nests rope_theta / rope_scaling here.
-    #[serde(default)]
-    pub rope_parameters: Option<Value>,
-    #[serde(default)]
-    pub tie_word_embeddings: Option<bool>,
-    #[serde(default)]
-    pub attention_bias: Option<bool>,
-    #[serde(default)]
-    pub mlp_bias: bool,
     #[serde(default)]
     pub max_position_embeddings: Option<usize>,
     #[serde(default)]
@@ -45,12 +23,44 @@ pub struct ModelConfig {
     /// Parsed from `quantization` (mlx-lm) or `quantization_config`.
     #[serde(skip)]
     pub quantization: Option<QuantConfig>,
+    /// The text model's view of config.json: a nested `text_config` (multimodal checkpoints such
+    /// as gemma3 / qwen3_5) merged over the top level, the outer `model_type` kept as
+    /// `outer_model_type`.
     #[serde(skip)]
-    pub rope: RopeConfig,
+    pub raw: Value,
+    /// The file read (errors name it).
+    #[serde(skip)]
+    pub path: PathBuf,
 }
 
-fn default_eps() -> f32 {
-    1e-6
+/// Rotary settings of a config: `rope_theta`, `rope_scaling`, transformers 5's `rope_parameters`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct RopeFields {
+    #[serde(default)]
+    pub rope_theta: Option<f32>,
+    #[serde(default)]
+    pub rope_traditional: bool,
+    #[serde(default)]
+    pub rope_scaling: Option<Value>,
+    #[serde(default)]
+    pub rope_parameters: Option<Value>,
+}
+
+impl RopeFields {
+    /// The rotary variant, `default_theta` when the config gives none.
+    pub fn parse(&self, default_theta: f32) -> std::result::Result<RopeConfig, String> {
+        let params = self.rope_parameters.as_ref();
+        let theta = self
+            .rope_theta
+            .or_else(|| params.and_then(|p| p.get("rope_theta")).and_then(|v| v.as_f64()).map(|v| v as f32))
+            .unwrap_or(default_theta);
+        let scaling_v = self.rope_scaling.as_ref().or(params).filter(|v| !v.is_null());
+        let scaling = match scaling_v {
+            None => RopeScaling::Default,
+            Some(v) => parse_scaling(v)?,
+        };
+        Ok(RopeConfig { theta, traditional: self.rope_traditional, scaling })
+    }
 }
 
 /// Rotary embedding variants of mlx-lm's `initialize_rope`.
@@ -95,88 +105,86 @@ impl ModelConfig {
     }
 
     pub fn from_json(text: &str, path: &Path) -> Result<Self> {
-        let raw: Value =
+        let top: Value =
             serde_json::from_str(text).map_err(|e| Error::checkpoint(path, format!("not valid JSON: {e}")))?;
-        // serde_path_to_error names the offending field ("field 'num_hidden_layers': invalid type …").
-        let mut cfg: ModelConfig = serde_path_to_error::deserialize(raw.clone()).map_err(|e| {
-            let field = e.path().to_string();
-            let inner = e.into_inner();
-            if field == "." {
-                Error::checkpoint(path, format!("bad config: {inner}"))
-            } else {
-                Error::checkpoint(path, format!("field '{field}': {inner}"))
-            }
-        })?;
-        let q = raw.get("quantization").or_else(|| raw.get("quantization_config"));
+        if !top.is_object() {
+            return Err(Error::checkpoint(path, "bad config: expected a JSON object"));
+        }
+        let raw = text_view(&top);
+        let mut cfg: ModelConfig = deserialize(&raw, path)?;
+        let q = top.get("quantization").or_else(|| top.get("quantization_config"));
         if let Some(q) = q {
             cfg.quantization = Some(QuantConfig::from_json(q).map_err(|m| Error::checkpoint(path, m))?);
         }
-        cfg.rope = cfg.parse_rope().map_err(|m| Error::checkpoint(path, m))?;
+        cfg.raw = raw;
+        cfg.path = path.to_path_buf();
         cfg.validate().map_err(|m| Error::checkpoint(path, m))?;
         Ok(cfg)
     }
 
     fn validate(&self) -> std::result::Result<(), String> {
-        let positive = [
-            ("hidden_size", self.hidden_size),
-            ("num_hidden_layers", self.num_hidden_layers),
-            ("intermediate_size", self.intermediate_size),
-            ("num_attention_heads", self.num_attention_heads),
-            ("vocab_size", self.vocab_size),
-        ];
-        for (name, v) in positive {
-            if v == 0 {
-                return Err(format!("field '{name}' must be positive"));
-            }
-            if v > (1 << 24) {
-                return Err(format!("field '{name}' = {v} is implausibly large"));
-            }
-        }
-        let kv = self.num_kv_heads();
-        if kv == 0 || self.num_attention_heads % kv != 0 {
-            return Err(format!(
-                "field 'num_key_value_heads' = {kv} must divide num_attention_heads = {}",
-                self.num_attention_heads
-            ));
-        }
-        if self.head_dim.is_none() && self.hidden_size % self.num_attention_heads != 0 {
-            return Err("hidden_size is not a multiple of num_attention_heads and no head_dim is given".into());
-        }
-        if self.head_dim() % 2 != 0 {
-            return Err(format!("field 'head_dim' = {} must be even for rotary embeddings", self.head_dim()));
-        }
-        if !(self.rms_norm_eps > 0.0 && self.rms_norm_eps < 1.0) {
-            return Err(format!("field 'rms_norm_eps' = {} is out of range", self.rms_norm_eps));
+        for (name, v) in [("num_hidden_layers", self.num_hidden_layers), ("vocab_size", self.vocab_size)] {
+            check_size(name, v)?;
         }
         Ok(())
     }
 
-    pub fn num_kv_heads(&self) -> usize {
-        self.num_key_value_heads.unwrap_or(self.num_attention_heads)
+    /// config.json read as architecture config `T` (serde defaults are mlx-lm's); errors name the
+    /// file and the field.
+    pub fn parse<T: DeserializeOwned>(&self) -> Result<T> {
+        deserialize(&self.raw, &self.path)
     }
 
-    pub fn head_dim(&self) -> usize {
-        self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads)
+    /// An error about this config.json.
+    pub fn error(&self, message: impl Into<String>) -> Error {
+        Error::checkpoint(&self.path, message)
     }
 
     /// The context length the model was trained for, when the config says.
     pub fn context_length(&self) -> Option<usize> {
         self.max_position_embeddings
     }
+}
 
-    fn parse_rope(&self) -> std::result::Result<RopeConfig, String> {
-        let params = self.rope_parameters.as_ref();
-        let theta = self
-            .rope_theta
-            .or_else(|| params.and_then(|p| p.get("rope_theta")).and_then(|v| v.as_f64()).map(|v| v as f32))
-            .unwrap_or(10000.0);
-        let scaling_v = self.rope_scaling.as_ref().or(params).filter(|v| !v.is_null());
-        let scaling = match scaling_v {
-            None => RopeScaling::Default,
-            Some(v) => parse_scaling(v)?,
-        };
-        Ok(RopeConfig { theta, traditional: self.rope_traditional, scaling })
+/// A size field must be positive and plausible.
+pub fn check_size(name: &str, v: usize) -> std::result::Result<(), String> {
+    if v == 0 {
+        return Err(format!("field '{name}' must be positive"));
     }
+    if v > (1 << 24) {
+        return Err(format!("field '{name}' = {v} is implausibly large"));
+    }
+    Ok(())
+}
+
+/// `text_config` merged over the top level (the text model's fields win); the top level's
+/// `model_type` stays reachable as `outer_model_type`.
+fn text_view(top: &Value) -> Value {
+    let mut merged = top.clone();
+    if let Some(text) = top.get("text_config").and_then(|t| t.as_object()) {
+        let m = merged.as_object_mut().expect("an object");
+        if let Some(outer) = top.get("model_type") {
+            m.insert("outer_model_type".into(), outer.clone());
+        }
+        for (k, v) in text {
+            m.insert(k.clone(), v.clone());
+        }
+        m.remove("text_config");
+    }
+    merged
+}
+
+// serde_path_to_error names the offending field ("field 'num_hidden_layers': invalid type …").
+fn deserialize<T: DeserializeOwned>(raw: &Value, path: &Path) -> Result<T> {
+    serde_path_to_error::deserialize(raw.clone()).map_err(|e| {
+        let field = e.path().to_string();
+        let inner = e.into_inner();
+        if field == "." {
+            Error::checkpoint(path, format!("bad config: {inner}"))
+        } else {
+            Error::checkpoint(path, format!("field '{field}': {inner}"))
+        }
+    })
 }
 
 fn parse_scaling(v: &Value) -> std::result::Result<RopeScaling, String> {

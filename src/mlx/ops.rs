@@ -213,6 +213,14 @@ impl Array {
         Array::try_from_op(|out| unsafe { sys::mlex_take_along_axis(self.raw(), indices.raw(), axis, out) })
     }
 
+    /// For every index of `rhs_indices`, `self @ b[index]` (`b` `[E, K, N]`): mixture-of-experts
+    /// products over dense experts. `sorted` promises ascending indices.
+    pub fn gather_mm(&self, b: &Array, rhs_indices: &Array, sorted: bool) -> Result<Array> {
+        Array::try_from_op(|out| unsafe {
+            sys::mlex_gather_mm(self.raw(), b.raw(), std::ptr::null_mut(), rhs_indices.raw(), sorted, out)
+        })
+    }
+
     pub fn put_along_axis(&self, indices: &Array, values: &Array, axis: i32) -> Result<Array> {
         Array::try_from_op(|out| unsafe {
             sys::mlex_put_along_axis(self.raw(), indices.raw(), values.raw(), axis, out)
@@ -283,6 +291,26 @@ pub mod fast {
         };
         Array::try_from_op(|out| unsafe {
             sys::mlex_fast_sdpa(q.raw(), k.raw(), v.raw(), scale, mode.as_ptr().cast(), raw_or_null(arr), out)
+        })
+    }
+
+    /// [`scaled_dot_product_attention`] with a learned per-head sink logit (`sinks` `[Hq]`) that
+    /// joins every softmax without a value (gpt-oss).
+    pub fn scaled_dot_product_attention_sinks(
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        scale: f32,
+        mask: AttentionMask<'_>,
+        sinks: &Array,
+    ) -> Result<Array> {
+        let (mode, arr): (&[u8], Option<&Array>) = match mask {
+            AttentionMask::None => (b"\0", None),
+            AttentionMask::Causal => (b"causal\0", None),
+            AttentionMask::Array(a) => (b"\0", Some(a)),
+        };
+        Array::try_from_op(|out| unsafe {
+            sys::mlex_fast_sdpa_sinks(q.raw(), k.raw(), v.raw(), scale, mode.as_ptr().cast(), raw_or_null(arr), sinks.raw(), out)
         })
     }
 

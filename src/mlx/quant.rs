@@ -139,3 +139,37 @@ pub fn quantized_matmul(
         )
     })
 }
+
+/// Mixture-of-experts product over quantized experts: for every index `i` of `rhs_indices`,
+/// `x @ dequantize(w[i]).T` (`w` `[E, out, in·bits/32]`). `sorted` promises ascending indices
+/// (MLX then walks each expert's weights once: the prefill path).
+#[allow(clippy::too_many_arguments)]
+pub fn gather_qmm(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: Option<&Array>,
+    rhs_indices: &Array,
+    group_size: i32,
+    bits: i32,
+    mode: QuantMode,
+    sorted: bool,
+) -> Result<Array> {
+    let m = mode_cstr(mode);
+    Array::try_from_op(|out| unsafe {
+        sys::mlex_gather_qmm(
+            x.raw(),
+            w.raw(),
+            scales.raw(),
+            biases.map_or(std::ptr::null_mut(), |b| b.raw()),
+            std::ptr::null_mut(),
+            rhs_indices.raw(),
+            true,
+            group_size,
+            bits,
+            m.as_ptr(),
+            sorted,
+            out,
+        )
+    })
+}

@@ -459,6 +459,33 @@ int mlex_fast_sdpa(mlex_array q, mlex_array k, mlex_array v, float scale, const 
   });
 }
 
+int mlex_fast_sdpa_sinks(mlex_array q, mlex_array k, mlex_array v, float scale, const char* mask_mode,
+                         mlex_array mask, mlex_array sinks, mlex_array* out) {
+  return guard([&] {
+    std::string mode = mask_mode ? mask_mode : "";
+    if (mask != nullptr && mode.empty()) mode = "array";
+    *out = wrap(mx::fast::scaled_dot_product_attention(unwrap(q), unwrap(k), unwrap(v), scale, mode,
+                                                       opt(mask), opt(sinks)));
+  });
+}
+
+int mlex_gather_mm(mlex_array a, mlex_array b, mlex_array lhs_indices, mlex_array rhs_indices,
+                   bool sorted_indices, mlex_array* out) {
+  return guard([&] {
+    *out = wrap(mx::gather_mm(unwrap(a), unwrap(b), opt(lhs_indices), opt(rhs_indices), sorted_indices));
+  });
+}
+
+int mlex_gather_qmm(mlex_array x, mlex_array w, mlex_array scales, mlex_array biases, mlex_array lhs_indices,
+                    mlex_array rhs_indices, bool transpose, int32_t group_size, int32_t bits, const char* mode,
+                    bool sorted_indices, mlex_array* out) {
+  return guard([&] {
+    *out = wrap(mx::gather_qmm(unwrap(x), unwrap(w), unwrap(scales), opt(biases), opt(lhs_indices),
+                               opt(rhs_indices), transpose, group_size, bits, mode ? mode : "affine",
+                               std::nullopt, sorted_indices));
+  });
+}
+
 int mlex_quantize(mlex_array w, int32_t group_size, int32_t bits, const char* mode, mlex_array* outs,
                   size_t* n_out) {
   return guard([&] {

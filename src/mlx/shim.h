@@ -187,6 +187,9 @@ int mlex_fast_rope(mlex_array x, int32_t dims, bool traditional, float base, flo
 /* mask_mode: "" (none, or mask given), "causal"; mask may be NULL. */
 int mlex_fast_sdpa(mlex_array q, mlex_array k, mlex_array v, float scale, const char* mask_mode,
                    mlex_array mask, mlex_array* out);
+/* As mlex_fast_sdpa with per-head attention sinks (`sinks` [Hq], NULL for none: gpt-oss). */
+int mlex_fast_sdpa_sinks(mlex_array q, mlex_array k, mlex_array v, float scale, const char* mask_mode,
+                         mlex_array mask, mlex_array sinks, mlex_array* out);
 
 /* ---- quantization (mode: "affine", "mxfp4", "mxfp8", "nvfp4") ---- */
 /* outs receives 2 (no biases: mx* / nv modes) or 3 arrays; n_out tells how many were written. */
@@ -197,6 +200,14 @@ int mlex_dequantize(mlex_array w, mlex_array scales, mlex_array biases, int32_t 
                     const char* mode, int32_t out_dtype, mlex_array* out);
 int mlex_quantized_matmul(mlex_array x, mlex_array w, mlex_array scales, mlex_array biases, bool transpose,
                           int32_t group_size, int32_t bits, const char* mode, mlex_array* out);
+
+/* Mixture-of-experts products: for each index in rhs_indices, x @ w[index] (w [E, …]).
+   lhs_indices may be NULL; sorted_indices promises rhs_indices ascending (prefill). */
+int mlex_gather_mm(mlex_array a, mlex_array b, mlex_array lhs_indices, mlex_array rhs_indices,
+                   bool sorted_indices, mlex_array* out);
+int mlex_gather_qmm(mlex_array x, mlex_array w, mlex_array scales, mlex_array biases, mlex_array lhs_indices,
+                    mlex_array rhs_indices, bool transpose, int32_t group_size, int32_t bits, const char* mode,
+                    bool sorted_indices, mlex_array* out);
 
 /* ---- random ---- */
 int mlex_random_key(uint64_t seed, mlex_array* out);

@@ -1,10 +1,165 @@
-//! Architectures. Each file maps one `model_type` family onto the shared decoder in
-//! `transformer.rs`; `registry.rs` picks one by `model_type` (with aliases).
+//! Architectures. One file per `model_type` family, each owning its config struct, its layers
+//! and its weight names, behind the [`CausalLm`] trait; `registry.rs` lists them (one line each).
+//!
+//! Adding an architecture: write `src/models/<name>.rs` with a serde `Config` (mlx-lm's defaults,
+//! validated in [`ArchConfig::validate`]), a model struct implementing [`CausalLm`] + [`Params`],
+//! and `pub const ARCH: Architecture = Architecture::new::<Config, Model>("<model_type>", &[aliases])`;
+//! then add `pub mod <name>;` below and `<name>::ARCH` to `registry::ARCHITECTURES`. Shared layers
+//! live in `crate::nn`; [`run_layers`] and [`LmHead`] cover what every decoder does.
 pub mod llama;
 pub mod qwen2;
 pub mod qwen3;
 pub mod registry;
 pub mod transformer;
 
-pub use registry::{build_model, supported_model_types};
-pub use transformer::{ArchSpec, DecoderModel};
+use crate::error::Result;
+use crate::loader::{ModelConfig, Vb};
+use crate::mlx::{async_eval, eval, Array, Dtype};
+use crate::nn::{Cache, Embedding, LayerCaches, Linear, Params};
+use serde::de::DeserializeOwned;
+
+pub use registry::{build_model, check_config, supported_model_types};
+
+/// A decoder-only language model.
+pub trait CausalLm: Params {
+    /// Token ids `[B, L]` (int) → hidden states `[B, L, hidden]` (the input embeddings).
+    fn embed(&self, tokens: &Array) -> Result<Array>;
+
+    /// Input embeddings `[B, L, hidden]` → logits `[B, L, vocab]`, extending `caches`.
+    fn forward_embeddings(&self, h: Array, caches: &mut LayerCaches) -> Result<Array>;
+
+    /// Token ids `[B, L]` → logits `[B, L, vocab]`, extending `caches`.
+    fn forward(&self, tokens: &Array, caches: &mut LayerCaches) -> Result<Array> {
+        self.forward_embeddings(self.embed(tokens)?, caches)
+    }
+
+    /// Fresh, empty caches, one per layer, of the kind each layer needs.
+    fn make_caches(&self) -> LayerCaches;
+
+    /// Rows of the output (the vocabulary size).
+    fn vocab_size(&self) -> usize;
+
+    /// The float dtype the model computes in.
+    fn dtype(&self) -> Dtype;
+
+    /// Every parameter array (evaluated at load, counted in `weights_bytes`).
+    fn parameters(&self) -> Vec<&Array> {
+        let mut out = vec![];
+        self.params(&mut out);
+        out
+    }
+}
+
+/// An architecture's own view of config.json.
+pub trait ArchConfig: DeserializeOwned {
+    /// Checks what serde cannot (ranges, divisibility): the message names the field.
+    fn validate(&self) -> std::result::Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Builds a model from its config and scoped weights.
+pub trait Loadable: Sized + CausalLm + 'static {
+    type Config: ArchConfig;
+    fn load(config: Self::Config, common: &ModelConfig, vb: &Vb) -> Result<Self>;
+}
+
+/// One registry entry: a `model_type`, its aliases, how to check its config and build it.
+pub struct Architecture {
+    pub model_type: &'static str,
+    pub aliases: &'static [&'static str],
+    pub check: fn(&ModelConfig) -> Result<()>,
+    pub load: fn(&ModelConfig, &Vb) -> Result<Box<dyn CausalLm>>,
+}
+
+impl Architecture {
+    pub const fn new<M: Loadable>(model_type: &'static str, aliases: &'static [&'static str]) -> Self {
+        Architecture { model_type, aliases, check: check_as::<M>, load: load_as::<M> }
+    }
+}
+
+fn parse_config<M: Loadable>(c: &ModelConfig) -> Result<M::Config> {
+    let cfg: M::Config = c.parse()?;
+    cfg.validate().map_err(|m| c.error(m))?;
+    Ok(cfg)
+}
+
+fn check_as<M: Loadable>(c: &ModelConfig) -> Result<()> {
+    parse_config::<M>(c).map(|_| ())
+}
+
+fn load_as<M: Loadable>(c: &ModelConfig, vb: &Vb) -> Result<Box<dyn CausalLm>> {
+    Ok(Box::new(M::load(parse_config::<M>(c)?, c, vb)?))
+}
+
+/// Layers of a prefill chunk scheduled beyond the one being waited for (see [`run_layers`]).
+const PREFILL_LAYERS_AHEAD: usize = 2;
+
+/// Runs `h` through `layers` in order, layer `i` with cache `i`.
+///
+/// Prefill keeps only a few layers queued ahead of the device. MLX releases an intermediate once
+/// the kernels that read it have completed, so a whole-model graph submitted at once keeps most
+/// layers' activations alive together (on the GPU this put our peak above mlx-lm's); waiting on
+/// the layer PREFILL_LAYERS_AHEAD back keeps the device busy while bounding what is in flight. A
+/// decode step is too small to matter. (MLEX_ABLATE_PREFILL_BOUND: benchmark ablation only.)
+pub fn run_layers<L>(
+    mut h: Array,
+    layers: &[L],
+    caches: &mut LayerCaches,
+    mut f: impl FnMut(&L, usize, &Array, &mut dyn Cache) -> Result<Array>,
+) -> Result<Array> {
+    if caches.len() != layers.len() {
+        return Err(crate::error::Error::InvalidArgument(format!(
+            "{} caches for {} layers",
+            caches.len(),
+            layers.len()
+        )));
+    }
+    let bounded = h.dim(1) > 1 && std::env::var_os("MLEX_ABLATE_PREFILL_BOUND").is_none();
+    let mut in_flight = std::collections::VecDeque::with_capacity(PREFILL_LAYERS_AHEAD + 1);
+    for (i, (layer, cache)) in layers.iter().zip(caches.iter_mut()).enumerate() {
+        h = f(layer, i, &h, cache.as_mut())?;
+        if bounded {
+            async_eval(&[&h])?;
+            in_flight.push_back(h.clone());
+            if in_flight.len() > PREFILL_LAYERS_AHEAD {
+                eval(&[&in_flight.pop_front().expect("not empty")])?;
+            }
+        }
+    }
+    Ok(h)
+}
+
+/// The output projection: its own `lm_head`, or the embedding table (tied).
+pub enum LmHead {
+    Own(Linear),
+    Tied,
+}
+
+impl LmHead {
+    /// `lm_head` of module `vb` unless `tied` (then a stored `lm_head.weight` is dropped, as
+    /// mlx-lm's sanitize does).
+    pub fn load(vb: &Vb, tied: bool, hidden: usize, vocab: usize) -> Result<Self> {
+        if tied {
+            vb.pp("lm_head").discard("weight");
+            Ok(LmHead::Tied)
+        } else {
+            Ok(LmHead::Own(Linear::load(&vb.pp("lm_head"), hidden, vocab, false)?))
+        }
+    }
+
+    pub fn forward(&self, h: &Array, embed: &Embedding) -> Result<Array> {
+        match self {
+            LmHead::Own(l) => l.forward(h),
+            LmHead::Tied => embed.as_linear(h),
+        }
+    }
+}
+
+impl Params for LmHead {
+    fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
+        if let LmHead::Own(l) = self {
+            l.params(out);
+        }
+    }
+}

@@ -1,10 +1,112 @@
-//! The pre-norm decoder-only transformer shared by llama, qwen2 and qwen3:
-//! embed → N × (x + attn(norm(x)); x + mlp(norm(x))) → norm → lm_head (or tied embeddings).
-//! Section order as in every architecture file: spec, block, model, load.
-use crate::error::{Error, Result};
-use crate::loader::{ModelConfig, WeightStore};
-use crate::mlx::{async_eval, eval, Array};
-use crate::nn::{Attention, Embedding, GatedMlp, KvCache, Linear, Projections, RmsNorm, Rope};
+//! The pre-norm decoder-only transformer shared by llama, qwen2 and qwen3 (and the llama-shaped
+//! families built on them): embed → N × (x + attn(norm(x)); x + mlp(norm(x))) → norm → lm_head
+//! (or tied embeddings). Section order as in every architecture file: config, block, model, load.
+use super::{ArchConfig, CausalLm, LmHead};
+use crate::error::Result;
+use crate::loader::{check_size, RopeConfig, RopeFields, Vb};
+use crate::mlx::{Array, Dtype};
+use crate::nn::{
+    Attention, AttentionSpec, Embedding, GateActivation, GatedMlp, KvCache, LayerCaches, Params, RmsNorm, Rope,
+};
+use serde::Deserialize;
+
+// ---- config -------------------------------------------------------------------------------
+
+/// The config.json fields of the llama family (mlx-lm's `ModelArgs` of llama / qwen2 / qwen3).
+#[derive(Debug, Clone, Deserialize)]
+pub struct DecoderConfig {
+    pub hidden_size: usize,
+    pub num_hidden_layers: usize,
+    pub intermediate_size: usize,
+    pub num_attention_heads: usize,
+    #[serde(default)]
+    pub num_key_value_heads: Option<usize>,
+    #[serde(default)]
+    pub head_dim: Option<usize>,
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f32,
+    pub vocab_size: usize,
+    #[serde(flatten)]
+    pub rope: RopeFields,
+    #[serde(default)]
+    pub tie_word_embeddings: Option<bool>,
+    #[serde(default)]
+    pub attention_bias: Option<bool>,
+    #[serde(default)]
+    pub mlp_bias: bool,
+    #[serde(default)]
+    pub max_position_embeddings: Option<usize>,
+}
+
+fn default_eps() -> f32 {
+    1e-6
+}
+
+impl DecoderConfig {
+    pub fn num_kv_heads(&self) -> usize {
+        self.num_key_value_heads.unwrap_or(self.num_attention_heads)
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+    }
+
+    pub fn rope(&self) -> Result<RopeConfig> {
+        // validate() parsed it once already; this cannot fail after it.
+        self.rope.parse(10000.0).map_err(crate::error::Error::InvalidArgument)
+    }
+
+    /// Attention of this config with the given biases / q-k norm.
+    pub fn attention_spec(&self, qkv_bias: bool, o_bias: bool, qk_norm: bool) -> AttentionSpec {
+        AttentionSpec {
+            hidden: self.hidden_size,
+            n_heads: self.num_attention_heads,
+            n_kv_heads: self.num_kv_heads(),
+            head_dim: self.head_dim(),
+            qkv_bias,
+            o_bias,
+            qk_norm: qk_norm.then_some((self.rms_norm_eps, false)),
+            scale: (self.head_dim() as f32).powf(-0.5),
+            sinks: false,
+        }
+    }
+}
+
+impl ArchConfig for DecoderConfig {
+    fn validate(&self) -> std::result::Result<(), String> {
+        for (name, v) in [
+            ("hidden_size", self.hidden_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("intermediate_size", self.intermediate_size),
+            ("num_attention_heads", self.num_attention_heads),
+            ("vocab_size", self.vocab_size),
+        ] {
+            check_size(name, v)?;
+        }
+        validate_heads(self.num_attention_heads, self.num_kv_heads(), self.hidden_size, self.head_dim)?;
+        if !(self.rms_norm_eps > 0.0 && self.rms_norm_eps < 1.0) {
+            return Err(format!("field 'rms_norm_eps' = {} is out of range", self.rms_norm_eps));
+        }
+        self.rope.parse(10000.0).map(|_| ())
+    }
+}
+
+/// Heads must divide evenly into KV groups; without `head_dim` the hidden size must split into
+/// the heads; rotary needs an even head size.
+pub fn validate_heads(heads: usize, kv: usize, hidden: usize, head_dim: Option<usize>) -> std::result::Result<(), String> {
+    check_size("num_attention_heads", heads)?;
+    if kv == 0 || heads % kv != 0 {
+        return Err(format!("field 'num_key_value_heads' = {kv} must divide num_attention_heads = {heads}"));
+    }
+    if head_dim.is_none() && hidden % heads != 0 {
+        return Err("hidden_size is not a multiple of num_attention_heads and no head_dim is given".into());
+    }
+    let hd = head_dim.unwrap_or(hidden / heads);
+    if hd == 0 || hd % 2 != 0 {
+        return Err(format!("field 'head_dim' = {hd} must be even (and positive) for rotary embeddings"));
+    }
+    Ok(())
+}
 
 /// What distinguishes one architecture of the family from another.
 #[derive(Debug, Clone, Copy)]
@@ -21,8 +123,7 @@ pub struct ArchSpec {
     pub tie_default: bool,
 }
 
-/// Layers of a prefill chunk scheduled beyond the one being waited for (see `DecoderModel::forward`).
-const PREFILL_LAYERS_AHEAD: usize = 2;
+// ---- block --------------------------------------------------------------------------------
 
 pub struct DecoderBlock {
     pub input_layernorm: RmsNorm,
@@ -32,146 +133,135 @@ pub struct DecoderBlock {
 }
 
 impl DecoderBlock {
-    fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
+    pub fn forward(&self, x: &Array, cache: &mut dyn crate::nn::Cache) -> Result<Array> {
         let h = x.add(&self.self_attn.forward(&self.input_layernorm.forward(x)?, cache)?)?;
         h.add(&self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)
     }
+
+    /// Layer module `vb` (`model.layers.{i}`) of a llama-family model.
+    pub fn load(vb: &Vb, c: &DecoderConfig, spec: &ArchSpec, rope: Option<Rope>) -> Result<Self> {
+        let (hidden, eps) = (c.hidden_size, c.rms_norm_eps);
+        // Precomputed rotary tables are recomputed (mlx-lm's sanitize).
+        vb.pp("self_attn").pp("rotary_emb").discard("inv_freq");
+        Ok(DecoderBlock {
+            input_layernorm: RmsNorm::load(&vb.pp("input_layernorm"), hidden, eps)?,
+            self_attn: Attention::load(&vb.pp("self_attn"), &c.attention_spec(spec.qkv_bias, spec.o_bias, spec.qk_norm), rope)?,
+            post_attention_layernorm: RmsNorm::load(&vb.pp("post_attention_layernorm"), hidden, eps)?,
+            mlp: GatedMlp::load(&vb.pp("mlp"), hidden, c.intermediate_size, spec.mlp_bias, GateActivation::Silu)?,
+        })
+    }
 }
 
+impl Params for DecoderBlock {
+    fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
+        crate::params!(out; self.input_layernorm, self.self_attn, self.post_attention_layernorm, self.mlp);
+    }
+}
+
+// ---- model --------------------------------------------------------------------------------
+
 pub struct DecoderModel {
-    pub config: ModelConfig,
     pub embed_tokens: Embedding,
     pub layers: Vec<DecoderBlock>,
     pub norm: RmsNorm,
-    /// None when tied to the embeddings.
-    pub lm_head: Option<Linear>,
+    pub lm_head: LmHead,
+    pub vocab_size: usize,
 }
 
+impl CausalLm for DecoderModel {
+    fn embed(&self, tokens: &Array) -> Result<Array> {
+        self.embed_tokens.forward(tokens)
+    }
+
+    fn forward_embeddings(&self, h: Array, caches: &mut LayerCaches) -> Result<Array> {
+        let h = super::run_layers(h, &self.layers, caches, |l, _, x, c| l.forward(x, c))?;
+        self.lm_head.forward(&self.norm.forward(&h)?, &self.embed_tokens)
+    }
+
+    fn make_caches(&self) -> LayerCaches {
+        LayerCaches(self.layers.iter().map(|_| Box::new(KvCache::new()) as Box<dyn crate::nn::Cache>).collect())
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    fn dtype(&self) -> Dtype {
+        self.norm.weight.dtype()
+    }
+}
+
+impl Params for DecoderModel {
+    fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
+        crate::params!(out; self.embed_tokens, self.layers, self.norm, self.lm_head);
+    }
+}
+
+// ---- load ---------------------------------------------------------------------------------
+
 impl DecoderModel {
-    /// `tokens` `[B, L]` (int32) → logits `[B, L, vocab]`, extending `caches` (one per layer).
-    pub fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
-        if caches.len() != self.layers.len() {
-            return Err(Error::InvalidArgument(format!(
-                "{} caches for {} layers",
-                caches.len(),
-                self.layers.len()
-            )));
-        }
-        let mut h = self.embed_tokens.forward(tokens)?;
-        // Prefill keeps only a few layers queued ahead of the device. MLX releases an
-        // intermediate once the kernels that read it have completed, so a whole-model graph
-        // submitted at once keeps most layers' activations alive together (on the GPU this put
-        // our peak above mlx-lm's); waiting on the layer PREFILL_LAYERS_AHEAD back keeps the
-        // device busy while bounding what is in flight. A decode step is too small to matter.
-        // (MLEX_ABLATE_PREFILL_BOUND: benchmark ablation only, BENCHMARKS.md.)
-        let bounded = tokens.dim(-1) > 1 && std::env::var_os("MLEX_ABLATE_PREFILL_BOUND").is_none();
-        let mut in_flight = std::collections::VecDeque::with_capacity(PREFILL_LAYERS_AHEAD + 1);
-        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
-            h = layer.forward(&h, cache)?;
-            if bounded {
-                async_eval(&[&h])?;
-                in_flight.push_back(h.clone());
-                if in_flight.len() > PREFILL_LAYERS_AHEAD {
-                    eval(&[&in_flight.pop_front().expect("not empty")])?;
-                }
+    /// Builds the model from module `vb` (the checkpoint root), taking every tensor strictly.
+    pub fn load(c: &DecoderConfig, spec: ArchSpec, vb: &Vb) -> Result<Self> {
+        let m = vb.pp("model");
+        let rope = c.rope()?;
+        let hd = c.head_dim();
+        let layers = (0..c.num_hidden_layers)
+            .map(|i| DecoderBlock::load(&m.pp("layers").pp(i), c, &spec, Some(Rope::new(hd, &rope, c.max_position_embeddings)?)))
+            .collect::<Result<_>>()?;
+        Ok(DecoderModel {
+            embed_tokens: Embedding::load(&m.pp("embed_tokens"), c.vocab_size, c.hidden_size)?,
+            layers,
+            norm: RmsNorm::load(&m.pp("norm"), c.hidden_size, c.rms_norm_eps)?,
+            lm_head: LmHead::load(vb, c.tie_word_embeddings.unwrap_or(spec.tie_default), c.hidden_size, c.vocab_size)?,
+            vocab_size: c.vocab_size,
+        })
+    }
+}
+
+/// For the llama-shaped architecture files: a model of this family whose flags come from `spec`.
+#[macro_export]
+macro_rules! decoder_architecture {
+    ($model:ident, $spec:expr) => {
+        pub struct $model(pub $crate::models::transformer::DecoderModel);
+
+        impl $crate::nn::Params for $model {
+            fn params<'a>(&'a self, out: &mut Vec<&'a $crate::mlx::Array>) {
+                self.0.params(out)
             }
         }
-        let h = self.norm.forward(&h)?;
-        match &self.lm_head {
-            Some(head) => head.forward(&h),
-            None => self.embed_tokens.as_linear(&h),
-        }
-    }
 
-    pub fn new_caches(&self) -> Vec<KvCache> {
-        (0..self.layers.len()).map(|_| KvCache::new()).collect()
-    }
-
-    /// Builds the model from `weights`, taking every tensor strictly (see `WeightStore`).
-    pub fn load(config: ModelConfig, spec: ArchSpec, w: &mut WeightStore) -> Result<Self> {
-        let c = &config;
-        let q = c.quantization.as_ref();
-        let (hidden, inter) = (c.hidden_size, c.intermediate_size);
-        let (nh, nkv, hd) = (c.num_attention_heads, c.num_kv_heads(), c.head_dim());
-        let tie = c.tie_word_embeddings.unwrap_or(spec.tie_default);
-
-        // Sanitize as mlx-lm does: precomputed rotary tables are recomputed, a tied head is dropped.
-        let stale: Vec<String> = w.names().filter(|n| n.contains("self_attn.rotary_emb.inv_freq")).cloned().collect();
-        for n in stale {
-            w.discard(&n);
-        }
-        if tie {
-            w.discard("lm_head.weight");
-        }
-
-        let embed_tokens = Embedding::load(w, q, "model.embed_tokens", c.vocab_size, hidden)?;
-        let mut layers = Vec::with_capacity(c.num_hidden_layers);
-        for i in 0..c.num_hidden_layers {
-            let p = format!("model.layers.{i}");
-            let lin = |w: &mut WeightStore, name: &str, inp: usize, out: usize, bias: bool| {
-                Linear::load(w, q, &format!("{p}.{name}"), inp, out, bias)
-            };
-            let self_attn = Attention {
-                qkv: Projections::new("qkv", vec![
-                    lin(w, "self_attn.q_proj", hidden, nh * hd, spec.qkv_bias)?,
-                    lin(w, "self_attn.k_proj", hidden, nkv * hd, spec.qkv_bias)?,
-                    lin(w, "self_attn.v_proj", hidden, nkv * hd, spec.qkv_bias)?,
-                ])?,
-                o_proj: lin(w, "self_attn.o_proj", nh * hd, hidden, spec.o_bias)?,
-                q_norm: if spec.qk_norm { Some(RmsNorm::load(w, &format!("{p}.self_attn.q_norm"), hd, c.rms_norm_eps)?) } else { None },
-                k_norm: if spec.qk_norm { Some(RmsNorm::load(w, &format!("{p}.self_attn.k_norm"), hd, c.rms_norm_eps)?) } else { None },
-                rope: Rope::new(hd, &c.rope, c.max_position_embeddings)?,
-                n_heads: nh,
-                n_kv_heads: nkv,
-                head_dim: hd,
-                scale: (hd as f32).powf(-0.5),
-            };
-            let mlp = GatedMlp {
-                gate_up: Projections::new("gate_up", vec![
-                    lin(w, "mlp.gate_proj", hidden, inter, spec.mlp_bias)?,
-                    lin(w, "mlp.up_proj", hidden, inter, spec.mlp_bias)?,
-                ])?,
-                down_proj: lin(w, "mlp.down_proj", inter, hidden, spec.mlp_bias)?,
-            };
-            layers.push(DecoderBlock {
-                input_layernorm: RmsNorm::load(w, &format!("{p}.input_layernorm"), hidden, c.rms_norm_eps)?,
-                self_attn,
-                post_attention_layernorm: RmsNorm::load(w, &format!("{p}.post_attention_layernorm"), hidden, c.rms_norm_eps)?,
-                mlp,
-            });
-        }
-        let norm = RmsNorm::load(w, "model.norm", hidden, c.rms_norm_eps)?;
-        let lm_head = if tie { None } else { Some(Linear::load(w, q, "lm_head", hidden, c.vocab_size, false)?) };
-        Ok(DecoderModel { config, embed_tokens, layers, norm, lm_head })
-    }
-
-    /// Every parameter array (for evaluation at load and byte counts).
-    pub fn parameters(&self) -> Vec<&Array> {
-        fn lin(l: &Linear) -> Vec<&Array> {
-            match l {
-                Linear::Dense { weight_t, bias } => std::iter::once(weight_t).chain(bias.iter()).collect(),
-                Linear::Quantized { q, bias } => {
-                    [&q.weight, &q.scales].into_iter().chain(q.biases.iter()).chain(bias.iter()).collect()
-                }
+        impl $crate::models::CausalLm for $model {
+            fn embed(&self, t: &$crate::mlx::Array) -> $crate::error::Result<$crate::mlx::Array> {
+                self.0.embed(t)
+            }
+            fn forward_embeddings(
+                &self,
+                h: $crate::mlx::Array,
+                c: &mut $crate::nn::LayerCaches,
+            ) -> $crate::error::Result<$crate::mlx::Array> {
+                self.0.forward_embeddings(h, c)
+            }
+            fn make_caches(&self) -> $crate::nn::LayerCaches {
+                self.0.make_caches()
+            }
+            fn vocab_size(&self) -> usize {
+                self.0.vocab_size
+            }
+            fn dtype(&self) -> $crate::mlx::Dtype {
+                self.0.dtype()
             }
         }
-        let mut out: Vec<&Array> = match &self.embed_tokens {
-            Embedding::Dense { table, .. } => vec![table],
-            Embedding::Quantized(q) => [&q.weight, &q.scales].into_iter().chain(q.biases.iter()).collect(),
-        };
-        for l in &self.layers {
-            let a = &l.self_attn;
-            for p in a.qkv.linears().into_iter().chain(l.mlp.gate_up.linears()).chain([&a.o_proj, &l.mlp.down_proj]) {
-                out.extend(lin(p));
+
+        impl $crate::models::Loadable for $model {
+            type Config = $crate::models::transformer::DecoderConfig;
+            fn load(
+                c: Self::Config,
+                _: &$crate::loader::ModelConfig,
+                vb: &$crate::loader::Vb,
+            ) -> $crate::error::Result<Self> {
+                let spec: fn(&Self::Config) -> $crate::models::transformer::ArchSpec = $spec;
+                Ok($model($crate::models::transformer::DecoderModel::load(&c, spec(&c), vb)?))
             }
-            out.extend(a.q_norm.iter().chain(a.k_norm.iter()).map(|n| &n.weight));
-            out.push(&l.input_layernorm.weight);
-            out.push(&l.post_attention_layernorm.weight);
         }
-        out.push(&self.norm.weight);
-        if let Some(h) = &self.lm_head {
-            out.extend(lin(h));
-        }
-        out
-    }
+    };
 }

@@ -1,21 +1,41 @@
-//! Multi-head attention with grouped-query KV heads, rotary positions, optional q/k norms and
-//! projection biases: the attention of llama, qwen2 and qwen3.
-use super::kv_cache::KvCache;
+//! Multi-head attention with grouped-query KV heads and the variants our architectures need:
+//! projection biases, per-head q/k RMSNorm (qwen3, gemma3), rotary positions or none (smollm3's
+//! no-rope layers), sliding windows (the layer's cache decides: see `nn::cache`), and learned
+//! attention sinks (gpt-oss).
+use super::cache::Cache;
 use super::linear::{Linear, Projections};
+use super::module::Params;
 use super::norm::RmsNorm;
 use super::rope::Rope;
 use crate::error::Result;
-use crate::mlx::fast::{self, AttentionMask};
-use crate::mlx::Array;
+use crate::loader::Vb;
+use crate::mlx::{fast, Array};
+
+/// The shape and options of one attention layer, as its architecture reads them from config.json.
+pub struct AttentionSpec {
+    pub hidden: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub qkv_bias: bool,
+    pub o_bias: bool,
+    /// RMSNorm of each head of q and k before rotary: `Some((eps, plus_one))`.
+    pub qk_norm: Option<(f32, bool)>,
+    /// Softmax scale (usually head_dim^-0.5).
+    pub scale: f32,
+    /// Learned per-head sink logits (`sinks` `[n_heads]`, gpt-oss).
+    pub sinks: bool,
+}
 
 pub struct Attention {
     /// q, k and v projections (fused into one matmul where the checkpoint allows).
     pub qkv: Projections,
     pub o_proj: Linear,
-    /// qwen3: RMSNorm over each head's features of q and k, before rotary.
     pub q_norm: Option<RmsNorm>,
     pub k_norm: Option<RmsNorm>,
-    pub rope: Rope,
+    /// None: no positional rotation in this layer.
+    pub rope: Option<Rope>,
+    pub sinks: Option<Array>,
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
@@ -23,16 +43,45 @@ pub struct Attention {
 }
 
 impl Attention {
-    /// `x`: `[B, L, hidden]` → `[B, L, hidden]`.
-    pub fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
+    /// Loads `q_proj`, `k_proj`, `v_proj`, `o_proj` (and `q_norm`, `k_norm`, `sinks`) of module `vb`.
+    pub fn load(vb: &Vb, s: &AttentionSpec, rope: Option<Rope>) -> Result<Self> {
+        let (hq, hkv) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
+        let norm = |name: &str| -> Result<Option<RmsNorm>> {
+            Ok(match s.qk_norm {
+                Some((eps, false)) => Some(RmsNorm::load(&vb.pp(name), s.head_dim, eps)?),
+                Some((eps, true)) => Some(RmsNorm::load_plus_one(&vb.pp(name), s.head_dim, eps)?),
+                None => None,
+            })
+        };
+        Ok(Attention {
+            qkv: Projections::new("qkv", vec![
+                Linear::load(&vb.pp("q_proj"), s.hidden, hq, s.qkv_bias)?,
+                Linear::load(&vb.pp("k_proj"), s.hidden, hkv, s.qkv_bias)?,
+                Linear::load(&vb.pp("v_proj"), s.hidden, hkv, s.qkv_bias)?,
+            ])?,
+            o_proj: Linear::load(&vb.pp("o_proj"), hq, s.hidden, s.o_bias)?,
+            q_norm: norm("q_norm")?,
+            k_norm: norm("k_norm")?,
+            rope,
+            sinks: if s.sinks { Some(vb.get("sinks", &[s.n_heads])?) } else { None },
+            n_heads: s.n_heads,
+            n_kv_heads: s.n_kv_heads,
+            head_dim: s.head_dim,
+            scale: s.scale,
+        })
+    }
+
+    /// `x`: `[B, L, hidden]` → `[B, L, hidden]`, extending `cache`.
+    pub fn forward(&self, x: &Array, cache: &mut dyn Cache) -> Result<Array> {
         let s = x.shape();
         let (b, l) = (s[0], s[1]);
-        let (q, k, v) = if l == 1 { self.decode_qkv(x, b, cache.offset)? } else { self.prefill_qkv(x, b, l, cache.offset)? };
-        let (k, v) = cache.update_and_fetch(&k, &v)?;
-        // A single query attends to everything cached; several need the causal mask (MLX aligns
-        // it to the end of the keys, so cached prefixes are handled).
-        let mask = if l > 1 { AttentionMask::Causal } else { AttentionMask::None };
-        let o = fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask)?;
+        let offset = cache.offset();
+        let (q, k, v) = if l == 1 { self.decode_qkv(x, b, offset)? } else { self.prefill_qkv(x, b, l, offset)? };
+        let (k, v, mask) = cache.update_and_fetch(&k, &v)?;
+        let o = match &self.sinks {
+            Some(sinks) => fast::scaled_dot_product_attention_sinks(&q, &k, &v, self.scale, mask.as_attention(), sinks)?,
+            None => fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask.as_attention())?,
+        };
         // [B, H, L, D] → [B, L, H·D]; with one query the transpose is only a reshape.
         let o = if l == 1 { o.reshape(&[b, 1, -1])? } else { o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])? };
         self.o_proj.forward(&o)
@@ -45,14 +94,21 @@ impl Attention {
         }
     }
 
+    fn rope(&self, x: Array, offset: usize) -> Result<Array> {
+        match &self.rope {
+            Some(r) => r.forward(&x, offset),
+            None => Ok(x),
+        }
+    }
+
     /// q, k, v as `[B, H, L, D]`, normed and rotated (any L).
     fn prefill_qkv(&self, x: &Array, b: i32, l: i32, offset: usize) -> Result<(Array, Array, Array)> {
         let qkv = self.qkv.forward(x)?;
         let heads = |y: &Array, n: usize, norm: Option<&RmsNorm>| -> Result<Array> {
             Self::norm(y.reshape(&[b, l, n as i32, -1])?, norm)?.transpose(&[0, 2, 1, 3])
         };
-        let q = self.rope.forward(&heads(&qkv[0], self.n_heads, self.q_norm.as_ref())?, offset)?;
-        let k = self.rope.forward(&heads(&qkv[1], self.n_kv_heads, self.k_norm.as_ref())?, offset)?;
+        let q = self.rope(heads(&qkv[0], self.n_heads, self.q_norm.as_ref())?, offset)?;
+        let k = self.rope(heads(&qkv[1], self.n_kv_heads, self.k_norm.as_ref())?, offset)?;
         let v = heads(&qkv[2], self.n_kv_heads, None)?;
         Ok((q, k, v))
     }
@@ -68,24 +124,30 @@ impl Attention {
                 if self.q_norm.is_none() && self.k_norm.is_none() {
                     let mut parts = y.split_at(&[hq + hkv], 1)?;
                     let v = parts.pop().unwrap();
-                    let qk = self.rope.forward(&parts.pop().unwrap(), offset)?;
+                    let qk = self.rope(parts.pop().unwrap(), offset)?;
                     let mut qk = qk.split_at(&[hq], 1)?;
                     let k = qk.pop().unwrap();
                     return Ok((qk.pop().unwrap(), k, v));
                 }
                 let mut parts = y.split_at(&[hq, hq + hkv], 1)?;
                 let v = parts.pop().unwrap();
-                let k = self.rope.forward(&Self::norm(parts.pop().unwrap(), self.k_norm.as_ref())?, offset)?;
-                let q = self.rope.forward(&Self::norm(parts.pop().unwrap(), self.q_norm.as_ref())?, offset)?;
+                let k = self.rope(Self::norm(parts.pop().unwrap(), self.k_norm.as_ref())?, offset)?;
+                let q = self.rope(Self::norm(parts.pop().unwrap(), self.q_norm.as_ref())?, offset)?;
                 Ok((q, k, v))
             }
             Projections::Separate(_) => {
                 let qkv = self.qkv.forward(x)?;
                 let heads = |y: &Array, n: i32| y.reshape(&[b, n, 1, -1]);
-                let q = self.rope.forward(&Self::norm(heads(&qkv[0], hq)?, self.q_norm.as_ref())?, offset)?;
-                let k = self.rope.forward(&Self::norm(heads(&qkv[1], hkv)?, self.k_norm.as_ref())?, offset)?;
+                let q = self.rope(Self::norm(heads(&qkv[0], hq)?, self.q_norm.as_ref())?, offset)?;
+                let k = self.rope(Self::norm(heads(&qkv[1], hkv)?, self.k_norm.as_ref())?, offset)?;
                 Ok((q, k, heads(&qkv[2], hkv)?))
             }
         }
+    }
+}
+
+impl Params for Attention {
+    fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
+        crate::params!(out; self.qkv, self.o_proj, self.q_norm, self.k_norm, self.sinks);
     }
 }

@@ -1,7 +1,8 @@
 //! Token embeddings, dense or quantized; `as_linear` serves tied output heads.
-use super::linear::{quant_spec_for, QuantWeight};
+use super::linear::QuantWeight;
+use super::module::Params;
 use crate::error::Result;
-use crate::loader::{QuantConfig, TensorKind, WeightStore};
+use crate::loader::Vb;
 use crate::mlx::{quant, Array};
 
 pub enum Embedding {
@@ -11,11 +12,11 @@ pub enum Embedding {
 }
 
 impl Embedding {
-    pub fn load(w: &mut WeightStore, q: Option<&QuantConfig>, prefix: &str, vocab: usize, dim: usize) -> Result<Self> {
-        Ok(match quant_spec_for(w, q, prefix)? {
-            Some(spec) => Embedding::Quantized(QuantWeight::load(w, prefix, vocab, dim, spec)?),
+    pub fn load(vb: &Vb, vocab: usize, dim: usize) -> Result<Self> {
+        Ok(match vb.quant_spec()? {
+            Some(spec) => Embedding::Quantized(QuantWeight::load(vb, &[], vocab, dim, spec)?),
             None => {
-                let table = w.take(&format!("{prefix}.weight"), &[vocab, dim], TensorKind::Float)?;
+                let table = vb.get("weight", &[vocab, dim])?;
                 Embedding::Dense { table_t: table.transpose(&[1, 0])?, table }
             }
         })
@@ -39,6 +40,15 @@ impl Embedding {
         match self {
             Embedding::Dense { table_t, .. } => x.matmul(table_t),
             Embedding::Quantized(q) => q.matmul_t(x),
+        }
+    }
+}
+
+impl Params for Embedding {
+    fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
+        match self {
+            Embedding::Dense { table, .. } => out.push(table),
+            Embedding::Quantized(q) => q.params(out),
         }
     }
 }

@@ -1,5 +1,6 @@
-//! The per-layer key/value cache: a buffer that grows in fixed steps (as mlx-lm's `KVCache`),
-//! written in place with `slice_update`, read as a prefix view.
+//! The per-layer key/value cache of full attention: a buffer that grows in fixed steps (as
+//! mlx-lm's `KVCache`), written in place with `slice_update`, read as a prefix view.
+use super::cache::{Cache, Mask};
 use crate::error::Result;
 use crate::mlx::Array;
 
@@ -16,58 +17,78 @@ pub struct KvCache {
     pub offset: usize,
 }
 
+/// `buf` (`[B, H, cap, D]`) with room for `extra` more tokens after its first `used`.
+pub(crate) fn grow(buf: &Option<Array>, like: &Array, used: usize, extra: usize) -> Result<Array> {
+    let steps = extra.div_ceil(KV_STEP);
+    let s = like.shape();
+    let fresh = Array::zeros(&[s[0], s[1], (steps * KV_STEP) as i32, s[3]], like.dtype())?;
+    Ok(match buf {
+        Some(c) => {
+            let c = if used < c.dim(2) as usize { c.slice_axis(2, 0, used as i32)? } else { c.clone() };
+            Array::concatenate(&[&c, &fresh], 2)?
+        }
+        None => fresh,
+    })
+}
+
+/// Writes `x` (`[B, H, L, D]`) into `buf` at token `at`.
+pub(crate) fn write(buf: &Array, x: &Array, at: usize) -> Result<Array> {
+    let s = buf.shape();
+    buf.slice_update(x, &[0, 0, at as i32, 0], &[s[0], s[1], at as i32 + x.dim(2), s[3]])
+}
+
 impl KvCache {
     pub fn new() -> Self {
         Self::default()
     }
 
     /// Appends `[B, H, L, D]` keys/values and returns everything cached so far.
-    pub fn update_and_fetch(&mut self, k: &Array, v: &Array) -> Result<(Array, Array)> {
+    pub fn append(&mut self, k: &Array, v: &Array) -> Result<(Array, Array)> {
         let prev = self.offset;
         let l = k.dim(2) as usize;
         let capacity = self.keys.as_ref().map_or(0, |a| a.dim(2) as usize);
         if self.keys.is_none() || prev + l > capacity {
-            let steps = (KV_STEP + l - 1) / KV_STEP;
-            let grow = |cur: &Option<Array>, like: &Array| -> Result<Array> {
-                let s = like.shape();
-                let fresh = Array::zeros(&[s[0], s[1], (steps * KV_STEP) as i32, s[3]], like.dtype())?;
-                Ok(match cur {
-                    Some(c) => {
-                        let c = if prev % KV_STEP != 0 { c.slice_axis(2, 0, prev as i32)? } else { c.clone() };
-                        Array::concatenate(&[&c, &fresh], 2)?
-                    }
-                    None => fresh,
-                })
-            };
-            self.keys = Some(grow(&self.keys, k)?);
-            self.values = Some(grow(&self.values, v)?);
+            self.keys = Some(grow(&self.keys, k, prev, l)?);
+            self.values = Some(grow(&self.values, v, prev, l)?);
         }
         self.offset += l;
-        let write = |buf: &Array, x: &Array| -> Result<Array> {
-            let s = buf.shape();
-            buf.slice_update(x, &[0, 0, prev as i32, 0], &[s[0], s[1], self.offset as i32, s[3]])
-        };
-        let keys = write(self.keys.as_ref().unwrap(), k)?;
-        let values = write(self.values.as_ref().unwrap(), v)?;
+        let keys = write(self.keys.as_ref().unwrap(), k, prev)?;
+        let values = write(self.values.as_ref().unwrap(), v, prev)?;
         let k_out = keys.slice_axis(2, 0, self.offset as i32)?;
         let v_out = values.slice_axis(2, 0, self.offset as i32)?;
         self.keys = Some(keys);
         self.values = Some(values);
         Ok((k_out, v_out))
     }
+}
 
-    /// Forgets everything after the first `n` tokens (prompt-cache reuse of a shared prefix).
-    pub fn trim_to(&mut self, n: usize) {
-        self.offset = self.offset.min(n);
+impl Cache for KvCache {
+    fn offset(&self) -> usize {
+        self.offset
     }
 
-    /// The cached state arrays (for evaluation alongside a step's output).
-    pub fn state(&self) -> Vec<&Array> {
+    fn can_trim_to(&self, _n: usize) -> bool {
+        true
+    }
+
+    fn trim_to(&mut self, n: usize) -> Result<()> {
+        self.offset = self.offset.min(n);
+        Ok(())
+    }
+
+    fn update_and_fetch(&mut self, k: &Array, v: &Array) -> Result<(Array, Array, Mask)> {
+        let queries = k.dim(2);
+        let (k, v) = self.append(k, v)?;
+        // A single query attends to everything cached; several need the causal mask (MLX aligns
+        // it to the end of the keys, so cached prefixes are handled).
+        Ok((k, v, if queries > 1 { Mask::Causal } else { Mask::None }))
+    }
+
+    fn state(&self) -> Vec<&Array> {
         self.keys.iter().chain(self.values.iter()).collect()
     }
 
-    /// Bytes held by the buffers.
-    pub fn nbytes(&self) -> usize {
-        self.state().iter().map(|a| a.nbytes()).sum()
+    fn boxed_clone(&self) -> Box<dyn Cache> {
+        Box::new(self.clone())
     }
 }

@@ -1,6 +1,7 @@
 //! Linear layers, dense or quantized (mlx-lm's `nn.Linear` / `nn.QuantizedLinear`).
 use crate::error::Result;
-use crate::loader::{QuantConfig, QuantSpec, TensorKind, WeightStore};
+use super::module::Params;
+use crate::loader::{QuantSpec, TensorKind, Vb};
 use crate::mlx::{quant, Array};
 
 /// Rows of input from which a CPU build with OpenBLAS dequantizes and uses sgemm (see `matmul_t`).
@@ -15,17 +16,21 @@ pub struct QuantWeight {
 }
 
 impl QuantWeight {
-    /// Loads `{prefix}.weight/.scales/.biases` for an `[out, in]` matrix quantized per `spec`.
-    pub fn load(w: &mut WeightStore, prefix: &str, out: usize, inp: usize, spec: QuantSpec) -> Result<Self> {
-        let packed_cols = inp * spec.bits as usize / 32;
+    /// Loads `weight/scales/biases` of module `vb` for an `[out, in]` matrix quantized per
+    /// `spec` (`lead`: leading dimensions, e.g. `[experts]` for stacked expert weights).
+    pub fn load(vb: &Vb, lead: &[usize], out: usize, inp: usize, spec: QuantSpec) -> Result<Self> {
+        if inp % spec.group_size as usize != 0 || (inp * spec.bits as usize) % 32 != 0 {
+            return Err(crate::error::Error::checkpoint(
+                "config.json",
+                format!("'{}': input size {inp} is not a multiple of the group size {}", vb.prefix(), spec.group_size),
+            ));
+        }
+        let shape = |last: usize| -> Vec<usize> { lead.iter().copied().chain([out, last]).collect() };
         let groups = inp / spec.group_size as usize;
-        let weight = w.take(&format!("{prefix}.weight"), &[out, packed_cols], TensorKind::Packed)?;
-        let scales = w.take(&format!("{prefix}.scales"), &[out, groups], TensorKind::Scales)?;
-        let biases = if spec.mode.has_biases() {
-            Some(w.take(&format!("{prefix}.biases"), &[out, groups], TensorKind::Scales)?)
-        } else {
-            None
-        };
+        let weight = vb.take("weight", &shape(inp * spec.bits as usize / 32), TensorKind::Packed)?;
+        let scales = vb.take("scales", &shape(groups), TensorKind::Scales)?;
+        let biases =
+            if spec.mode.has_biases() { Some(vb.take("biases", &shape(groups), TensorKind::Scales)?) } else { None };
         Ok(QuantWeight { weight, scales, biases, spec })
     }
 
@@ -59,18 +64,9 @@ impl QuantWeight {
     }
 }
 
-/// The quantization of module `prefix`, if the checkpoint stores it quantized (mlx-lm's rule:
-/// a module is quantized exactly when `{prefix}.scales` is in the weights).
-pub fn quant_spec_for(w: &WeightStore, q: Option<&QuantConfig>, prefix: &str) -> Result<Option<QuantSpec>> {
-    if !w.contains(&format!("{prefix}.scales")) {
-        return Ok(None);
-    }
-    match q.and_then(|q| q.for_module(prefix)) {
-        Some(spec) => Ok(Some(spec)),
-        None => Err(crate::error::Error::checkpoint(
-            "config.json",
-            format!("'{prefix}.scales' is present but config.json has no quantization settings for '{prefix}'"),
-        )),
+impl Params for QuantWeight {
+    fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
+        out.extend([&self.weight, &self.scales].into_iter().chain(self.biases.iter()));
     }
 }
 
@@ -82,19 +78,12 @@ pub enum Linear {
 }
 
 impl Linear {
-    /// Loads `{prefix}.weight` (`[out, in]`) and optionally `{prefix}.bias`, quantized or not.
-    pub fn load(
-        w: &mut WeightStore,
-        q: Option<&QuantConfig>,
-        prefix: &str,
-        inp: usize,
-        out: usize,
-        bias: bool,
-    ) -> Result<Linear> {
-        let b = if bias { Some(w.take(&format!("{prefix}.bias"), &[out], TensorKind::Float)?) } else { None };
-        Ok(match quant_spec_for(w, q, prefix)? {
-            Some(spec) => Linear::Quantized { q: QuantWeight::load(w, prefix, out, inp, spec)?, bias: b },
-            None => Linear::dense(w.take(&format!("{prefix}.weight"), &[out, inp], TensorKind::Float)?, b)?,
+    /// Loads module `vb`'s `weight` (`[out, in]`) and optionally its `bias`, quantized or not.
+    pub fn load(vb: &Vb, inp: usize, out: usize, bias: bool) -> Result<Linear> {
+        let b = if bias { Some(vb.get("bias", &[out])?) } else { None };
+        Ok(match vb.quant_spec()? {
+            Some(spec) => Linear::Quantized { q: QuantWeight::load(vb, &[], out, inp, spec)?, bias: b },
+            None => Linear::dense(vb.get("weight", &[out, inp])?, b)?,
         })
     }
 
@@ -178,6 +167,18 @@ impl Linear {
     }
 }
 
+impl Params for Linear {
+    fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
+        match self {
+            Linear::Dense { weight_t, bias } => out.extend(std::iter::once(weight_t).chain(bias.iter())),
+            Linear::Quantized { q, bias } => {
+                q.params(out);
+                out.extend(bias.iter());
+            }
+        }
+    }
+}
+
 /// Several projections of the same input (q/k/v, gate/up), run as one fused matmul whose output
 /// is split, or separately when the checkpoint quantizes them differently.
 pub enum Projections {
@@ -213,6 +214,14 @@ impl Projections {
         match self {
             Projections::Fused { linear, .. } => vec![linear],
             Projections::Separate(parts) => parts.iter().collect(),
+        }
+    }
+}
+
+impl Params for Projections {
+    fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
+        for l in self.linears() {
+            l.params(out);
         }
     }
 }

@@ -1,6 +1,7 @@
-//! RMSNorm (fused `fast::rms_norm`).
+//! RMSNorm (fused `fast::rms_norm`), plain or Gemma's `1 + w` variant.
+use super::module::Params;
 use crate::error::Result;
-use crate::loader::{TensorKind, WeightStore};
+use crate::loader::Vb;
 use crate::mlx::{fast, Array};
 
 pub struct RmsNorm {
@@ -9,11 +10,26 @@ pub struct RmsNorm {
 }
 
 impl RmsNorm {
-    pub fn load(w: &mut WeightStore, prefix: &str, dim: usize, eps: f32) -> Result<Self> {
-        Ok(RmsNorm { weight: w.take(&format!("{prefix}.weight"), &[dim], TensorKind::Float)?, eps })
+    /// Module `vb`'s `weight` (`[dim]`).
+    pub fn load(vb: &Vb, dim: usize, eps: f32) -> Result<Self> {
+        Ok(RmsNorm { weight: vb.get("weight", &[dim])?, eps })
+    }
+
+    /// Gemma's norm, `x · (1 + w)`: the `1 + w` is taken once here, in the weight's dtype, as
+    /// mlx-lm does on every call (same rounding).
+    pub fn load_plus_one(vb: &Vb, dim: usize, eps: f32) -> Result<Self> {
+        let w = vb.get("weight", &[dim])?;
+        let one = Array::scalar_f32(1.0, w.dtype())?;
+        Ok(RmsNorm { weight: one.add(&w)?, eps })
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
         fast::rms_norm(x, Some(&self.weight), self.eps)
+    }
+}
+
+impl Params for RmsNorm {
+    fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
+        out.push(&self.weight);
     }
 }

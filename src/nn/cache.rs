@@ -1,0 +1,105 @@
+//! What a layer keeps between steps, behind one trait: the engine, the decode loop and the
+//! prompt cache handle every kind alike (growing KV, sliding-window KV, and — for the hybrid
+//! models to come — recurrent state), and the attention mask comes from the cache (mlx-lm's
+//! `create_attention_mask` / `cache.make_mask`), since only the cache knows which keys it holds.
+use crate::error::{Error, Result};
+use crate::mlx::fast::AttentionMask;
+use crate::mlx::Array;
+
+/// The mask a layer's queries need over the keys its cache returned.
+pub enum Mask {
+    /// Every query sees every key (one query over a full-attention cache).
+    None,
+    /// Causal, aligned to the end of the keys (MLX's "causal" mode: cached prefixes work).
+    Causal,
+    /// An explicit boolean `[L, S]` mask (sliding windows).
+    Array(Array),
+}
+
+impl Mask {
+    pub fn as_attention(&self) -> AttentionMask<'_> {
+        match self {
+            Mask::None => AttentionMask::None,
+            Mask::Causal => AttentionMask::Causal,
+            Mask::Array(a) => AttentionMask::Array(a),
+        }
+    }
+}
+
+/// One layer's state.
+pub trait Cache {
+    /// Tokens seen (positions consumed).
+    fn offset(&self) -> usize;
+
+    /// Whether [`Cache::trim_to`] can bring the state back to exactly the first `n` tokens.
+    fn can_trim_to(&self, n: usize) -> bool;
+
+    /// Forgets everything after the first `n` tokens (prompt-cache reuse of a shared prefix,
+    /// a replaced forced token). Callers check [`Cache::can_trim_to`] first.
+    fn trim_to(&mut self, n: usize) -> Result<()>;
+
+    /// Appends `[B, Hkv, L, D]` keys/values; returns the keys/values the new queries attend to
+    /// and the mask they need. Only attention caches implement it.
+    fn update_and_fetch(&mut self, _k: &Array, _v: &Array) -> Result<(Array, Array, Mask)> {
+        Err(Error::Mlx("this layer's cache holds no keys/values".into()))
+    }
+
+    /// The state arrays (evaluated alongside a step's output, counted for the pool's budget).
+    fn state(&self) -> Vec<&Array>;
+
+    /// A copy sharing the arrays (MLX arrays are immutable values: writes to the copy never
+    /// reach the original; see `generate::prompt_cache`).
+    fn boxed_clone(&self) -> Box<dyn Cache>;
+
+    /// Bytes held.
+    fn nbytes(&self) -> usize {
+        self.state().iter().map(|a| a.nbytes()).sum()
+    }
+}
+
+/// The caches of every layer of a model, in layer order.
+pub struct LayerCaches(pub Vec<Box<dyn Cache>>);
+
+impl Clone for LayerCaches {
+    fn clone(&self) -> Self {
+        LayerCaches(self.0.iter().map(|c| c.boxed_clone()).collect())
+    }
+}
+
+impl LayerCaches {
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Tokens held (every layer holds the same number).
+    pub fn offset(&self) -> usize {
+        self.0.first().map_or(0, |c| c.offset())
+    }
+
+    pub fn can_trim_to(&self, n: usize) -> bool {
+        self.0.iter().all(|c| c.can_trim_to(n))
+    }
+
+    pub fn trim_to(&mut self, n: usize) -> Result<()> {
+        for c in &mut self.0 {
+            c.trim_to(n)?;
+        }
+        Ok(())
+    }
+
+    pub fn state(&self) -> Vec<&Array> {
+        self.0.iter().flat_map(|c| c.state()).collect()
+    }
+
+    pub fn nbytes(&self) -> usize {
+        self.0.iter().map(|c| c.nbytes()).sum()
+    }
+
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut Box<dyn Cache>> {
+        self.0.iter_mut()
+    }
+}
