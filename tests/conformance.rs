@@ -21,7 +21,7 @@
 //! The table goes to stdout and to `<target>/conformance.md`.
 mod common;
 
-use common::{fixtures_dir, oracle_cases, require_oracle, target_dir, OracleCase};
+use common::{family_fixtures_dir, oracle_cases, require_oracle, target_dir, OracleCase};
 use mlex::{Dtype, GenerateOptions, LoadOptions, SamplingConfig, Session};
 use std::fmt::Write as _;
 use std::sync::Mutex;
@@ -149,12 +149,15 @@ fn run_case(case: &OracleCase) -> Row {
         Ok(s) => s,
         Err(e) => return fail(format!("load: {e}")),
     };
-    let options = GenerateOptions {
+    let mut options = GenerateOptions {
         max_tokens: case.tokens.len(),
         sampling: SamplingConfig { temperature: 0.0, ..Default::default() },
         ignore_eos: true,
         ..Default::default()
     };
+    if let Some(n) = case.prefill_step_size {
+        options.prefill_step_size = n;
+    }
     match session.generate_tokens(&case.prompt, options, |_tok| true) {
         Ok(reply) => compare(case, &reply.tokens, &reply.logprobs),
         Err(e) => fail(format!("generate: {e}")),
@@ -204,12 +207,13 @@ fn write_report() {
     }
 }
 
-/// Runs every case whose model_type is in `model_types` and fails naming each failing case/step.
-fn check(test: &str, model_types: &[&str]) {
+/// Runs every case of `family` whose model_type is in `model_types` and fails naming each
+/// failing case/step.
+fn check(test: &str, family: &str, model_types: &[&str]) {
     if require_oracle(test).is_none() {
         return;
     }
-    let fixtures = fixtures_dir();
+    let fixtures = family_fixtures_dir(family);
     let cases: Vec<OracleCase> =
         oracle_cases(&fixtures).into_iter().filter(|c| model_types.contains(&c.model_type.as_str())).collect();
     assert!(!cases.is_empty(), "{test}: no fixture cases for {model_types:?} in {}", fixtures.display());
@@ -230,17 +234,17 @@ fn check(test: &str, model_types: &[&str]) {
 #[test]
 fn conformance_llama() {
     // "mistral" checkpoints are llama-shaped; mlx-lm maps the type to its llama module.
-    check("conformance_llama", &["llama", "mistral"]);
+    check("conformance_llama", "core", &["llama", "mistral"]);
 }
 
 #[test]
 fn conformance_qwen2() {
-    check("conformance_qwen2", &["qwen2"]);
+    check("conformance_qwen2", "core", &["qwen2"]);
 }
 
 #[test]
 fn conformance_qwen3() {
-    check("conformance_qwen3", &["qwen3"]);
+    check("conformance_qwen3", "core", &["qwen3"]);
 }
 
 /// The comparison rule itself, on synthetic data (runs without the oracle).
@@ -257,6 +261,7 @@ fn comparison_rule() {
         dtype: "float32".into(),
         quantized: false,
         model_type: "llama".into(),
+        prefill_step_size: None,
     };
     let ok = compare(&case, &[5, 6, 7, 8], &[-0.5, -1.0005, -1.5, -2.0]);
     assert_eq!(ok.result, Outcome::Pass);

@@ -17,7 +17,7 @@ pub struct QuantSpec {
 }
 
 impl QuantSpec {
-    fn from_obj(v: &Value, default_mode: QuantMode, default_group: Option<u32>, ctx: &str) -> Result<Self, String> {
+    fn from_obj(v: &Value, default_mode: QuantMode, require_bits: bool, ctx: &str) -> Result<Self, String> {
         let mode = match v.get("mode").and_then(|m| m.as_str()) {
             Some(m) => QuantMode::parse(m).ok_or_else(|| format!("{ctx}: unknown quantization mode '{m}'"))?,
             None => default_mode,
@@ -29,11 +29,11 @@ impl QuantSpec {
         };
         let group_size = match v.get("group_size") {
             Some(g) => g.as_u64().ok_or_else(|| format!("{ctx}: group_size must be an integer"))? as u32,
-            None => default_group.unwrap_or(default_gs),
+            None => default_gs,
         };
         let bits = match v.get("bits") {
             Some(b) => b.as_u64().ok_or_else(|| format!("{ctx}: bits must be an integer"))? as u32,
-            None if mode == QuantMode::Affine => return Err(format!("{ctx}: missing 'bits'")),
+            None if mode == QuantMode::Affine && require_bits => return Err(format!("{ctx}: missing 'bits'")),
             None => if mode == QuantMode::Mxfp8 { 8 } else { 4 },
         };
         mode.validate(bits, group_size).map_err(|m| format!("{ctx}: {m}"))?;
@@ -57,7 +57,7 @@ impl QuantConfig {
             None => QuantMode::Affine,
         };
         let default = if obj.contains_key("bits") || obj.contains_key("group_size") {
-            Some(QuantSpec::from_obj(v, mode, None, "field 'quantization'")?)
+            Some(QuantSpec::from_obj(v, mode, true, "field 'quantization'")?)
         } else {
             None
         };
@@ -72,7 +72,9 @@ impl QuantConfig {
                     overrides.insert(k.clone(), None);
                 }
                 Value::Object(_) => {
-                    let spec = QuantSpec::from_obj(val, mode, default.map(|d| d.group_size), &ctx)?;
+                    // As mlx's `to_quantized(**entry)`: a missing mode is affine, and missing
+                    // group size / bits are the mode's defaults, not the block's.
+                    let spec = QuantSpec::from_obj(val, QuantMode::Affine, false, &ctx)?;
                     overrides.insert(k.clone(), Some(spec));
                 }
                 Value::Bool(true) => {
@@ -107,6 +109,19 @@ mod tests {
         assert_eq!(q.for_module("model.layers.0.mlp.up_proj").unwrap().bits, 4);
         assert_eq!(q.for_module("model.embed_tokens").unwrap().group_size, 32);
         assert!(q.for_module("lm_head").is_none());
+    }
+
+    #[test]
+    fn override_without_mode_is_affine() {
+        // An mxfp4 checkpoint whose routers stay 8-bit affine (mlx-lm writes no mode for them).
+        let v: Value = serde_json::from_str(
+            r#"{"group_size":32,"bits":4,"mode":"mxfp4","model.layers.0.mlp.gate":{"group_size":64,"bits":8}}"#,
+        )
+        .unwrap();
+        let q = QuantConfig::from_json(&v).unwrap();
+        let gate = q.for_module("model.layers.0.mlp.gate").unwrap();
+        assert_eq!((gate.mode, gate.bits, gate.group_size), (QuantMode::Affine, 8, 64));
+        assert_eq!(q.for_module("model.layers.0.mlp.experts").unwrap().mode, QuantMode::Mxfp4);
     }
 
     #[test]

@@ -9,7 +9,7 @@
 use super::quant_config::{QuantConfig, QuantSpec};
 use super::weights::{TensorKind, WeightStore};
 use crate::error::{Error, Result};
-use crate::mlx::{Array, Dtype};
+use crate::mlx::{Array, Dtype, QuantMode};
 use std::cell::RefCell;
 use std::fmt::Display;
 
@@ -70,13 +70,27 @@ impl<'a> Vb<'a> {
     }
 
     /// This module's quantization when the checkpoint stores it quantized (mlx-lm's rule: a
-    /// module is quantized exactly when its `.scales` tensor is present). A per-module entry of
-    /// the `quantization` block wins over the default.
-    pub fn quant_spec(&self) -> Result<Option<QuantSpec>> {
+    /// module is quantized exactly when its `.scales` tensor is present). As mlx-lm 0.32's loader
+    /// does: a module named in the `quantization` block takes that entry (an entry without
+    /// `mode` is affine); any other module's group size, bits and mode are read off its stored
+    /// tensors (`in_features` wide), since the block's default can be wrong for it (MoE
+    /// checkpoints keep 8-bit affine routers beside mxfp4 experts).
+    pub fn quant_spec(&self, in_features: usize) -> Result<Option<QuantSpec>> {
         if !self.contains("scales") {
             return Ok(None);
         }
-        match self.quant.and_then(|q| q.for_module(&self.prefix)) {
+        if let Some(q) = self.quant {
+            if let Some(spec) = q.overrides.get(&self.prefix) {
+                return Ok(*spec);
+            }
+        }
+        let store = self.store.borrow();
+        if let (Some((wshape, _)), Some((sshape, sdtype))) = (store.info(&self.path("weight")), store.info(&self.path("scales"))) {
+            return infer_spec(&wshape, &sshape, sdtype, in_features)
+                .map(Some)
+                .map_err(|m| Error::checkpoint("config.json", format!("'{}': {m}", self.prefix)));
+        }
+        match self.quant.and_then(|q| q.default) {
             Some(spec) => Ok(Some(spec)),
             None => Err(Error::checkpoint(
                 "config.json",
@@ -87,4 +101,30 @@ impl<'a> Vb<'a> {
             )),
         }
     }
+}
+
+/// Group size, bits and mode of a stored quantized weight (mlx-lm's `infer_quant_config`): only
+/// affine keeps float scales; each other mode allows one (bits, group) pair.
+fn infer_spec(weight: &[usize], scales: &[usize], scales_dtype: Dtype, in_features: usize) -> std::result::Result<QuantSpec, String> {
+    let (Some(&packed), Some(&groups)) = (weight.last(), scales.last()) else {
+        return Err("quantized weight without dimensions".into());
+    };
+    if groups == 0 || in_features % groups != 0 || (packed * 32) % in_features != 0 {
+        return Err(format!(
+            "stored shapes (weight {weight:?}, scales {scales:?}) do not fit {in_features} input features"
+        ));
+    }
+    let (group_size, bits) = ((in_features / groups) as u32, (packed * 32 / in_features) as u32);
+    let mode = if scales_dtype != Dtype::Uint8 {
+        QuantMode::Affine
+    } else {
+        match (bits, group_size) {
+            (4, 16) => QuantMode::Nvfp4,
+            (4, 32) => QuantMode::Mxfp4,
+            (8, 32) => QuantMode::Mxfp8,
+            _ => return Err(format!("cannot infer the quantization mode of {bits} bits with group size {group_size}")),
+        }
+    };
+    mode.validate(bits, group_size)?;
+    Ok(QuantSpec { group_size, bits, mode })
 }

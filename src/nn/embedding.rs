@@ -13,7 +13,7 @@ pub enum Embedding {
 
 impl Embedding {
     pub fn load(vb: &Vb, vocab: usize, dim: usize) -> Result<Self> {
-        Ok(match vb.quant_spec()? {
+        Ok(match vb.quant_spec(dim)? {
             Some(spec) => Embedding::Quantized(QuantWeight::load(vb, &[], vocab, dim, spec)?),
             None => {
                 let table = vb.get("weight", &[vocab, dim])?;

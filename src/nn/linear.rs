@@ -81,7 +81,7 @@ impl Linear {
     /// Loads module `vb`'s `weight` (`[out, in]`) and optionally its `bias`, quantized or not.
     pub fn load(vb: &Vb, inp: usize, out: usize, bias: bool) -> Result<Linear> {
         let b = if bias { Some(vb.get("bias", &[out])?) } else { None };
-        Ok(match vb.quant_spec()? {
+        Ok(match vb.quant_spec(inp)? {
             Some(spec) => Linear::Quantized { q: QuantWeight::load(vb, &[], out, inp, spec)?, bias: b },
             None => Linear::dense(vb.get("weight", &[out, inp])?, b)?,
         })

@@ -11,7 +11,7 @@
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
+
 use std::time::{Duration, SystemTime};
 
 // ---------------------------------------------------------------------------------------------
@@ -135,44 +135,69 @@ fn acquire_lock(path: &Path, stale: Duration) -> LockGuard {
     }
 }
 
-/// The oracle fixtures, generated on first use into `<target>/oracle-fixtures/` and regenerated
-/// when `make_fixtures.py` (or the oracle python's path) changes. Safe to call from many test
-/// threads and test processes at once: one generates (under a lock file, into a temporary
-/// directory renamed into place), the others wait and reuse. Panics when there is no oracle venv;
-/// check [`require_oracle`] first.
+/// The oracle fixtures of the core family (llama, qwen2, qwen3): see [`family_fixtures_dir`].
 pub fn fixtures_dir() -> PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
+    family_fixtures_dir("core")
+}
+
+/// The oracle fixtures of one family (`core`, or a module of `tests/oracle/archs/`), generated
+/// on first use into `<target>/oracle-fixtures[-<family>]/` and regenerated when
+/// `make_fixtures.py`, the family's module (or the oracle python's path) changes. Safe to call
+/// from many test threads and test processes at once: one generates (under a lock file, into a
+/// temporary directory renamed into place), the others wait and reuse. Panics when there is no
+/// oracle venv; check [`require_oracle`] first.
+pub fn family_fixtures_dir(family: &str) -> PathBuf {
+    static DIRS: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let mut dirs = DIRS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, d)) = dirs.iter().find(|(f, _)| f == family) {
+        return d.clone();
+    }
+    let dir = generate_family(family);
+    dirs.push((family.to_string(), dir.clone()));
+    dir
+}
+
+fn generate_family(family: &str) -> PathBuf {
+    {
         let python = oracle_python().expect("fixtures_dir() needs the oracle venv (see require_oracle)");
         let script = make_fixtures_script();
         let source = std::fs::read(&script).unwrap_or_else(|e| panic!("reading {}: {e}", script.display()));
-        let stamp = format!("{:016x}", fnv1a64(&[&source, python.to_string_lossy().as_bytes()]));
+        let module = if family == "core" {
+            vec![]
+        } else {
+            let m = repo_root().join(format!("tests/oracle/archs/{family}.py"));
+            std::fs::read(&m).unwrap_or_else(|e| panic!("reading {}: {e}", m.display()))
+        };
+        let stamp = format!("{:016x}", fnv1a64(&[&source, &module, python.to_string_lossy().as_bytes()]));
 
         let target = target_dir();
         std::fs::create_dir_all(&target).unwrap();
-        let dir = target.join("oracle-fixtures");
+        let name = if family == "core" { "oracle-fixtures".to_string() } else { format!("oracle-fixtures-{family}") };
+        let dir = target.join(&name);
         let stamp_file = dir.join(".stamp");
         let fresh = || std::fs::read_to_string(&stamp_file).map(|s| s.trim() == stamp).unwrap_or(false);
         if fresh() {
             return dir;
         }
-        let _lock = acquire_lock(&target.join("oracle-fixtures.lock"), Duration::from_secs(600));
+        let _lock = acquire_lock(&target.join(format!("{name}.lock")), Duration::from_secs(600));
         if fresh() {
             return dir; // another process made them while we waited
         }
-        let tmp = target.join(format!("oracle-fixtures.tmp-{}", std::process::id()));
+        let tmp = target.join(format!("{name}.tmp-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&tmp);
-        eprintln!("generating oracle fixtures with {} into {}", python.display(), dir.display());
+        eprintln!("generating oracle fixtures ({family}) with {} into {}", python.display(), dir.display());
         let out = Command::new(&python)
             .arg(&script)
             .arg(&tmp)
+            .arg("--family")
+            .arg(family)
             .env("PYTHONDONTWRITEBYTECODE", "1")
             .output()
             .unwrap_or_else(|e| panic!("running {}: {e}", python.display()));
         if !out.status.success() {
             let _ = std::fs::remove_dir_all(&tmp);
             panic!(
-                "{} {} failed ({}):\n--- stdout\n{}\n--- stderr\n{}",
+                "{} {} --family {family} failed ({}):\n--- stdout\n{}\n--- stderr\n{}",
                 python.display(),
                 script.display(),
                 out.status,
@@ -185,8 +210,7 @@ pub fn fixtures_dir() -> PathBuf {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::rename(&tmp, &dir).unwrap_or_else(|e| panic!("renaming {} into place: {e}", tmp.display()));
         dir
-    })
-    .clone()
+    }
 }
 
 /// One case of the oracle fixtures (`<case>/expected.json`).
@@ -206,6 +230,8 @@ pub struct OracleCase {
     pub dtype: String,
     pub quantized: bool,
     pub model_type: String,
+    /// The prefill chunk the oracle used (None: mlx-lm's default).
+    pub prefill_step_size: Option<usize>,
 }
 
 fn f32s(v: &Value, key: &str, file: &Path) -> Vec<f32> {
@@ -252,6 +278,7 @@ pub fn oracle_cases(fixtures: &Path) -> Vec<OracleCase> {
                 dtype: e["dtype"].as_str().unwrap_or("float32").to_string(),
                 quantized: e["quantized"].as_bool().unwrap_or(false),
                 model_type: e["model_type"].as_str().unwrap_or("").to_string(),
+                prefill_step_size: e["prefill_step_size"].as_u64().map(|n| n as usize),
                 dir,
             }
         })

@@ -1,7 +1,13 @@
 #!/usr/bin/env python3
 """Build the conformance fixtures with mlx-lm (the oracle).
 
-    python tests/oracle/make_fixtures.py OUT_DIR [--only CASE,CASE...]
+    python tests/oracle/make_fixtures.py OUT_DIR [--family NAME] [--only CASE,CASE...]
+
+Families: "core" (llama, qwen2, qwen3: the cases below) and one module per architecture family
+in tests/oracle/archs/<name>.py, whose `cases()` returns case dicts {"name", "config" (a full
+mlx-lm config dict), "variant" (a key of VARIANTS), optional "dtype", "prompt_len",
+"prefill_step_size", "max_tokens"} and may define `peaky(path, param, profile)` for weights the
+shared rules below do not cover (routers, sinks). Each family is generated into its own folder.
 
 For every case: a tiny random model built by mlx-lm itself from a config dict, cast to its dtype,
 quantized with mlx-lm's own `quantize_model` (so config.json carries the `quantization` block
@@ -259,7 +265,16 @@ VARIANTS = {
     "q8g32": {"dtype": "float32", "quant": (32, 8)},
     "q3g128": {"dtype": "bfloat16", "quant": (128, 3)},
     "mixed": {"dtype": "float32", "quant": (64, 4), "mixed": True},
+    # MLX's float formats (scales are E8M0/E4M3 bytes; activations in the given dtype).
+    "mxfp4": {"dtype": "bfloat16", "quant": (32, 4), "mode": "mxfp4"},
+    "mxfp8": {"dtype": "float32", "quant": (32, 8), "mode": "mxfp8"},
+    "nvfp4": {"dtype": "bfloat16", "quant": (16, 4), "mode": "nvfp4"},
 }
+
+
+def long_prompt(n: int) -> list[int]:
+    """A fixed prompt of n ordinary ids (PROMPT repeated with a drift, so it is not periodic)."""
+    return [(PROMPT[i % len(PROMPT)] + 7 * (i // len(PROMPT))) % (VOCAB_SIZE - len(SPECIALS)) for i in range(n)]
 
 
 def mixed_predicate(arch: str, cfg: dict):
@@ -333,7 +348,7 @@ def model_module(model_type: str):
     return importlib.import_module(f"mlx_lm.models.{MODEL_REMAPPING.get(model_type, model_type)}")
 
 
-def make_peaky(model: nn.Module, seed: int, prof: dict) -> None:
+def make_peaky(model: nn.Module, seed: int, prof: dict, family_hook=None) -> None:
     """Rescale the random init: a larger output projection for clear top-2 margins, and norm
     weights jittered around 1 so an engine that ignores them cannot pass."""
     key = mx.random.key(seed)
@@ -341,6 +356,10 @@ def make_peaky(model: nn.Module, seed: int, prof: dict) -> None:
     def fix(path: str, p: mx.array) -> mx.array:
         nonlocal key
         key, sub = mx.random.split(key)
+        if family_hook is not None:
+            special = family_hook(path, p, prof, sub)
+            if special is not None:
+                return special
         if path.endswith(("q_norm.weight", "k_norm.weight")):
             return prof["qk"] * (1.0 + NORM_JITTER * mx.random.normal(p.shape, key=sub))
         if path.endswith("norm.weight"):
@@ -357,31 +376,35 @@ def make_peaky(model: nn.Module, seed: int, prof: dict) -> None:
             return p * (prof["head"] / mx.sqrt(mx.mean(p * p) * p.shape[-1]))
         return p
 
-    tied = "lm_head" not in model
+    tied = "lm_head" not in model and "lm_head" not in model.get("language_model", {})
     model.update(tree_map_with_path(fix, model.parameters()))
     mx.eval(model.parameters())
 
 
-def build_case(case: dict, out: Path, seed: int) -> dict:
+def build_case(case: dict, out: Path, seed: int, family_hook=None) -> dict:
     variant = VARIANTS[case["variant"]]
     dtype_name = case.get("dtype", variant["dtype"])
     quant = variant["quant"]
     wide = quant is not None and quant[0] == 128
-    cfg = base_config(case["arch"], wide)
-    cfg.update(case["overrides"])
+    if "config" in case:
+        cfg = dict(case["config"])
+    else:
+        cfg = base_config(case["arch"], wide)
+        cfg.update(case["overrides"])
     cfg = {k: v for k, v in cfg.items() if v is not None}
 
     mod = model_module(cfg["model_type"])
     mx.random.seed(seed)
     model = mod.Model(mod.ModelArgs.from_dict(cfg))
-    make_peaky(model, seed + 1, PROFILES[dtype_name])
+    make_peaky(model, seed + 1, PROFILES[dtype_name], family_hook)
     model.set_dtype(getattr(mx, dtype_name))
 
     config = dict(cfg)
     if quant is not None:
         group_size, bits = quant
         pred = mixed_predicate(case["arch"], cfg) if variant.get("mixed") else None
-        model, config = quantize_model(model, config, group_size, bits, quant_predicate=pred)
+        model, config = quantize_model(model, config, group_size, bits, mode=variant.get("mode", "affine"),
+                                       quant_predicate=pred)
         if variant.get("mixed"):
             # mlx-lm's quantize_model records dict overrides only; layers kept float get an
             # explicit `false` (the convention mlx-lm's loader honours, as mixed checkpoints use).
@@ -397,7 +420,7 @@ def build_case(case: dict, out: Path, seed: int) -> dict:
     return {"dtype": dtype_name, "quantization": config.get("quantization")}
 
 
-def teacher_forced(path: Path, tokens: list[int], logprobs: list[float]) -> tuple[float, list[float]]:
+def teacher_forced(path: Path, prompt: list[int], tokens: list[int], logprobs: list[float]) -> tuple[float, list[float]]:
     """One cache-free forward pass over prompt + generated tokens, in the model's own dtype.
 
     Returns (max |Δ logprob| against generate_step's cached token-by-token decode, and the chosen
@@ -406,8 +429,8 @@ def teacher_forced(path: Path, tokens: list[int], logprobs: list[float]) -> tupl
     the magnitude of the largest logit (0.03-0.06 here). An engine that upcasts the logits first
     is just as right, so the conformance test accepts either value."""
     model, _ = load_model(path)
-    seq = mx.array(PROMPT + tokens, dtype=mx.uint32)[None]
-    logits = model(seq)[0, len(PROMPT) - 1 : len(PROMPT) - 1 + len(tokens)]
+    seq = mx.array(prompt + tokens, dtype=mx.uint32)[None]
+    logits = model(seq)[0, len(prompt) - 1 : len(prompt) - 1 + len(tokens)]
     idx = mx.array(tokens)[:, None]
     lp_native = (logits - mx.logsumexp(logits, axis=-1, keepdims=True)).astype(mx.float32)
     logits32 = logits.astype(mx.float32)
@@ -417,13 +440,15 @@ def teacher_forced(path: Path, tokens: list[int], logprobs: list[float]) -> tupl
     return max(abs(a - b) for a, b in zip(native, logprobs)), upcast
 
 
-def run_oracle(path: Path, dtype_override=None) -> dict:
+def run_oracle(path: Path, prompt_ids: list[int], max_tokens: int, prefill_step_size: int,
+               dtype_override=None) -> dict:
     model, _ = load_model(path)
     if dtype_override is not None:
         model.set_dtype(dtype_override)
-    prompt = mx.array(PROMPT, dtype=mx.uint32)
+    prompt = mx.array(prompt_ids, dtype=mx.uint32)
     tokens, logprobs, margins, stats = [], [], [], []
-    for tok, lp in generate_step(prompt, model, max_tokens=MAX_TOKENS, sampler=lambda x: mx.argmax(x, axis=-1)):
+    for tok, lp in generate_step(prompt, model, max_tokens=max_tokens, sampler=lambda x: mx.argmax(x, axis=-1),
+                                 prefill_step_size=prefill_step_size):
         lp = lp.astype(mx.float32)
         top2 = mx.topk(lp, 2)
         mx.eval(top2)
@@ -469,9 +494,19 @@ def tokenizer_checks(out: Path, case_dir: Path) -> dict:
     return checks
 
 
+def family_cases(family: str):
+    """The cases of `family` and its peaky hook (None for the core family)."""
+    if family == "core":
+        return case_list(), None
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    mod = importlib.import_module(f"archs.{family}")
+    return mod.cases(), getattr(mod, "peaky", None)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out_dir", type=Path)
+    ap.add_argument("--family", default="core", help="core, or a module name under tests/oracle/archs/")
     ap.add_argument("--only", default="", help="comma-separated case names")
     args = ap.parse_args()
     out: Path = args.out_dir
@@ -480,42 +515,50 @@ def main() -> int:
 
     tokenizer, tokenizer_config = build_tokenizer()
     only = {s for s in args.only.split(",") if s}
-    cases = [c for c in case_list() if not only or c["name"] in only]
-    index = {"generator": "tests/oracle/make_fixtures.py", "max_tokens": MAX_TOKENS, "cases": []}
+    all_cases, hook = family_cases(args.family)
+    cases = [c for c in all_cases if not only or c["name"] in only]
+    index = {"generator": "tests/oracle/make_fixtures.py", "family": args.family, "max_tokens": MAX_TOKENS, "cases": []}
     for case in cases:
         t0 = time.time()
         name = case["name"]
         # A per-case seed derived from the name: adding a case never changes the others.
         seed = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
         case_dir = out / name
-        facts = build_case(case, case_dir, seed)
+        facts = build_case(case, case_dir, seed, hook)
         (case_dir / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False, indent=1))
         (case_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, ensure_ascii=False, indent=2))
 
-        ref = run_oracle(case_dir)
+        prompt = long_prompt(case["prompt_len"]) if "prompt_len" in case else PROMPT
+        max_tokens = case.get("max_tokens", MAX_TOKENS)
+        # mlx-lm's default prefill chunk is 2048; a case may make it small to cross chunk borders.
+        step = case.get("prefill_step_size", 2048)
+        ref = run_oracle(case_dir, prompt, max_tokens, step)
         logit_std = ref.pop("logit_std")
         # How far the oracle's own low-precision logprobs sit from the same files run in f32:
         # a sanity check that the tolerance used for this case is realistic.
         precision_noise = 0.0
         if facts["dtype"] != "float32":
-            hi = run_oracle(case_dir, mx.float32)
+            hi = run_oracle(case_dir, prompt, max_tokens, step, mx.float32)
             hi.pop("logit_std")
             for a, b, la, lb in zip(ref["tokens"], hi["tokens"], ref["logprobs"], hi["logprobs"]):
                 if a != b:
                     break
                 precision_noise = max(precision_noise, abs(la - lb))
-        impl_noise, lp_f32_head = teacher_forced(case_dir, ref["tokens"], ref["logprobs"])
+        impl_noise, lp_f32_head = teacher_forced(case_dir, prompt, ref["tokens"], ref["logprobs"])
         head_rounding = max(abs(a - b) for a, b in zip(lp_f32_head, ref["logprobs"]))
+        quant = facts["quantization"]
         expected = {
-            "prompt": PROMPT,
+            "prompt": prompt,
             **ref,
             "dtype": facts["dtype"],
             # Same logits, log-softmax taken in float32 (equal to "logprobs" up to f32 rounding
             # for float32 models).
             "logprobs_f32_head": lp_f32_head,
-            "quantized": facts["quantization"] is not None,
+            "quantized": quant is not None,
+            "quant_mode": (quant or {}).get("mode", "affine") if quant is not None else None,
             "model_type": json.loads((case_dir / "config.json").read_text())["model_type"],
-            "max_tokens": MAX_TOKENS,
+            "max_tokens": max_tokens,
+            "prefill_step_size": step,
             "oracle": "mlx-lm generate_step, greedy (argmax), reloaded from these files",
         }
         (case_dir / "expected.json").write_text(json.dumps(expected, indent=1))
