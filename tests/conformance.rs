@@ -247,6 +247,21 @@ fn conformance_qwen3() {
     check("conformance_qwen3", "core", &["qwen3"]);
 }
 
+#[test]
+fn conformance_minicpm() {
+    check("conformance_minicpm", "minicpm", &["minicpm"]);
+}
+
+#[test]
+fn conformance_smollm3() {
+    check("conformance_smollm3", "smollm3", &["smollm3"]);
+}
+
+#[test]
+fn conformance_moe() {
+    check("conformance_moe", "moe", &["qwen3_moe", "qwen2_moe", "mixtral"]);
+}
+
 /// The comparison rule itself, on synthetic data (runs without the oracle).
 #[test]
 fn comparison_rule() {

@@ -64,6 +64,32 @@ impl<'a> Vb<'a> {
         self.store.borrow_mut().discard(&self.path(name));
     }
 
+    /// Drops every tensor under this module (a part the model does not build, e.g. the vision
+    /// tower of a multimodal checkpoint when only its text model runs).
+    pub fn discard_all(&self) {
+        let under = format!("{}.", self.prefix);
+        let mut store = self.store.borrow_mut();
+        let names: Vec<String> = store.names().filter(|n| n.starts_with(&under)).cloned().collect();
+        for n in names {
+            store.discard(&n);
+        }
+    }
+
+    /// Stacks this module's tensors `parts` (short names) into `into` (a short name): see
+    /// `WeightStore::stack`. False when the first part is absent.
+    pub fn stack(&self, parts: &[String], into: &str) -> Result<bool> {
+        let full: Vec<String> = parts.iter().map(|p| self.path(p)).collect();
+        self.store.borrow_mut().stack(&full, &self.path(into))
+    }
+
+    /// Replaces this module's stored tensor `name` by the tensors `f` makes from it, their names
+    /// short as well: see `WeightStore::remake`. False when `name` is not stored.
+    pub fn remake(&self, name: &str, f: impl FnOnce(Array) -> Result<Vec<(String, Array)>>) -> Result<bool> {
+        self.store
+            .borrow_mut()
+            .remake(&self.path(name), |a| Ok(f(a)?.into_iter().map(|(n, a)| (self.path(&n), a)).collect()))
+    }
+
     /// The compute dtype the store casts floats to, when one is set.
     pub fn dtype(&self) -> Option<Dtype> {
         self.store.borrow().compute_dtype

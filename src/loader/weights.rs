@@ -16,6 +16,9 @@ pub struct WeightStore {
     pub compute_dtype: Option<Dtype>,
     /// Random weights made on demand instead of read from files (benchmarks of real shapes).
     synthetic: Option<Synthetic>,
+    /// Tensors made at load from stored ones (a sanitize step: per-expert weights stacked into
+    /// one), handed out like stored ones.
+    made: BTreeMap<String, Array>,
 }
 
 /// Random weights of whatever shape the model asks for, quantized as `quant` says.
@@ -74,7 +77,7 @@ impl WeightStore {
             }
             files.push(f);
         }
-        Ok(WeightStore { dir: dir.to_path_buf(), files, remaining, compute_dtype: None, synthetic: None })
+        Ok(WeightStore { dir: dir.to_path_buf(), files, remaining, compute_dtype: None, synthetic: None, made: BTreeMap::new() })
     }
 
     /// A store that invents random weights (normal, std 0.02) for every tensor the model takes,
@@ -86,6 +89,7 @@ impl WeightStore {
             remaining: BTreeMap::new(),
             compute_dtype: Some(dtype),
             synthetic: Some(Synthetic { quant, key: random::RandomKey::new(seed)?, pending: HashMap::new() }),
+            made: BTreeMap::new(),
         })
     }
 
@@ -96,20 +100,24 @@ impl WeightStore {
                 None => true,
             };
         }
-        self.remaining.contains_key(name)
+        self.remaining.contains_key(name) || self.made.contains_key(name)
     }
 
     /// Drops a tensor the model does not use (e.g. `rotary_emb.inv_freq`, a tied `lm_head`).
     pub fn discard(&mut self, name: &str) {
         self.remaining.remove(name);
+        self.made.remove(name);
     }
 
     pub fn names(&self) -> impl Iterator<Item = &String> {
-        self.remaining.keys()
+        self.remaining.keys().chain(self.made.keys())
     }
 
     /// Shape and dtype of a remaining tensor.
     pub fn info(&self, name: &str) -> Option<(Vec<usize>, Dtype)> {
+        if let Some(a) = self.made.get(name) {
+            return Some((a.shape().iter().map(|&d| d as usize).collect(), a.dtype()));
+        }
         let i = *self.remaining.get(name)?;
         let t = &self.files[i].tensors[name];
         Some((t.shape.clone(), t.dtype))
@@ -120,6 +128,9 @@ impl WeightStore {
     pub fn take(&mut self, name: &str, shape: &[usize], kind: TensorKind) -> Result<Array> {
         if self.synthetic.is_some() {
             return self.take_synthetic(name, shape, kind);
+        }
+        if let Some(arr) = self.made.remove(name) {
+            return self.check_made(name, arr, shape, kind);
         }
         let i = self.remaining.remove(name).ok_or_else(|| {
             Error::checkpoint(&self.dir, format!("missing tensor '{name}' (expected shape {shape:?})"))
@@ -152,6 +163,69 @@ impl WeightStore {
         }
     }
 
+    fn check_made(&self, name: &str, arr: Array, shape: &[usize], kind: TensorKind) -> Result<Array> {
+        let have: Vec<usize> = arr.shape().iter().map(|&d| d as usize).collect();
+        if have != shape {
+            return Err(Error::checkpoint(&self.dir, format!("tensor '{name}' has shape {have:?}, expected {shape:?}")));
+        }
+        let d = arr.dtype();
+        let ok = match kind {
+            TensorKind::Float => d.is_float(),
+            TensorKind::Packed => d == Dtype::Uint32,
+            TensorKind::Scales => d.is_float() || d == Dtype::Uint8,
+        };
+        if !ok {
+            return Err(Error::checkpoint(&self.dir, format!("tensor '{name}' has dtype {}, expected {}", d.name(), kind.describe())));
+        }
+        match (kind, self.compute_dtype) {
+            (TensorKind::Float, Some(c)) | (TensorKind::Scales, Some(c)) if d.is_float() && d != c => arr.astype(c),
+            _ => Ok(arr),
+        }
+    }
+
+    /// Stacks the stored tensors `parts` (same shape and dtype) along a new first axis into a
+    /// tensor named `into`, taking the parts (mlx-lm's sanitize of per-expert weights into one
+    /// `[experts, …]` tensor). Returns false, touching nothing, when the first part is absent.
+    pub fn stack(&mut self, parts: &[String], into: &str) -> Result<bool> {
+        if self.synthetic.is_some() || parts.is_empty() || !self.remaining.contains_key(&parts[0]) {
+            return Ok(false);
+        }
+        let (shape0, dtype0) = self.info(&parts[0]).expect("present");
+        let mut arrays = Vec::with_capacity(parts.len());
+        for name in parts {
+            let i = self.remaining.remove(name).ok_or_else(|| {
+                Error::checkpoint(&self.dir, format!("missing tensor '{name}' (stacking into '{into}')"))
+            })?;
+            let file = &self.files[i];
+            let t = &file.tensors[name.as_str()];
+            if t.shape != shape0 || t.dtype != dtype0 {
+                return Err(Error::checkpoint(
+                    &file.path,
+                    format!("tensor '{name}' ({:?} {}) differs from '{}' ({shape0:?} {})", t.shape, t.dtype.name(), parts[0], dtype0.name()),
+                ));
+            }
+            arrays.push(file.array(t)?.expand_dims(0)?);
+        }
+        let refs: Vec<&Array> = arrays.iter().collect();
+        self.made.insert(into.to_string(), Array::concatenate(&refs, 0)?);
+        Ok(true)
+    }
+
+    /// Replaces the stored tensor `name` by the named tensors `f` makes from it, handed out like
+    /// stored ones (a sanitize step that reinterprets or splits a stored layout, e.g. gpt-oss's
+    /// interleaved gate/up experts). Returns false, touching nothing, when `name` is not stored.
+    pub fn remake(&mut self, name: &str, f: impl FnOnce(Array) -> Result<Vec<(String, Array)>>) -> Result<bool> {
+        if self.synthetic.is_some() || !self.remaining.contains_key(name) {
+            return Ok(false);
+        }
+        let i = self.remaining.remove(name).expect("present");
+        let file = &self.files[i];
+        for (n, a) in f(file.array(&file.tensors[name])?)? {
+            self.made.insert(n, a);
+        }
+        Ok(true)
+    }
+
     fn take_synthetic(&mut self, name: &str, shape: &[usize], kind: TensorKind) -> Result<Array> {
         let dtype = self.compute_dtype.unwrap_or(Dtype::Bfloat16);
         let s = self.synthetic.as_mut().expect("synthetic store");
@@ -182,6 +256,9 @@ impl WeightStore {
 
     /// Fails naming every tensor the model did not take.
     pub fn finish(self) -> Result<()> {
+        if let Some(name) = self.made.keys().next() {
+            return Err(Error::checkpoint(&self.dir, format!("unexpected tensor(s) the model does not use: {name}")));
+        }
         if self.remaining.is_empty() {
             return Ok(());
         }

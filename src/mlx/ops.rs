@@ -78,6 +78,8 @@ impl Array {
         /// Matrix product with NumPy broadcasting of batch axes.
         matmul => MLEX_BINARY_MATMUL,
         remainder => MLEX_BINARY_REMAINDER,
+        /// Integer (floor) division.
+        floor_divide => MLEX_BINARY_FLOOR_DIVIDE,
     }
 
     reduce! {

@@ -303,6 +303,7 @@ int mlex_binary(mlex_binary_op op, mlex_array a, mlex_array b, mlex_array* out) 
       case MLEX_BINARY_LOGICAL_OR: *out = wrap(mx::logical_or(x, y)); return;
       case MLEX_BINARY_MATMUL: *out = wrap(mx::matmul(x, y)); return;
       case MLEX_BINARY_REMAINDER: *out = wrap(mx::remainder(x, y)); return;
+      case MLEX_BINARY_FLOOR_DIVIDE: *out = wrap(mx::floor_divide(x, y)); return;
     }
     throw std::invalid_argument("unknown binary op");
   });

@@ -128,6 +128,7 @@ typedef enum {
   MLEX_BINARY_LOGICAL_OR,
   MLEX_BINARY_MATMUL,
   MLEX_BINARY_REMAINDER,
+  MLEX_BINARY_FLOOR_DIVIDE,
 } mlex_binary_op;
 
 int mlex_unary(mlex_unary_op op, mlex_array a, mlex_array* out);

@@ -7,9 +7,14 @@
 //! then add `pub mod <name>;` below and `<name>::ARCH` to `registry::ARCHITECTURES`. Shared layers
 //! live in `crate::nn`; [`run_layers`] and [`LmHead`] cover what every decoder does.
 pub mod llama;
+pub mod minicpm;
+pub mod mixtral;
 pub mod qwen2;
+pub mod qwen2_moe;
 pub mod qwen3;
+pub mod qwen3_moe;
 pub mod registry;
+pub mod smollm3;
 pub mod transformer;
 
 use crate::error::Result;

@@ -1,14 +1,19 @@
 //! `model_type` → architecture, with the aliases mlx-lm maps onto the same code
 //! (its `MODEL_REMAPPING`). One line per architecture.
-use super::{llama, qwen2, qwen3, Architecture, CausalLm};
+use super::{Architecture, CausalLm};
 use crate::error::Result;
 use crate::loader::{ModelConfig, Vb};
 
 /// Every architecture implemented here.
 pub const ARCHITECTURES: &[Architecture] = &[
-    llama::ARCH,
-    qwen2::ARCH,
-    qwen3::ARCH,
+    super::llama::ARCH,
+    super::qwen2::ARCH,
+    super::qwen3::ARCH,
+    super::qwen3_moe::ARCH,
+    super::qwen2_moe::ARCH,
+    super::mixtral::ARCH,
+    super::minicpm::ARCH,
+    super::smollm3::ARCH,
 ];
 
 /// Every `model_type` accepted, aliases included.

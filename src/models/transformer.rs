@@ -7,6 +7,7 @@ use crate::loader::{check_size, RopeConfig, RopeFields, Vb};
 use crate::mlx::{Array, Dtype};
 use crate::nn::{
     Attention, AttentionSpec, Embedding, GateActivation, GatedMlp, KvCache, LayerCaches, Params, RmsNorm, Rope,
+    SparseMoe,
 };
 use serde::Deserialize;
 
@@ -125,11 +126,41 @@ pub struct ArchSpec {
 
 // ---- block --------------------------------------------------------------------------------
 
+/// A layer's feed-forward part: the gated MLP, or a sparse mixture of experts (the MoE members
+/// of the family: qwen3_moe, qwen2_moe, mixtral).
+pub enum FeedForward {
+    Dense(GatedMlp),
+    Sparse(SparseMoe),
+}
+
+impl FeedForward {
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            FeedForward::Dense(m) => m.forward(x),
+            FeedForward::Sparse(m) => m.forward(x),
+        }
+    }
+
+    /// The dense SwiGLU MLP of module `vb` (`model.layers.{i}.mlp`).
+    pub fn dense(vb: &Vb, c: &DecoderConfig, inter: usize, bias: bool) -> Result<Self> {
+        Ok(FeedForward::Dense(GatedMlp::load(vb, c.hidden_size, inter, bias, GateActivation::Silu)?))
+    }
+}
+
+impl Params for FeedForward {
+    fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
+        match self {
+            FeedForward::Dense(m) => m.params(out),
+            FeedForward::Sparse(m) => m.params(out),
+        }
+    }
+}
+
 pub struct DecoderBlock {
     pub input_layernorm: RmsNorm,
     pub self_attn: Attention,
     pub post_attention_layernorm: RmsNorm,
-    pub mlp: GatedMlp,
+    pub mlp: FeedForward,
 }
 
 impl DecoderBlock {
@@ -138,8 +169,14 @@ impl DecoderBlock {
         h.add(&self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)
     }
 
-    /// Layer module `vb` (`model.layers.{i}`) of a llama-family model.
+    /// Layer module `vb` (`model.layers.{i}`) of a llama-family model (dense MLP).
     pub fn load(vb: &Vb, c: &DecoderConfig, spec: &ArchSpec, rope: Option<Rope>) -> Result<Self> {
+        let mlp = FeedForward::dense(&vb.pp("mlp"), c, c.intermediate_size, spec.mlp_bias)?;
+        Self::load_with_ffn(vb, c, spec, rope, mlp)
+    }
+
+    /// [`DecoderBlock::load`] with the feed-forward part given.
+    pub fn load_with_ffn(vb: &Vb, c: &DecoderConfig, spec: &ArchSpec, rope: Option<Rope>, mlp: FeedForward) -> Result<Self> {
         let (hidden, eps) = (c.hidden_size, c.rms_norm_eps);
         // Precomputed rotary tables are recomputed (mlx-lm's sanitize).
         vb.pp("self_attn").pp("rotary_emb").discard("inv_freq");
@@ -147,7 +184,7 @@ impl DecoderBlock {
             input_layernorm: RmsNorm::load(&vb.pp("input_layernorm"), hidden, eps)?,
             self_attn: Attention::load(&vb.pp("self_attn"), &c.attention_spec(spec.qkv_bias, spec.o_bias, spec.qk_norm), rope)?,
             post_attention_layernorm: RmsNorm::load(&vb.pp("post_attention_layernorm"), hidden, eps)?,
-            mlp: GatedMlp::load(&vb.pp("mlp"), hidden, c.intermediate_size, spec.mlp_bias, GateActivation::Silu)?,
+            mlp,
         })
     }
 }
@@ -202,11 +239,34 @@ impl Params for DecoderModel {
 impl DecoderModel {
     /// Builds the model from module `vb` (the checkpoint root), taking every tensor strictly.
     pub fn load(c: &DecoderConfig, spec: ArchSpec, vb: &Vb) -> Result<Self> {
+        Self::load_with_rope(c, spec, vb, |_| true)
+    }
+
+    /// [`DecoderModel::load`] where layer `i` rotates q/k only when `uses_rope(i)` (smollm3's
+    /// no-rope layers).
+    pub fn load_with_rope(c: &DecoderConfig, spec: ArchSpec, vb: &Vb, uses_rope: impl Fn(usize) -> bool) -> Result<Self> {
+        let dense = |layer: &Vb, _| FeedForward::dense(&layer.pp("mlp"), c, c.intermediate_size, spec.mlp_bias);
+        Self::load_with(c, spec, vb, uses_rope, dense)
+    }
+
+    /// [`DecoderModel::load_with_rope`] with each layer's feed-forward part built by
+    /// `ffn(layer module, index)` (the MoE members of the family).
+    pub fn load_with(
+        c: &DecoderConfig,
+        spec: ArchSpec,
+        vb: &Vb,
+        uses_rope: impl Fn(usize) -> bool,
+        ffn: impl Fn(&Vb, usize) -> Result<FeedForward>,
+    ) -> Result<Self> {
         let m = vb.pp("model");
         let rope = c.rope()?;
         let hd = c.head_dim();
         let layers = (0..c.num_hidden_layers)
-            .map(|i| DecoderBlock::load(&m.pp("layers").pp(i), c, &spec, Some(Rope::new(hd, &rope, c.max_position_embeddings)?)))
+            .map(|i| {
+                let layer = m.pp("layers").pp(i);
+                let r = if uses_rope(i) { Some(Rope::new(hd, &rope, c.max_position_embeddings)?) } else { None };
+                DecoderBlock::load_with_ffn(&layer, c, &spec, r, ffn(&layer, i)?)
+            })
             .collect::<Result<_>>()?;
         Ok(DecoderModel {
             embed_tokens: Embedding::load(&m.pp("embed_tokens"), c.vocab_size, c.hidden_size)?,
@@ -218,10 +278,11 @@ impl DecoderModel {
     }
 }
 
-/// For the llama-shaped architecture files: a model of this family whose flags come from `spec`.
+/// `pub struct $model(pub DecoderModel)` implementing [`CausalLm`] and [`Params`] through it: for
+/// the architecture files whose model is this decoder with their own loading.
 #[macro_export]
-macro_rules! decoder_architecture {
-    ($model:ident, $spec:expr) => {
+macro_rules! decoder_newtype {
+    ($model:ident) => {
         pub struct $model(pub $crate::models::transformer::DecoderModel);
 
         impl $crate::nn::Params for $model {
@@ -251,6 +312,14 @@ macro_rules! decoder_architecture {
                 self.0.dtype()
             }
         }
+    };
+}
+
+/// For the llama-shaped architecture files: a model of this family whose flags come from `spec`.
+#[macro_export]
+macro_rules! decoder_architecture {
+    ($model:ident, $spec:expr) => {
+        $crate::decoder_newtype!($model);
 
         impl $crate::models::Loadable for $model {
             type Config = $crate::models::transformer::DecoderConfig;
