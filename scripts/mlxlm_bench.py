@@ -30,6 +30,15 @@ SHAPES = {
     "smollm2-135m": dict(model_type="llama", hidden_size=576, num_hidden_layers=30, intermediate_size=1536,
                          num_attention_heads=9, num_key_value_heads=3, rms_norm_eps=1e-5, vocab_size=49152,
                          max_position_embeddings=8192, rope_theta=1e5, tie_word_embeddings=True),
+    "qwen3-30b-a3b": dict(model_type="qwen3_moe", hidden_size=2048, num_hidden_layers=48, intermediate_size=6144,
+                          num_attention_heads=32, num_key_value_heads=4, head_dim=128, rms_norm_eps=1e-6,
+                          vocab_size=151936, max_position_embeddings=40960, rope_theta=1e6, tie_word_embeddings=False,
+                          num_experts=128, num_experts_per_tok=8, decoder_sparse_step=1, mlp_only_layers=[],
+                          moe_intermediate_size=768, norm_topk_prob=True),
+    "gemma3-1b": dict(model_type="gemma3_text", hidden_size=1152, num_hidden_layers=26, intermediate_size=6912,
+                      num_attention_heads=4, num_key_value_heads=1, head_dim=256, rms_norm_eps=1e-6,
+                      vocab_size=262144, max_position_embeddings=32768, rope_theta=1e6, rope_local_base_freq=10000.0,
+                      sliding_window=512, sliding_window_pattern=6, query_pre_attn_scalar=256, rope_scaling=None),
 }
 
 

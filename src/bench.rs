@@ -21,9 +21,21 @@ pub fn shape_config(name: &str) -> Result<Value> {
         "smollm2-135m" => json!({"model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30, "intermediate_size": 1536,
             "num_attention_heads": 9, "num_key_value_heads": 3, "rms_norm_eps": 1e-5, "vocab_size": 49152,
             "max_position_embeddings": 8192, "rope_theta": 1e5, "tie_word_embeddings": true}),
+        // Qwen3-30B-A3B: 128 experts, 8 per token, every layer sparse.
+        "qwen3-30b-a3b" => json!({"model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48,
+            "intermediate_size": 6144, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+            "rms_norm_eps": 1e-6, "vocab_size": 151936, "max_position_embeddings": 40960, "rope_theta": 1e6,
+            "tie_word_embeddings": false, "num_experts": 128, "num_experts_per_tok": 8, "decoder_sparse_step": 1,
+            "mlp_only_layers": [], "moe_intermediate_size": 768, "norm_topk_prob": true}),
+        // Gemma 3 1B: 5 sliding-window layers (512) per global one.
+        "gemma3-1b" => json!({"model_type": "gemma3_text", "hidden_size": 1152, "num_hidden_layers": 26,
+            "intermediate_size": 6912, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
+            "rms_norm_eps": 1e-6, "vocab_size": 262144, "max_position_embeddings": 32768, "rope_theta": 1e6,
+            "rope_local_base_freq": 10000.0, "sliding_window": 512, "sliding_window_pattern": 6,
+            "query_pre_attn_scalar": 256, "rope_scaling": null}),
         other => {
             return Err(Error::InvalidArgument(format!(
-                "unknown shape '{other}' (qwen3-0.6b, llama-3.2-3b, qwen2.5-7b, smollm2-135m)"
+                "unknown shape '{other}' (qwen3-0.6b, llama-3.2-3b, qwen2.5-7b, smollm2-135m, qwen3-30b-a3b, gemma3-1b)"
             )))
         }
     })

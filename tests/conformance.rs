@@ -262,6 +262,11 @@ fn conformance_moe() {
     check("conformance_moe", "moe", &["qwen3_moe", "qwen2_moe", "mixtral"]);
 }
 
+#[test]
+fn conformance_gpt_oss() {
+    check("conformance_gpt_oss", "gpt_oss", &["gpt_oss"]);
+}
+
 /// The comparison rule itself, on synthetic data (runs without the oracle).
 #[test]
 fn comparison_rule() {

@@ -55,6 +55,17 @@ impl<'a> Vb<'a> {
         self.take(name, shape, TensorKind::Float)
     }
 
+    /// A float tensor of this module in its stored dtype, not cast to the compute dtype: for the
+    /// few parameters mlx-lm keeps in float32 whatever the model's dtype (its `cast_predicate`,
+    /// e.g. deepseek_v3's `e_score_correction_bias`).
+    pub fn get_uncast(&self, name: &str, shape: &[usize]) -> Result<Array> {
+        let mut store = self.store.borrow_mut();
+        let compute = store.compute_dtype.take();
+        let out = store.take(&self.path(name), shape, TensorKind::Float);
+        store.compute_dtype = compute;
+        out
+    }
+
     pub fn contains(&self, name: &str) -> bool {
         self.store.borrow().contains(&self.path(name))
     }
