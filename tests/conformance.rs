@@ -267,6 +267,11 @@ fn conformance_gpt_oss() {
     check("conformance_gpt_oss", "gpt_oss", &["gpt_oss"]);
 }
 
+#[test]
+fn conformance_gemma3() {
+    check("conformance_gemma3", "gemma3", &["gemma3_text", "gemma3"]);
+}
+
 /// The comparison rule itself, on synthetic data (runs without the oracle).
 #[test]
 fn comparison_rule() {

@@ -59,9 +59,15 @@ impl<'a> Vb<'a> {
     /// few parameters mlx-lm keeps in float32 whatever the model's dtype (its `cast_predicate`,
     /// e.g. deepseek_v3's `e_score_correction_bias`).
     pub fn get_uncast(&self, name: &str, shape: &[usize]) -> Result<Array> {
+        self.take_uncast(name, shape, TensorKind::Float)
+    }
+
+    /// [`Vb::take`] without the cast to the compute dtype: tensors a sanitize step computes with
+    /// in their stored precision, as mlx-lm does (deepseek_v3's re-quantized `kv_b_proj`).
+    pub fn take_uncast(&self, name: &str, shape: &[usize], kind: TensorKind) -> Result<Array> {
         let mut store = self.store.borrow_mut();
         let compute = store.compute_dtype.take();
-        let out = store.take(&self.path(name), shape, TensorKind::Float);
+        let out = store.take(&self.path(name), shape, kind);
         store.compute_dtype = compute;
         out
     }

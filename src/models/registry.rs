@@ -14,6 +14,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
     super::mixtral::ARCH,
     super::minicpm::ARCH,
     super::smollm3::ARCH,
+    super::gemma3_text::ARCH,
     super::gpt_oss::ARCH,
 ];
 

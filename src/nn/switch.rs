@@ -71,6 +71,8 @@ pub enum ExpertActivation {
     /// gpt-oss: gate and up clamped to `limit` (gate from above only), then
     /// gate·sigmoid(alpha·gate) · (up + 1).
     ClampedSwiglu { alpha: f32, limit: f32 },
+    /// gelu_approx(gate) · up (gemma4's experts: mlx-lm's `GeGLU`).
+    Geglu,
 }
 
 /// Gated expert MLPs: down(act(gate(x), up(x))) per selected expert (mlx-lm's `SwitchGLU`).
@@ -123,6 +125,7 @@ impl SwitchGlu {
     fn activate(&self, gate: &Array, up: &Array) -> Result<Array> {
         match self.activation {
             ExpertActivation::Swiglu => fast::swiglu(gate, up),
+            ExpertActivation::Geglu => fast::geglu(gate, up),
             ExpertActivation::ClampedSwiglu { alpha, limit } => {
                 let dt = gate.dtype();
                 let lim = Array::scalar_f32(limit, dt)?;
