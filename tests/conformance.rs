@@ -272,6 +272,11 @@ fn conformance_gemma3() {
     check("conformance_gemma3", "gemma3", &["gemma3_text", "gemma3"]);
 }
 
+#[test]
+fn conformance_gemma4() {
+    check("conformance_gemma4", "gemma4", &["gemma4_text", "gemma4"]);
+}
+
 /// The comparison rule itself, on synthetic data (runs without the oracle).
 #[test]
 fn comparison_rule() {

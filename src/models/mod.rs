@@ -7,6 +7,7 @@
 //! then add `pub mod <name>;` below and `<name>::ARCH` to `registry::ARCHITECTURES`. Shared layers
 //! live in `crate::nn`; [`run_layers`] and [`LmHead`] cover what every decoder does.
 pub mod gemma3_text;
+pub mod gemma4_text;
 pub mod gpt_oss;
 pub mod llama;
 pub mod minicpm;

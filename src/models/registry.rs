@@ -15,6 +15,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
     super::minicpm::ARCH,
     super::smollm3::ARCH,
     super::gemma3_text::ARCH,
+    super::gemma4_text::ARCH,
     super::gpt_oss::ARCH,
 ];
 
