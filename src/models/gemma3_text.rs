@@ -21,8 +21,8 @@ use crate::error::Result;
 use crate::loader::{check_size, ModelConfig, RopeConfig, RopeFields, Vb};
 use crate::mlx::{Array, Dtype};
 use crate::nn::{
-    Attention, AttentionSpec, Cache, Embedding, GateActivation, GatedMlp, KvCache, LayerCaches, Params, RmsNorm, Rope,
-    RotatingKvCache,
+    Attention, AttentionSpec, Cache, Embedding, GateActivation, GatedMlp, LayerCaches, Params, RmsNorm, Rope,
+    
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -238,15 +238,7 @@ impl CausalLm for Gemma3Text {
     }
 
     fn make_caches(&self) -> LayerCaches {
-        LayerCaches(
-            self.windows
-                .iter()
-                .map(|w| match w {
-                    Some(w) => Box::new(RotatingKvCache::new(*w)) as Box<dyn Cache>,
-                    None => Box::new(KvCache::new()) as Box<dyn Cache>,
-                })
-                .collect(),
-        )
+        LayerCaches::for_windows(self.windows.iter().copied())
     }
 
     fn vocab_size(&self) -> usize {

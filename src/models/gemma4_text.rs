@@ -45,8 +45,8 @@ use crate::loader::{check_size, ModelConfig, RopeConfig, RopeFields, Vb};
 use crate::mlx::{eval, fast, quant, Array, Dtype};
 use crate::nn::switch::{combine, top_k};
 use crate::nn::{
-    Cache, Embedding, ExpertActivation, GateActivation, GatedMlp, KvCache, LayerCaches, Linear, Mask, Params,
-    Projections, RmsNorm, Rope, RotatingKvCache, SwitchGlu,
+    Cache, Embedding, ExpertActivation, GateActivation, GatedMlp, LayerCaches, Linear, Mask, Params,
+    Projections, RmsNorm, Rope, SwitchGlu,
 };
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -858,15 +858,7 @@ impl CausalLm for Gemma4Text {
     }
 
     fn make_caches(&self) -> LayerCaches {
-        LayerCaches(
-            self.windows
-                .iter()
-                .map(|w| match w {
-                    Some(w) => Box::new(RotatingKvCache::new(*w)) as Box<dyn Cache>,
-                    None => Box::new(KvCache::new()) as Box<dyn Cache>,
-                })
-                .collect(),
-        )
+        LayerCaches::for_windows(self.windows.iter().copied())
     }
 
     fn vocab_size(&self) -> usize {

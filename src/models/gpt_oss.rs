@@ -17,8 +17,8 @@ use crate::loader::{check_size, ModelConfig, RopeConfig, RopeFields, Vb};
 use crate::mlx::{Array, Dtype};
 use crate::nn::switch::{combine, top_k};
 use crate::nn::{
-    Attention, AttentionSpec, Cache, Embedding, ExpertActivation, KvCache, LayerCaches, Linear, Params, RmsNorm,
-    Rope, RotatingKvCache, SwitchGlu,
+    Attention, AttentionSpec, Cache, Embedding, ExpertActivation, LayerCaches, Linear, Params, RmsNorm,
+    Rope, SwitchGlu,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -356,15 +356,7 @@ impl CausalLm for GptOss {
     }
 
     fn make_caches(&self) -> LayerCaches {
-        LayerCaches(
-            self.kinds
-                .iter()
-                .map(|k| match k {
-                    LayerKind::Full => Box::new(KvCache::new()) as Box<dyn Cache>,
-                    LayerKind::Sliding => Box::new(RotatingKvCache::new(self.sliding_window)),
-                })
-                .collect(),
-        )
+        LayerCaches::for_windows(self.kinds.iter().map(|k| (*k == LayerKind::Sliding).then_some(self.sliding_window)))
     }
 
     fn vocab_size(&self) -> usize {

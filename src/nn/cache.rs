@@ -4,6 +4,7 @@
 //! `create_attention_mask` / `cache.make_mask`), since only the cache knows which keys it holds.
 use crate::error::{Error, Result};
 use crate::mlx::fast::AttentionMask;
+use super::{KvCache, RotatingKvCache};
 use crate::mlx::Array;
 
 /// The mask a layer's queries need over the keys its cache returned.
@@ -67,6 +68,20 @@ impl Clone for LayerCaches {
 }
 
 impl LayerCaches {
+    /// One cache per layer from each layer's attention window: `None` a growing [`KvCache`]
+    /// (full attention), `Some(w)` a [`RotatingKvCache`] of window `w` (sliding attention).
+    pub fn for_windows(windows: impl IntoIterator<Item = Option<usize>>) -> Self {
+        LayerCaches(
+            windows
+                .into_iter()
+                .map(|w| match w {
+                    Some(w) => Box::new(RotatingKvCache::new(w)) as Box<dyn Cache>,
+                    None => Box::new(KvCache::new()) as Box<dyn Cache>,
+                })
+                .collect(),
+        )
+    }
+
     pub fn len(&self) -> usize {
         self.0.len()
     }
