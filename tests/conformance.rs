@@ -277,6 +277,11 @@ fn conformance_gemma4() {
     check("conformance_gemma4", "gemma4", &["gemma4_text", "gemma4"]);
 }
 
+#[test]
+fn conformance_deepseek() {
+    check("conformance_deepseek", "deepseek", &["deepseek_v3", "deepseek_v2"]);
+}
+
 /// The comparison rule itself, on synthetic data (runs without the oracle).
 #[test]
 fn comparison_rule() {

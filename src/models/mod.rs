@@ -6,6 +6,7 @@
 //! and `pub const ARCH: Architecture = Architecture::new::<Config, Model>("<model_type>", &[aliases])`;
 //! then add `pub mod <name>;` below and `<name>::ARCH` to `registry::ARCHITECTURES`. Shared layers
 //! live in `crate::nn`; [`run_layers`] and [`LmHead`] cover what every decoder does.
+pub mod deepseek;
 pub mod gemma3_text;
 pub mod gemma4_text;
 pub mod gpt_oss;

@@ -17,6 +17,8 @@ pub const ARCHITECTURES: &[Architecture] = &[
     super::gemma3_text::ARCH,
     super::gemma4_text::ARCH,
     super::gpt_oss::ARCH,
+    super::deepseek::ARCH_V3,
+    super::deepseek::ARCH_V2,
 ];
 
 /// Every `model_type` accepted, aliases included.
