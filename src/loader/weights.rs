@@ -238,8 +238,11 @@ impl WeightStore {
                 let spec = s.quant.as_ref().and_then(|q| q.for_module(prefix)).ok_or_else(|| {
                     Error::InvalidArgument(format!("no quantization for synthetic '{prefix}'"))
                 })?;
-                let cols = dims[1] as usize * 32 / spec.bits as usize;
-                let w = random::normal(&[dims[0], cols as i32], dtype, 0.02, &s.key.next()?)?;
+                // Any leading axes (stacked experts `[E, out, packed]`) stay; the last unpacks.
+                let mut unpacked = dims.clone();
+                let last = unpacked.len() - 1;
+                unpacked[last] = (dims[last] as usize * 32 / spec.bits as usize) as i32;
+                let w = random::normal(&unpacked, dtype, 0.02, &s.key.next()?)?;
                 let q = quant::quantize(&w, spec.group_size as i32, spec.bits as i32, spec.mode)?;
                 s.pending.insert(format!("{prefix}.scales"), q.scales);
                 if let Some(b) = q.biases {

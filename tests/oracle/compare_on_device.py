@@ -38,7 +38,10 @@ def main():
         d = fixtures / name
         exp = json.loads((d / "expected.json").read_text())
         prompt, n, dtype = exp["prompt"], len(exp["tokens"]), exp["dtype"]
-        toks, lps, margins = mlxlm_greedy(d, prompt, n)
+        try:
+            toks, lps, margins = mlxlm_greedy(d, prompt, n)
+        except Exception as e:  # an op MLX lacks on this device for mlx-lm's graph: say so, run ours
+            toks, oracle_error = None, str(e).splitlines()[0][:120]
         out = subprocess.run([binary, "generate", "--model", str(d), "--prompt-tokens", ",".join(map(str, prompt)),
                               "--max-tokens", str(n), "--ignore-eos", "--json", "--dtype", dtype],
                              capture_output=True, text=True)
@@ -47,6 +50,9 @@ def main():
             ok = False
             continue
         ours = json.loads(out.stdout)
+        if toks is None:
+            print(f"| {name} | {dtype} | – | – | mlx-lm fails here ({oracle_error}); mlex ran {len(ours['tokens'])} tokens |")
+            continue
         tol = 1e-3 if dtype == "float32" else 2e-2
         agree, worst, verdict = 0, 0.0, "pass"
         for i, (a, b) in enumerate(zip(toks, ours["tokens"])):
