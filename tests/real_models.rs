@@ -4,12 +4,16 @@
 //! tokens must be the same (a different token is allowed only where mlx-lm's own top-2 margin is
 //! a near-tie, as in tests/conformance.rs), and the text is printed for a human to judge.
 //!
+//! Real GGUF files fetched into the mlex cache (`~/.cache/mlex/models/*.gguf`, by
+//! `scripts/fetch-smollm2.sh` and `scripts/fetch-gemma3-270m.sh`, which CI runs) are converted by
+//! our importer into `<target>/real-models/` and become cases too, so CI checks real weights
+//! without a models folder.
+//!
 //! Skips cleanly when there are no models, and skips a model whose weights (×3: the float32 copy
 //! of each side, plus headroom) do not fit the machine's available memory, saying so.
-//! `scripts/fetch-smollm2.sh --convert` and `scripts/fetch-gemma3-270m.sh` put real models there.
 mod common;
 
-use common::{in_ci, oracle_python, repo_root};
+use common::{in_ci, oracle_python, repo_root, target_dir};
 use mlex::{Dtype, GenerateOptions, LoadOptions, SamplingConfig, Session};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -34,6 +38,31 @@ fn discover(root: &Path) -> Vec<PathBuf> {
         .collect();
     dirs.sort();
     dirs
+}
+
+/// The GGUF files in the mlex cache, each converted (once) with the default options into
+/// `<target>/real-models/<file stem>`; a conversion failure is a failing case.
+fn converted_cached_ggufs(failures: &mut Vec<String>) -> Vec<PathBuf> {
+    let cache = std::env::var_os("MLEX_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/mlex")));
+    let Some(Ok(rd)) = cache.map(|c| std::fs::read_dir(c.join("models"))) else { return vec![] };
+    let mut ggufs: Vec<PathBuf> = rd.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "gguf")).collect();
+    ggufs.sort();
+    let mut out = vec![];
+    for g in ggufs {
+        let dir = target_dir().join("real-models").join(g.file_stem().unwrap());
+        if !dir.join("config.json").is_file() {
+            let _ = std::fs::remove_dir_all(&dir);
+            let opts = mlex::convert::ConvertOptions::default();
+            if let Err(e) = mlex::convert::convert_gguf(&g, &dir, &opts, &mut |_| {}) {
+                failures.push(format!("{}: convert: {e}", g.display()));
+                continue;
+            }
+        }
+        out.push(dir);
+    }
+    out
 }
 
 fn weights_bytes(dir: &Path) -> u64 {
@@ -134,9 +163,11 @@ fn run_one(dir: &Path, python: Option<&Path>) -> Outcome {
 #[test]
 fn real_models_match_mlx_lm() {
     let root = models_dir();
-    let dirs = discover(&root);
-    if dirs.is_empty() {
-        println!("skipping real_models_match_mlx_lm: no model directories under {}", root.display());
+    let mut failures = vec![];
+    let mut dirs = discover(&root);
+    dirs.extend(converted_cached_ggufs(&mut failures));
+    if dirs.is_empty() && failures.is_empty() {
+        println!("skipping real_models_match_mlx_lm: no model directories under {} and no GGUF in the mlex cache", root.display());
         return;
     }
     let python = oracle_python();
@@ -144,7 +175,6 @@ fn real_models_match_mlx_lm() {
         panic!("real_models_match_mlx_lm: no oracle venv in CI");
     }
     let avail = available_memory();
-    let mut failures = vec![];
     for dir in &dirs {
         let need = weights_bytes(dir).saturating_mul(3);
         if let Some(a) = avail {
