@@ -211,18 +211,19 @@ fn convert_llama_q4_1_lossless() {
     assert_eq!(cfg["quantization_config"], cfg["quantization"]);
 }
 
-/// K-quants: float by default, re-quantized with --q-bits; a 1-D tensor always float.
+/// K-quants: floats with --float, re-quantized with --q-bits; a 1-D tensor always float.
 #[test]
-fn convert_qwen2_kquants() {
+fn convert_qwen2_kquants_float_and_q_bits() {
     for wty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_0, GgmlType::Q3_K, GgmlType::Q2_K, GgmlType::Q5_K] {
         let dir = tempfile::tempdir().unwrap();
         let m = tiny_model("qwen2", wty, GgmlType::Q6_K, true);
         let src = write_gguf(dir.path(), "tiny.gguf", &m.writer);
         let g = GgufFile::open(&src).unwrap();
 
-        // No --q-bits: floats (f16), no quantization section.
+        // --float: floats (f16), no quantization section.
         let out = dir.path().join("f");
-        let sum = convert_gguf(&src, &out, &ConvertOptions::default(), &mut |_| {}).unwrap();
+        let opts = ConvertOptions { float: true, ..Default::default() };
+        let sum = convert_gguf(&src, &out, &opts, &mut |_| {}).unwrap();
         assert!(!sum.tie_word_embeddings);
         let st = read_safetensors(&out.join("model.safetensors"));
         let q = &st["model.layers.0.self_attn.q_proj.weight"];
@@ -239,7 +240,7 @@ fn convert_qwen2_kquants() {
 
         // --q-bits 4 --q-group-size 64.
         let out = dir.path().join("q");
-        let opts = ConvertOptions { q_bits: Some(4), q_group_size: 64, float_dtype: FloatDtype::F32 };
+        let opts = ConvertOptions { q_bits: Some(4), q_group_size: 64, float_dtype: FloatDtype::F32, float: false };
         let sum = convert_gguf(&src, &out, &opts, &mut |_| {}).unwrap();
         assert_eq!(sum.requantized, 9, "{wty}");
         let st = read_safetensors(&out.join("model.safetensors"));
@@ -493,6 +494,382 @@ fn conversion_errors_name_the_problem() {
     assert!(matches!(e, Error::Io { .. }), "{e}");
 }
 
+/// The MLX bits and group a converted module got, from config.json's quantization block
+/// (its per-module override or the default); None when the module is float.
+fn module_quant(cfg: &serde_json::Value, module: &str) -> Option<(u32, u32)> {
+    let q = cfg.get("quantization")?;
+    let e = q.get(module).unwrap_or(q);
+    if e == &serde_json::Value::Bool(false) {
+        return None;
+    }
+    Some((e["bits"].as_u64()? as u32, e["group_size"].as_u64()? as u32))
+}
+
+/// The MLX dequantization of converted module `m` (bits from config.json), with its scales.
+/// Values, (scales, biases), bits, group size.
+type Dequantized = (Vec<f32>, (Vec<f32>, Vec<f32>), u32, u32);
+
+fn dequant_module(st: &std::collections::HashMap<String, StTensor>, cfg: &serde_json::Value, m: &str) -> Dequantized {
+    let (bits, group) = module_quant(cfg, m).unwrap_or_else(|| panic!("{m} is not quantized"));
+    let (w, s, b) = (&st[&format!("{m}.weight")], &st[&format!("{m}.scales")], &st[&format!("{m}.biases")]);
+    let cols = *w.shape.last().unwrap() as usize * 32 / bits as usize;
+    assert_eq!(*s.shape.last().unwrap() as usize, cols / group as usize, "{m}: scales do not match group {group}");
+    (mlx_dequantize(w, s, b, bits), (s.f32s(), b.f32s()), bits, group)
+}
+
+/// Default conversion: every weight gets the MLX quantization nearest to its GGUF type; exact
+/// types repack bit for bit, Q6_K/Q3_K/Q2_K re-quantize within one step of the new grid; the
+/// GGUF's mix is in config.json's per-module overrides.
+#[test]
+fn kquant_default_is_native_quantization() {
+    let cases = [
+        (GgmlType::Q4_K, 4, true),
+        (GgmlType::Q5_K, 5, true),
+        (GgmlType::Q5_0, 5, true),
+        (GgmlType::Q5_1, 5, true),
+        (GgmlType::Q4_0, 4, true),
+        (GgmlType::Q4_1, 4, true),
+        (GgmlType::Q8_0, 8, true),
+        (GgmlType::Q6_K, 6, false),
+        (GgmlType::Q3_K, 3, false),
+        (GgmlType::Q2_K, 3, false),
+    ];
+    for (wty, bits, exact) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        // Embedding Q6_K, output Q8_0 like a real K-quant mix; the projections `wty`.
+        let mut m = tiny_model("qwen2", wty, GgmlType::Q6_K, true);
+        let mut rng = Rng(7);
+        for t in m.writer.tensors.iter_mut() {
+            if t.0 == "output.weight" {
+                t.2 = GgmlType::Q8_0;
+                t.3 = enc_q8_0(&rng.vec(m.vocab * HIDDEN, 0.05));
+            }
+        }
+        let src = write_gguf(dir.path(), "tiny.gguf", &m.writer);
+        let g = GgufFile::open(&src).unwrap();
+        let out = dir.path().join("out");
+        let sum = convert_gguf(&src, &out, &ConvertOptions::default(), &mut |_| {}).unwrap();
+        let cfg = read_json(&out.join("config.json"));
+        let st = read_safetensors(&out.join("model.safetensors"));
+        assert_eq!(sum.float_tensors, 6, "{wty}: only norms and biases stay float");
+        let n_exact = 1 + if exact { 7 } else { 0 }; // output (Q8_0) + the projections
+        assert_eq!((sum.lossless, sum.requantized), (n_exact, 9 - n_exact), "{wty}");
+        let q = &cfg["quantization"];
+        assert_eq!((q["bits"].as_u64().unwrap() as u32, q["group_size"].as_u64().unwrap()), (bits, 32), "{wty}: the majority");
+        assert_eq!(q["mode"], "affine");
+        assert_eq!(module_quant(&cfg, "model.embed_tokens"), Some((6, 32)), "{wty}");
+        assert_eq!(module_quant(&cfg, "lm_head"), Some((8, 32)), "{wty}");
+        assert_eq!(cfg["quantization_config"], cfg["quantization"]);
+        for (gguf_name, module) in [
+            ("blk.0.ffn_down.weight", "model.layers.0.mlp.down_proj"),
+            ("blk.0.attn_q.weight", "model.layers.0.self_attn.q_proj"),
+            ("token_embd.weight", "model.embed_tokens"),
+            ("output.weight", "lm_head"),
+        ] {
+            let t = g.tensor(gguf_name).unwrap();
+            let want = g.dequantize(t).unwrap();
+            let (got, scales, b, group) = dequant_module(&st, &cfg, module);
+            assert_eq!(st[&format!("{module}.weight")].shape[0], t.shape()[0]);
+            let tensor_exact = affine::lossless_bits(t.ty).is_some();
+            let expect_exact = match module {
+                "lm_head" => true,             // Q8_0
+                "model.embed_tokens" => false, // Q6_K
+                _ => exact,
+            };
+            assert_eq!(tensor_exact, expect_exact, "{wty} {module}");
+            if tensor_exact {
+                assert_eq!(b, affine::lossless_bits(t.ty).unwrap());
+                for (i, (a, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(a, w, "{wty} {module} element {i}: MLX {a} vs GGUF {w}");
+                }
+            } else {
+                assert_eq!(b, affine::native_bits(t.ty).unwrap().0);
+                let (scales, biases) = scales;
+                for (i, (a, w)) in got.iter().zip(&want).enumerate() {
+                    let (step, bias) = (scales[i / group as usize].abs(), biases[i / group as usize].abs());
+                    // MLX makes the larger-magnitude edge exact; elsewhere half a step, and the other
+                    // edge may clip by up to one step; the f16 scale and bias add their rounding
+                    // (2^-11 relative, times up to 63 levels for the scale).
+                    let tol = step * (1.0 + 64.0 / 2048.0) + bias / 2048.0 + 1e-7;
+                    assert!((a - w).abs() <= tol, "{wty} {module} element {i}: {a} vs {w} (step {step})");
+                }
+            }
+        }
+    }
+}
+
+/// Q4_K / Q5_K / Q5_0 / Q5_1 blocks repack into MLX affine g32 exactly, element for element, and
+/// the K-quant scales d·sc are exact in f32 (not, in general, in f16).
+#[test]
+fn kquant_lossless_repack_is_exact() {
+    let mut rng = Rng(4242);
+    for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q5_0, GgmlType::Q5_1] {
+        let n = 256 * 16;
+        let data = random_blocks_d(ty, n, &mut rng, 0.05);
+        let mut want = vec![0f32; n];
+        mlex::gguf::quants::dequantize_row(ty, &data, &mut want).unwrap();
+        let (mut p, mut s, mut b) = (Vec::new(), Vec::new(), Vec::new());
+        affine::repack_lossless_row(ty, &data, &mut p, &mut s, &mut b);
+        let bits = affine::lossless_bits(ty).unwrap();
+        assert_eq!(p.len(), n * bits as usize / 8);
+        assert_eq!(s.len(), n / 32);
+        let q = affine::unpack(&p, bits, n);
+        for i in 0..n {
+            let got = s[i / 32] * q[i] as f32 + b[i / 32];
+            assert_eq!(got, want[i], "{ty} element {i}: {got} vs {}", want[i]);
+        }
+        if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K) {
+            assert!(!affine::lossless_fits_f16(ty, &data), "{ty}: random d·sc should need f32");
+        }
+    }
+}
+
+/// Q2_K → 3 bits: re-quantizing Q2_K's values at 3 bits (group 32) stays well within Q2_K's own
+/// step, where 2 bits would not; the figures are printed for the record.
+#[test]
+fn q2_k_requantizes_to_three_bits() {
+    let mut rng = Rng(99);
+    let n = 256 * 64;
+    let data = random_blocks_d(GgmlType::Q2_K, n, &mut rng, 0.05);
+    let mut vals = vec![0f32; n];
+    mlex::gguf::quants::dequantize_row(GgmlType::Q2_K, &data, &mut vals).unwrap();
+    let rms_for = |bits: u32| {
+        let (mut p, mut s, mut b) = (Vec::new(), Vec::new(), Vec::new());
+        affine::quantize_row(&vals, bits, 32, &mut p, &mut s, &mut b);
+        let q = affine::unpack(&p, bits, n);
+        let se: f64 = (0..n).map(|i| ((s[i / 32] * q[i] as f32 + b[i / 32]) - vals[i]) as f64).map(|e| e * e).sum();
+        (se / n as f64).sqrt()
+    };
+    // Q2_K's own step: d·sc per sub-block of 16 (its error against the original weights is ~step/√12).
+    let steps: f64 = data
+        .chunks_exact(84)
+        .flat_map(|b| {
+            let d = half::f16::from_le_bytes([b[80], b[81]]).to_f32().abs() as f64;
+            b[0..16].iter().map(move |sc| d * (sc & 0x0F) as f64).collect::<Vec<_>>()
+        })
+        .sum::<f64>()
+        / (n / 16) as f64;
+    let (e2, e3) = (rms_for(2), rms_for(3));
+    eprintln!("Q2_K re-quantized at g32: rms error 2-bit {e2:.5}, 3-bit {e3:.5}; Q2_K's mean step {steps:.5}");
+    assert!(e3 < e2 / 2.0, "3 bits {e3} vs 2 bits {e2}");
+    assert!(e3 < steps / 3.46, "3-bit error {e3} exceeds Q2_K's own rms error for its step {steps}");
+}
+
+/// --q-bits overrides the native default for K-quants (legacy set stays lossless); --float gives
+/// floats; both together are rejected.
+#[test]
+fn q_bits_and_float_override_native() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = tiny_model("qwen2", GgmlType::Q4_K, GgmlType::Q8_0, false);
+    let src = write_gguf(dir.path(), "tiny.gguf", &m.writer);
+    let out = dir.path().join("q6");
+    let opts = ConvertOptions { q_bits: Some(6), q_group_size: 64, ..Default::default() };
+    let sum = convert_gguf(&src, &out, &opts, &mut |_| {}).unwrap();
+    assert_eq!((sum.lossless, sum.requantized), (1, 7));
+    let cfg = read_json(&out.join("config.json"));
+    assert_eq!(module_quant(&cfg, "model.layers.0.mlp.up_proj"), Some((6, 64)));
+    assert_eq!(module_quant(&cfg, "model.embed_tokens"), Some((8, 32)));
+
+    let out = dir.path().join("f");
+    let sum = convert_gguf(&src, &out, &ConvertOptions { float: true, ..Default::default() }, &mut |_| {}).unwrap();
+    assert_eq!((sum.lossless, sum.requantized), (1, 0));
+    let cfg = read_json(&out.join("config.json"));
+    assert_eq!(cfg["quantization"]["model.layers.0.mlp.up_proj"], false);
+
+    let opts = ConvertOptions { q_bits: Some(4), float: true, ..Default::default() };
+    let e = convert_gguf(&src, &dir.path().join("x"), &opts, &mut |_| {}).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+}
+
+/// The oracle's python (mlx-lm), as tests/common/mod.rs finds it: `$MLEX_ORACLE_VENV` or
+/// `.venv-oracle`. None (skip) when absent, except in CI, where it is a failure.
+fn oracle_python(test: &str) -> Option<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let venv = std::env::var_os("MLEX_ORACLE_VENV")
+        .filter(|v| !v.is_empty())
+        .map(|v| root.join(v))
+        .unwrap_or_else(|| root.join(".venv-oracle"));
+    let py = [venv.join("bin/python"), venv.join("bin/python3")].into_iter().find(|p| p.is_file());
+    let ci = std::env::var("CI").map(|v| !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("false")).unwrap_or(false);
+    if py.is_none() {
+        assert!(!ci, "{test}: no oracle venv (scripts/setup-oracle.sh); CI is set, so this is a failure");
+        eprintln!("{test}: no oracle venv: mlx-lm comparison skipped");
+    }
+    py
+}
+
+/// mlx-lm's greedy tokens and their log probabilities for `ids` on checkpoint `dir`.
+fn mlx_lm_greedy(py: &Path, dir: &Path, ids: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gguf/generate_ids.py");
+    let ids: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+    let out = std::process::Command::new(py).arg(script).arg(dir).arg(ids.join(",")).arg(n.to_string()).output().unwrap();
+    assert!(out.status.success(), "mlx-lm failed on {}:\n{}", dir.display(), String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let toks = v["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
+    let lps = v["logprobs"].as_array().unwrap().iter().map(|t| t.as_f64().unwrap() as f32).collect();
+    (toks, lps)
+}
+
+/// qwen3, qwen3moe and gemma3: a tiny K-quant GGUF converts (native quantization, the
+/// architecture's own config fields and tensor names), loads in mlex and generates; with the
+/// oracle, mlx-lm loads the same directory and picks the same greedy tokens.
+#[test]
+fn convert_new_archs_load_and_generate() {
+    let oracle = oracle_python("convert_new_archs_load_and_generate");
+    for (arch, model_type) in [("qwen3", "qwen3"), ("qwen3moe", "qwen3_moe"), ("gemma3", "gemma3_text")] {
+        let dir = tempfile::tempdir().unwrap();
+        let m = tiny_model_layers(arch, GgmlType::Q4_K, GgmlType::Q8_0, arch == "qwen3moe", 2);
+        let src = write_gguf(dir.path(), "tiny.gguf", &m.writer);
+        let g = GgufFile::open(&src).unwrap();
+        let out = dir.path().join("out");
+        let sum = convert_gguf(&src, &out, &ConvertOptions::default(), &mut |_| {}).unwrap();
+        assert_eq!(sum.architecture, arch);
+        let cfg = read_json(&out.join("config.json"));
+        let st = read_safetensors(&out.join("model.safetensors"));
+        assert_eq!(cfg["model_type"], model_type);
+        assert_eq!(cfg["head_dim"], HEAD_DIM);
+        assert_eq!(cfg["num_hidden_layers"], 2);
+        assert_eq!(cfg["quantization"]["bits"], 4, "{arch}");
+        assert_eq!(cfg["quantization"]["group_size"], 32, "{arch}");
+        assert_eq!(module_quant(&cfg, "model.embed_tokens"), Some((8, 32)), "{arch}");
+        for l in 0..2 {
+            for n in ["q_norm", "k_norm"] {
+                assert_eq!(st[&format!("model.layers.{l}.self_attn.{n}.weight")].shape, vec![HEAD_DIM as u64], "{arch}");
+            }
+        }
+        // q/k are not permuted for these architectures.
+        let (q, ..) = dequant_module(&st, &cfg, "model.layers.0.self_attn.q_proj");
+        assert_eq!(q, g.dequantize(g.tensor("blk.0.attn_q.weight").unwrap()).unwrap(), "{arch}");
+        match arch {
+            "qwen3" => {
+                assert_eq!(cfg["tie_word_embeddings"], true);
+                assert_eq!(cfg["intermediate_size"], FFN);
+                assert!(!st.contains_key("lm_head.weight"));
+            }
+            "qwen3moe" => {
+                assert_eq!(cfg["tie_word_embeddings"], false);
+                assert_eq!(cfg["num_experts"], EXPERTS);
+                assert_eq!(cfg["num_experts_per_tok"], EXPERTS_USED);
+                assert_eq!(cfg["moe_intermediate_size"], EXPERT_FF);
+                assert_eq!(cfg["norm_topk_prob"], true);
+                assert_eq!(cfg["decoder_sparse_step"], 1);
+                assert_eq!(cfg["mlp_only_layers"], serde_json::json!([]));
+                // Stacked experts: [experts, rows, cols] quantized along cols, exact for Q4_K.
+                for (gg, mm, rows, cols) in [
+                    ("ffn_gate_exps", "gate_proj", EXPERT_FF, HIDDEN),
+                    ("ffn_up_exps", "up_proj", EXPERT_FF, HIDDEN),
+                    ("ffn_down_exps", "down_proj", HIDDEN, EXPERT_FF),
+                ] {
+                    let module = format!("model.layers.1.mlp.switch_mlp.{mm}");
+                    let w = &st[&format!("{module}.weight")];
+                    assert_eq!(w.shape, vec![EXPERTS as u64, rows as u64, (cols / 8) as u64]);
+                    assert_eq!(st[&format!("{module}.scales")].shape, vec![EXPERTS as u64, rows as u64, (cols / 32) as u64]);
+                    let (got, ..) = dequant_module(&st, &cfg, &module);
+                    assert_eq!(got, g.dequantize(g.tensor(&format!("blk.1.{gg}.weight")).unwrap()).unwrap(), "{module}");
+                }
+                // The router stays float (F32 in the GGUF).
+                assert_eq!(st["model.layers.0.mlp.gate.weight"].shape, vec![EXPERTS as u64, HIDDEN as u64]);
+                assert_eq!(cfg["quantization"]["model.layers.0.mlp.gate"], false);
+            }
+            "gemma3" => {
+                assert_eq!(cfg["sliding_window"], 16);
+                assert_eq!(cfg["sliding_window_pattern"], 2);
+                assert_eq!(cfg["rope_local_base_freq"].as_f64(), Some(10000.0));
+                assert_eq!(cfg["rope_theta"].as_f64(), Some(10000.0));
+                assert_eq!(cfg["query_pre_attn_scalar"].as_f64(), Some(HEAD_DIM as f64));
+                assert_eq!(cfg["hidden_activation"], "gelu_pytorch_tanh");
+                // Every norm loses the +1 llama.cpp folded in.
+                for (gg, mm) in [
+                    ("blk.1.attn_norm", "model.layers.1.input_layernorm"),
+                    ("blk.1.post_attention_norm", "model.layers.1.post_attention_layernorm"),
+                    ("blk.1.ffn_norm", "model.layers.1.pre_feedforward_layernorm"),
+                    ("blk.1.post_ffw_norm", "model.layers.1.post_feedforward_layernorm"),
+                    ("blk.1.attn_q_norm", "model.layers.1.self_attn.q_norm"),
+                    ("blk.1.attn_k_norm", "model.layers.1.self_attn.k_norm"),
+                    ("output_norm", "model.norm"),
+                ] {
+                    let want: Vec<f32> =
+                        g.dequantize(g.tensor(&format!("{gg}.weight")).unwrap()).unwrap().iter().map(|v| v - 1.0).collect();
+                    assert_eq!(st[&format!("{mm}.weight")].f32s(), want, "{mm}");
+                }
+            }
+            _ => unreachable!(),
+        }
+
+        let s = mlex::Session::load(&out).unwrap_or_else(|e| panic!("{arch}: {e}"));
+        let prompt = [5u32, 17, 42, 100, 7];
+        let opts = mlex::GenerateOptions { max_tokens: 6, ignore_eos: true, ..Default::default() };
+        let reply = s.generate_tokens(&prompt, opts, |_| true).unwrap_or_else(|e| panic!("{arch}: {e}"));
+        assert_eq!(reply.tokens.len(), 6, "{arch}");
+        assert!(reply.logprobs.iter().all(|l| l.is_finite()), "{arch}: {:?}", reply.logprobs);
+        if let Some(py) = &oracle {
+            let (toks, lps) = mlx_lm_greedy(py, &out, &prompt, 6);
+            // Same tokens with the same log probabilities, up to a near-tie (random tiny models
+            // have flat distributions): after one, the two continuations may differ.
+            for i in 0..toks.len() {
+                let (a, b) = (reply.logprobs[i], lps[i]);
+                assert!((a - b).abs() < 0.02, "{arch} step {i}: logprob {a} vs mlx-lm {b} ({:?} vs {toks:?})", reply.tokens);
+                if reply.tokens[i] != toks[i] {
+                    eprintln!("{arch}: near-tie at step {i} ({} vs {}, logprob {a} vs {b})", reply.tokens[i], toks[i]);
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Bad input for the new architectures names the tensor: a missing one, a wrong shape, an
+/// unsupported type, a fused projection.
+#[test]
+fn new_arch_errors_name_the_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let conv = |w: &GgufWriter, name: &str| {
+        let src = write_gguf(dir.path(), &format!("{name}.gguf"), w);
+        convert_gguf(&src, &dir.path().join(name), &ConvertOptions::default(), &mut |_| {}).unwrap_err().to_string()
+    };
+    // Missing: gemma3's post-feedforward norm, qwen3's k norm, qwen3moe's router.
+    for (arch, gone, hf) in [
+        ("gemma3", "blk.0.post_ffw_norm.weight", "post_feedforward_layernorm"),
+        ("qwen3", "blk.0.attn_k_norm.weight", "self_attn.k_norm"),
+        ("qwen3moe", "blk.0.ffn_gate_inp.weight", "mlp.gate"),
+    ] {
+        let mut m = tiny_model(arch, GgmlType::Q4_K, GgmlType::Q8_0, false);
+        m.writer.tensors.retain(|t| t.0 != gone);
+        let e = conv(&m.writer, &format!("miss-{arch}"));
+        assert!(e.contains(gone) && e.contains(hf), "{e}");
+    }
+    // Wrong shape of a stacked expert tensor (3 experts instead of 4).
+    let mut m = tiny_model("qwen3moe", GgmlType::Q4_K, GgmlType::Q8_0, false);
+    for t in m.writer.tensors.iter_mut() {
+        if t.0 == "blk.0.ffn_up_exps.weight" {
+            t.1[2] = 3;
+            t.3.truncate(t.3.len() / 4 * 3);
+        }
+    }
+    let e = conv(&m.writer, "shape");
+    assert!(e.contains("blk.0.ffn_up_exps.weight") && e.contains("[3, 256, 256]"), "{e}");
+    // A type the converter cannot decode.
+    let mut m = tiny_model("gemma3", GgmlType::Q4_K, GgmlType::Q8_0, false);
+    for t in m.writer.tensors.iter_mut() {
+        if t.0 == "blk.0.ffn_gate.weight" {
+            t.2 = GgmlType::IQ2_XXS;
+            t.3 = vec![0u8; FFN * HIDDEN / 256 * GgmlType::IQ2_XXS.type_size()];
+        }
+    }
+    let e = conv(&m.writer, "type");
+    assert!(e.contains("blk.0.ffn_gate.weight") && e.contains("IQ2_XXS"), "{e}");
+    // A fused QKV projection (llama.cpp's optional fusion).
+    let mut m = tiny_model("qwen3", GgmlType::F16, GgmlType::F16, false);
+    m.writer.tensor_f32("blk.0.attn_qkv.weight", &[4, 4], &[0.0; 16]);
+    let e = conv(&m.writer, "fused");
+    assert!(e.contains("blk.0.attn_qkv.weight") && e.contains("fused"), "{e}");
+    // A tensor of another architecture (q norm in a llama).
+    let mut m = tiny_model("llama", GgmlType::F16, GgmlType::F16, false);
+    m.writer.tensor_f32("blk.0.attn_q_norm.weight", &[HEAD_DIM as u64], &[1.0; HEAD_DIM]);
+    let e = conv(&m.writer, "foreign");
+    assert!(e.contains("blk.0.attn_q_norm.weight"), "{e}");
+}
+
 fn smollm2_path() -> Option<PathBuf> {
     if let Ok(p) = std::env::var("MLEX_SMOLLM2_GGUF") {
         return Some(PathBuf::from(p));
@@ -532,6 +909,82 @@ fn convert_real_smollm2() {
     assert_eq!(tok.decode(enc.get_ids(), false).unwrap(), s);
     let st = read_safetensors(&out.join("model.safetensors"));
     assert_eq!(st["model.embed_tokens.weight"].shape, vec![49152, 576 / 4]);
+}
+
+fn gemma3_path() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("MLEX_GEMMA3_GGUF") {
+        return Some(PathBuf::from(p));
+    }
+    let cache = std::env::var("MLEX_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|_| std::env::var("HOME").map(|h| PathBuf::from(h).join(".cache/mlex")))
+        .ok()?;
+    let p = cache.join("models/gemma-3-270m-q4_k_m.gguf");
+    p.exists().then_some(p)
+}
+
+/// Real weights: Gemma-3-270M base, Q4_K_M (scripts/fetch-gemma3-270m.sh puts it in the cache):
+/// the gemma3 config, the GGUF's own K-quant mix as MLX quantization, the tokenizer against the
+/// real Hugging Face one (tests/tokenizer_real's assets), and a sensible continuation in mlex.
+#[test]
+fn convert_real_gemma3() {
+    let Some(src) = gemma3_path() else {
+        eprintln!("Gemma-3-270M GGUF not found (run scripts/fetch-gemma3-270m.sh): skipped");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("gemma3");
+    let sum = convert_gguf(&src, &out, &ConvertOptions::default(), &mut |_| {}).unwrap();
+    assert_eq!(sum.architecture, "gemma3");
+    assert!(sum.tie_word_embeddings);
+    // Q5_0 ×81 (rows of 640 cannot hold 256-blocks), Q4_K ×27, Q8_0 ×10 exact; Q6_K ×9 re-quantized.
+    assert_eq!((sum.lossless, sum.requantized), (118, 9));
+    let want: std::collections::BTreeMap<(u8, u32), usize> = [((4, 32), 27), ((5, 32), 81), ((6, 32), 9), ((8, 32), 10)].into();
+    assert_eq!(sum.quantized, want);
+    let cfg = read_json(&out.join("config.json"));
+    assert_eq!(cfg["model_type"], "gemma3_text");
+    assert_eq!(cfg["num_hidden_layers"], 18);
+    assert_eq!(cfg["hidden_size"], 640);
+    assert_eq!(cfg["head_dim"], 256);
+    assert_eq!(cfg["num_key_value_heads"], 1);
+    assert_eq!(cfg["sliding_window"], 512);
+    assert_eq!(cfg["sliding_window_pattern"], 6);
+    assert_eq!(cfg["query_pre_attn_scalar"], 256);
+    assert_eq!(cfg["rope_local_base_freq"].as_f64(), Some(10000.0));
+    assert_eq!(cfg["rope_theta"].as_f64(), Some(1_000_000.0));
+    assert_eq!(cfg["quantization"]["bits"], 5);
+    assert_eq!(cfg["quantization"]["model.embed_tokens"], serde_json::json!({"group_size": 32, "bits": 8}));
+
+    let assets = std::env::var("MLEX_TEST_ASSETS").map(PathBuf::from).unwrap_or_else(|_| {
+        std::env::var("MLEX_CACHE_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/mlex"))
+            .join("test-assets")
+    });
+    let reference = assets.join("gemma3/tokenizer.json");
+    if reference.exists() {
+        let ours = tokenizers::Tokenizer::from_file(out.join("tokenizer.json")).unwrap();
+        let theirs = tokenizers::Tokenizer::from_file(&reference).unwrap();
+        for s in [
+            "The capital of France is",
+            "  leading and trailing spaces  ",
+            "numbers 1234567 and 3.14159, ünïcödé — 中文字符 😀👍🏽",
+            "code:\n\tdef f(x):\n\t\treturn x**2  # square\n",
+            "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n",
+        ] {
+            let a = ours.encode(s, true).unwrap();
+            let b = theirs.encode(s, true).unwrap();
+            assert_eq!(a.get_ids(), b.get_ids(), "{s:?}");
+        }
+    } else {
+        eprintln!("{} not found (scripts/fetch-test-assets.sh): tokenizer comparison skipped", reference.display());
+    }
+
+    let s = mlex::Session::load(&out).unwrap();
+    let opts = mlex::GenerateOptions { max_tokens: 16, ..Default::default() };
+    let reply = s.generate_text("The capital of France is", opts, |_| true).unwrap();
+    eprintln!("gemma-3-270m: The capital of France is{}", reply.text);
+    assert!(reply.text.contains("France") || reply.text.contains("Paris"), "{:?}", reply.text);
 }
 
 /// llama.cpp's tokenizer test vectors (vocab-only GGUFs + inputs + HF-produced ids), shipped in the

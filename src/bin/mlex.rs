@@ -22,6 +22,12 @@ enum Command {
     /// Print a chat transcript rendered through the model's chat template.
     Template(TemplateArgs),
     /// Convert a GGUF file into an MLX checkpoint directory.
+    ///
+    /// Architectures: llama, qwen2, qwen3, qwen3moe, gemma3. By default each weight gets the MLX
+    /// affine quantization nearest to its own GGUF type, and the GGUF's per-tensor mix is recorded
+    /// per module in config.json: Q4_0/Q4_1/Q4_K → 4 bits, Q5_0/Q5_1/Q5_K → 5, Q8_0 → 8 (lossless
+    /// repacks, group 32); Q6_K → 6, Q3_K and Q2_K → 3 (re-quantized, group 32); float weights stay
+    /// float. --q-bits makes it uniform, --float writes floats.
     Convert(ConvertArgs),
     /// Measure load, prefill, time to first token, decode speed and peak memory.
     Bench(BenchArgs),
@@ -208,11 +214,17 @@ struct ConvertArgs {
     /// Output directory (created).
     #[arg(long)]
     out: PathBuf,
-    /// Re-quantize tensors that have no lossless MLX layout (K-quants, Q5) to this many bits.
-    #[arg(long)]
+    /// Quantize every weight except Q4_0/Q4_1/Q8_0 (kept lossless) to this many bits (2, 3, 4, 5,
+    /// 6, 8) at --q-group-size, instead of each weight's nearest quantization.
+    #[arg(long, conflicts_with = "float")]
     q_bits: Option<u8>,
+    /// Group size for --q-bits (32, 64, 128).
     #[arg(long, default_value_t = 64)]
     q_group_size: u32,
+    /// Write every weight except Q4_0/Q4_1/Q8_0 (kept lossless) as floats (--dtype), as older
+    /// versions did by default: larger and slower, but no re-quantization.
+    #[arg(long)]
+    float: bool,
     /// Dtype of tensors written as floats: f16, bf16 or f32.
     #[arg(long, default_value = "f16")]
     dtype: String,
@@ -450,6 +462,7 @@ fn convert(a: ConvertArgs) -> mlex::Result<()> {
     let opts = ConvertOptions {
         q_bits: a.q_bits,
         q_group_size: a.q_group_size,
+        float: a.float,
         float_dtype: a
             .dtype
             .parse()
@@ -463,14 +476,19 @@ fn convert(a: ConvertArgs) -> mlex::Result<()> {
             for w in &s.warnings {
                 eprintln!("warning: {w}");
             }
+            let mix: Vec<String> =
+                s.quantized.iter().map(|((bits, group), n)| format!("{n}× {bits}-bit/g{group}")).collect();
             eprintln!(
-                "converted {} ({} tensors: {} lossless, {} re-quantized, {} float) to {} in {:.1}s",
+                "converted {} ({} tensors: {} lossless, {} re-quantized, {} float{}{}) to {} ({:.1} MB) in {:.1}s",
                 s.architecture,
                 s.tensors,
                 s.lossless,
                 s.requantized,
                 s.float_tensors,
+                if mix.is_empty() { "" } else { "; " },
+                mix.join(", "),
                 a.out.display(),
+                s.safetensors_bytes as f64 / 1e6,
                 started.elapsed().as_secs_f64()
             );
             Ok(())

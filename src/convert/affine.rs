@@ -117,37 +117,102 @@ pub fn unpack(packed: &[u8], bits: u32, n: usize) -> Vec<u32> {
 }
 
 /// GGUF block types that map exactly onto MLX affine groups of 32: (bits).
+///
+/// - Q4_0 `d·(q−8)`, Q5_0 `d·(q−16)`, Q8_0 `d·q` (q signed): scale d, bias −8d / −16d / −128d;
+/// - Q4_1 / Q5_1 `d·q + m`: scale d, bias m;
+/// - Q4_K / Q5_K: each sub-block of 32 is `(d·sc)·q − dmin·m` with f16 `d`, `dmin` and 6-bit
+///   `sc`, `m`: scale d·sc, bias −dmin·m. Both products need at most 11 + 6 significant bits, so
+///   they are exact in f32, and `scale·q + bias` rounds the same real number the reference
+///   dequantizer (`d1·q − m1`) rounds: MLX's values equal GGUF's bit for bit (up to the sign of 0).
+///
+/// Q6_K, Q3_K and Q2_K use sub-blocks of 16 with their own scales (and Q8_K an f32 scale, whose
+/// `−128d` bias is not exact), so they have no exact group-32 layout: see [`native_bits`].
 pub fn lossless_bits(ty: GgmlType) -> Option<u32> {
     match ty {
-        GgmlType::Q4_0 | GgmlType::Q4_1 => Some(4),
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K => Some(4),
+        GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K => Some(5),
         GgmlType::Q8_0 => Some(8),
         _ => None,
     }
 }
 
-/// Scale and bias (as f32, exact) of a lossless block: Q4_0 (d, −8d), Q4_1 (d, m), Q8_0 (d, −128d).
-#[inline]
-pub fn lossless_scale_bias(ty: GgmlType, block: &[u8]) -> (f32, f32) {
-    let d = f16::from_bits(u16::from_le_bytes([block[0], block[1]])).to_f32();
+/// The MLX affine bit width nearest to a GGUF block type, and whether the conversion is exact
+/// (a repack, [`lossless_bits`]) rather than a dequantize + re-quantize.
+///
+/// Q6_K → 6, Q3_K → 3, Q8_K → 8 bits. Q2_K → 3 bits, not 2: a Q2_K sub-block of 16 holds 4 levels
+/// `a·q − b` with its own a and b, so an MLX group of 32 spans two different 4-level grids (up to
+/// 8 distinct values); 2 bits would collapse them onto 4 levels and add more error than Q2_K
+/// itself has, 3 bits (8 levels) keeps the re-quantization error well under Q2_K's own step.
+pub fn native_bits(ty: GgmlType) -> Option<(u32, bool)> {
+    if let Some(b) = lossless_bits(ty) {
+        return Some((b, true));
+    }
     match ty {
-        GgmlType::Q4_0 => (d, -8.0 * d),
-        GgmlType::Q4_1 => (d, f16::from_bits(u16::from_le_bytes([block[2], block[3]])).to_f32()),
-        GgmlType::Q8_0 => (d, -128.0 * d),
+        GgmlType::Q6_K => Some((6, false)),
+        GgmlType::Q3_K | GgmlType::Q2_K => Some((3, false)),
+        GgmlType::Q8_K => Some((8, false)),
+        _ => None,
+    }
+}
+
+#[inline]
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
+}
+
+/// The 6-bit (scale, min) pair `j` (0..8) of the 12-byte K-quant scale block (as the dequantizer).
+#[inline]
+fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    }
+}
+
+/// Scale and bias (as f32, exact) of each group of 32 of one lossless block, in element order:
+/// one pair for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, eight for Q4_K/Q5_K.
+pub fn lossless_scales_biases(ty: GgmlType, block: &[u8], mut f: impl FnMut(f32, f32)) {
+    match ty {
+        GgmlType::Q4_0 => {
+            let d = f16_at(block, 0);
+            f(d, -8.0 * d)
+        }
+        GgmlType::Q5_0 => {
+            let d = f16_at(block, 0);
+            f(d, -16.0 * d)
+        }
+        GgmlType::Q8_0 => {
+            let d = f16_at(block, 0);
+            f(d, -128.0 * d)
+        }
+        GgmlType::Q4_1 | GgmlType::Q5_1 => f(f16_at(block, 0), f16_at(block, 2)),
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
+            let sc = &block[4..16];
+            for j in 0..8 {
+                let (s, m) = scale_min_k4(j, sc);
+                f(d * s as f32, -(dmin * m as f32))
+            }
+        }
         _ => unreachable!("not a lossless type"),
     }
 }
 
 /// Whether every scale and bias of a lossless tensor's data is exactly representable in f16
-/// (d and m are f16 already; −8d and −128d can overflow f16 for huge d).
+/// (d and m are f16 already; −8d, −128d can overflow f16 for huge d; the K-quant products d·sc
+/// usually need more than f16's 11 significant bits).
 pub fn lossless_fits_f16(ty: GgmlType, data: &[u8]) -> bool {
+    let exact = |v: f32| f16::from_f32(v).to_f32() == v;
     data.chunks_exact(ty.type_size()).all(|b| {
-        let (s, bias) = lossless_scale_bias(ty, b);
-        f16::from_f32(s).to_f32() == s && f16::from_f32(bias).to_f32() == bias
+        let mut ok = true;
+        lossless_scales_biases(ty, b, |s, bias| ok &= exact(s) && exact(bias));
+        ok
     })
 }
 
-/// Repack one row of Q4_0 / Q4_1 / Q8_0 blocks into MLX packed bytes (group 32) and push one
-/// scale and bias per block.
+/// Repack one row of lossless blocks ([`lossless_bits`]) into MLX packed bytes (group 32) and
+/// push one scale and bias per group.
 pub fn repack_lossless_row(
     ty: GgmlType,
     row: &[u8],
@@ -156,9 +221,10 @@ pub fn repack_lossless_row(
     biases: &mut Vec<f32>,
 ) {
     for b in row.chunks_exact(ty.type_size()) {
-        let (s, bias) = lossless_scale_bias(ty, b);
-        scales.push(s);
-        biases.push(bias);
+        lossless_scales_biases(ty, b, |s, bias| {
+            scales.push(s);
+            biases.push(bias);
+        });
         match ty {
             GgmlType::Q4_0 | GgmlType::Q4_1 => {
                 let qs = if ty == GgmlType::Q4_0 { &b[2..18] } else { &b[4..20] };
@@ -170,9 +236,50 @@ pub fn repack_lossless_row(
                     packed.push(nib(e0) | (nib(e1) << 4));
                 }
             }
+            GgmlType::Q5_0 | GgmlType::Q5_1 => {
+                // As Q4_0/Q4_1 plus a u32 of fifth bits: bit e belongs to element e.
+                let (qh_at, qs_at) = if ty == GgmlType::Q5_0 { (2, 6) } else { (4, 8) };
+                let qh = u32::from_le_bytes([b[qh_at], b[qh_at + 1], b[qh_at + 2], b[qh_at + 3]]);
+                let qs = &b[qs_at..qs_at + 16];
+                let mut pk = BitPacker::new(packed);
+                for e in 0..32 {
+                    let nib = if e < 16 { qs[e] & 0x0F } else { qs[e - 16] >> 4 };
+                    pk.push(nib as u32 | (((qh >> e) & 1) << 4), 5);
+                }
+                pk.finish();
+            }
             GgmlType::Q8_0 => {
                 // q_mlx = q_gguf + 128 in 0..=255; w = d*q_gguf = d*q_mlx − 128d.
                 packed.extend(b[2..34].iter().map(|&x| (x as i8 as i16 + 128) as u8));
+            }
+            GgmlType::Q4_K => {
+                // Per 64 elements (32 bytes): sub-block 2i = the low nibbles, 2i+1 = the high ones.
+                let qs = &b[16..144];
+                for i in 0..4 {
+                    let q = &qs[i * 32..i * 32 + 32];
+                    for pair in q.chunks_exact(2) {
+                        packed.push((pair[0] & 0x0F) | ((pair[1] & 0x0F) << 4));
+                    }
+                    for pair in q.chunks_exact(2) {
+                        packed.push((pair[0] >> 4) | (pair[1] & 0xF0));
+                    }
+                }
+            }
+            GgmlType::Q5_K => {
+                // As Q4_K; element l of sub-block j has its fifth bit at bit j of qh[l].
+                let qh = &b[16..48];
+                let qs = &b[48..176];
+                let mut pk = BitPacker::new(packed);
+                for i in 0..4 {
+                    let q = &qs[i * 32..i * 32 + 32];
+                    for l in 0..32 {
+                        pk.push(((q[l] & 0x0F) | (((qh[l] >> (2 * i)) & 1) << 4)) as u32, 5);
+                    }
+                    for l in 0..32 {
+                        pk.push(((q[l] >> 4) | (((qh[l] >> (2 * i + 1)) & 1) << 4)) as u32, 5);
+                    }
+                }
+                pk.finish();
             }
             _ => unreachable!("not a lossless type"),
         }

@@ -5,7 +5,31 @@ use crate::error::Result;
 use crate::gguf::GgufFile;
 
 /// Architectures this converter knows (`general.architecture`).
-pub const SUPPORTED_ARCHS: &[&str] = &["llama", "qwen2"];
+pub const SUPPORTED_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "qwen3moe", "gemma3"];
+
+/// Mixture-of-experts hyper-parameters (qwen3moe).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeParams {
+    pub n_experts: u64,
+    pub n_experts_used: u64,
+    /// Rows of each expert's gate/up projection (`expert_feed_forward_length`).
+    pub expert_ff: u64,
+    /// Renormalise the top-k routing weights (`expert_weights_norm`; llama.cpp's qwen3moe always does).
+    pub norm_topk_prob: bool,
+}
+
+/// Gemma 3 hyper-parameters that llama.cpp partly hard-codes rather than stores.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GemmaParams {
+    /// 0: no sliding-window layers.
+    pub sliding_window: u64,
+    /// Layer i is global when `i % pattern == pattern - 1`; 1: every layer global.
+    pub sliding_window_pattern: u64,
+    /// Rope base of the sliding-window layers (`rope.freq_base_swa`, llama.cpp's default 10000).
+    pub rope_local_base: f64,
+    pub query_pre_attn_scalar: f64,
+    pub final_logit_softcapping: Option<f64>,
+}
 
 /// Hyper-parameters read from the GGUF metadata.
 #[derive(Debug, Clone)]
@@ -23,6 +47,8 @@ pub struct Hparams {
     pub context_length: u64,
     pub vocab_size: u64,
     pub rope_scaling: Option<Json>,
+    pub moe: Option<MoeParams>,
+    pub gemma: Option<GemmaParams>,
 }
 
 impl Hparams {
@@ -48,7 +74,12 @@ impl Hparams {
         };
         let hidden_size = req("embedding_length")?;
         let n_layers = req("block_count")?;
-        let intermediate_size = req("feed_forward_length")?;
+        // MoE models have no dense layer here: the dense size is only a config field.
+        let intermediate_size = if arch == "qwen3moe" {
+            g.get_u64(&k("feed_forward_length"))?.unwrap_or(0)
+        } else {
+            req("feed_forward_length")?
+        };
         let n_heads = req("attention.head_count")?;
         let n_kv_heads = match g.get_u64(&k("attention.head_count_kv"))? {
             Some(0) | None => n_heads,
@@ -74,9 +105,9 @@ impl Hparams {
             return Err(g.err(format!("head dimension {head_dim} is odd")));
         }
         let rms_norm_eps = g.get_f64(&k("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-6);
-        let default_theta = if arch == "qwen2" { 1_000_000.0 } else { 10_000.0 };
+        let default_theta = if arch == "llama" { 10_000.0 } else { 1_000_000.0 };
         let rope_theta = g.get_f64(&k("rope.freq_base"))?.unwrap_or(default_theta);
-        let context_length = g.get_u64(&k("context_length"))?.unwrap_or(if arch == "qwen2" { 32768 } else { 2048 });
+        let context_length = g.get_u64(&k("context_length"))?.unwrap_or(if arch == "llama" { 2048 } else { 32768 });
         let n_vocab_tokens = g.get_array("tokenizer.ggml.tokens")?.map(|t| t.len() as u64);
         let vocab_size = match g.get_u64(&k("vocab_size"))? {
             Some(v) => v,
@@ -112,6 +143,71 @@ impl Hparams {
             }
         };
 
+        let moe = if arch == "qwen3moe" {
+            let n_experts = req("expert_count")?;
+            let n_experts_used = req("expert_used_count")?;
+            if n_experts_used > n_experts {
+                return Err(g.err(format!(
+                    "{} = {n_experts_used} exceeds {} = {n_experts}",
+                    k("expert_used_count"),
+                    k("expert_count")
+                )));
+            }
+            // llama.cpp's fallback when the expert size is not stored: n_ff / n_expert_used.
+            let expert_ff = match g.get_u64(&k("expert_feed_forward_length"))? {
+                Some(v) if v > 0 => v,
+                _ if intermediate_size > 0 => intermediate_size / n_experts_used,
+                _ => return Err(g.err(format!("missing metadata key '{}'", k("expert_feed_forward_length")))),
+            };
+            let norm_topk_prob = g.get_bool(&k("expert_weights_norm"))?.unwrap_or(true);
+            Some(MoeParams { n_experts, n_experts_used, expert_ff, norm_topk_prob })
+        } else {
+            None
+        };
+        let intermediate_size = match &moe {
+            Some(m) if intermediate_size == 0 => m.expert_ff,
+            _ => intermediate_size,
+        };
+
+        let gemma = if arch == "gemma3" {
+            // As llama.cpp's gemma3 loader: sliding window from the file (absent or 0: none), the
+            // pattern stored as a number or per-layer flags (default 6), local rope base 10000.
+            let sliding_window = g.get_u64(&k("attention.sliding_window"))?.unwrap_or(0);
+            let pattern_key = k("attention.sliding_window_pattern");
+            let sliding_window_pattern = if sliding_window == 0 {
+                1
+            } else if let Some(flags) = g.get(&pattern_key).and_then(|v| v.as_array()) {
+                let flags: Vec<bool> = flags
+                    .iter()
+                    .map(|v| v.as_bool().or_else(|| v.as_int().map(|i| i != 0)))
+                    .collect::<Option<_>>()
+                    .ok_or_else(|| g.err(format!("metadata key '{pattern_key}' is not an array of booleans")))?;
+                swa_period(&flags).ok_or_else(|| {
+                    g.err(format!(
+                        "metadata key '{pattern_key}': per-layer sliding-window flags {flags:?} are not a repeating \
+                         'n-1 sliding, 1 global' pattern, which is all mlx-lm's gemma3_text can express"
+                    ))
+                })?
+            } else {
+                match g.get_u64(&pattern_key)? {
+                    Some(0) => 1,
+                    Some(v) => v,
+                    None => 6,
+                }
+            };
+            let rope_local_base = g.get_f64(&k("rope.freq_base_swa"))?.unwrap_or(10_000.0);
+            // llama.cpp: the 27B (62 layers) scales by hidden/heads, the others by head_dim.
+            let query_pre_attn_scalar = match g.get_f64(&k("attention.scale"))? {
+                Some(s) if s > 0.0 => 1.0 / (s * s),
+                _ if n_layers == 62 => (hidden_size / n_heads) as f64,
+                _ => head_dim as f64,
+            };
+            let final_logit_softcapping = g.get_f64(&k("final_logit_softcapping"))?.filter(|v| *v > 0.0);
+            Some(GemmaParams { sliding_window, sliding_window_pattern, rope_local_base, query_pre_attn_scalar, final_logit_softcapping })
+        } else {
+            None
+        };
+
         Ok(Hparams {
             arch,
             hidden_size,
@@ -126,11 +222,15 @@ impl Hparams {
             context_length,
             vocab_size,
             rope_scaling,
+            moe,
+            gemma,
         })
     }
 
     /// llama.cpp permutes the rows of Q and K for llama-family architectures (its rope kernel
-    /// pairs adjacent values, HF's pairs halves); qwen2 is converted without the permutation.
+    /// pairs adjacent values, HF's pairs halves): its `LlamaModel.permute` runs in the llama
+    /// converter only. qwen2, qwen3, qwen3moe and gemma3 are converted without it (their rope in
+    /// llama.cpp is NEOX-style, halves like HF).
     pub fn qk_permuted(&self) -> bool {
         self.arch == "llama"
     }
@@ -139,8 +239,33 @@ impl Hparams {
     pub fn model_type(&self) -> (&'static str, &'static str) {
         match self.arch.as_str() {
             "qwen2" => ("qwen2", "Qwen2ForCausalLM"),
+            "qwen3" => ("qwen3", "Qwen3ForCausalLM"),
+            "qwen3moe" => ("qwen3_moe", "Qwen3MoeForCausalLM"),
+            "gemma3" => ("gemma3_text", "Gemma3ForCausalLM"),
             _ => ("llama", "LlamaForCausalLM"),
         }
+    }
+
+    /// Per-head RMSNorm on q and k (`attn_q_norm` / `attn_k_norm`).
+    pub fn has_qk_norm(&self) -> bool {
+        matches!(self.arch.as_str(), "qwen3" | "qwen3moe" | "gemma3")
+    }
+
+    /// The GGUF tensors every layer must have.
+    pub fn required_layer_tensors(&self) -> Vec<&'static str> {
+        let mut v = vec!["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm"];
+        if self.has_qk_norm() {
+            v.extend(["attn_q_norm", "attn_k_norm"]);
+        }
+        if self.arch == "gemma3" {
+            v.extend(["post_attention_norm", "post_ffw_norm"]);
+        }
+        if self.moe.is_some() {
+            v.extend(["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]);
+        } else {
+            v.extend(["ffn_gate", "ffn_up", "ffn_down"]);
+        }
+        v
     }
 
     /// config.json without the quantization section.
@@ -160,10 +285,36 @@ impl Hparams {
         c.insert("max_position_embeddings".into(), json!(self.context_length));
         c.insert("vocab_size".into(), json!(self.vocab_size));
         c.insert("tie_word_embeddings".into(), json!(tie));
-        c.insert("hidden_act".into(), json!("silu"));
+        if let Some(gm) = &self.gemma {
+            c.insert("hidden_activation".into(), json!("gelu_pytorch_tanh"));
+            c.insert("rope_local_base_freq".into(), json!(shortest_f32(gm.rope_local_base)));
+            // An integer where it is one: transformers' Gemma3TextConfig insists on int there.
+            let qpas = gm.query_pre_attn_scalar;
+            let qpas = if qpas.fract() == 0.0 && qpas.abs() < 1e15 { json!(qpas as i64) } else { json!(qpas) };
+            c.insert("query_pre_attn_scalar".into(), qpas);
+            c.insert("sliding_window".into(), json!(gm.sliding_window.max(1)));
+            c.insert("sliding_window_pattern".into(), json!(gm.sliding_window_pattern));
+            if let Some(cap) = gm.final_logit_softcapping {
+                c.insert("final_logit_softcapping".into(), json!(shortest_f32(cap)));
+            }
+        } else {
+            c.insert("hidden_act".into(), json!("silu"));
+        }
         if mt == "llama" {
             c.insert("attention_bias".into(), json!(attention_bias));
             c.insert("mlp_bias".into(), json!(false));
+        }
+        if mt == "qwen3" || mt == "qwen3_moe" {
+            c.insert("attention_bias".into(), json!(false));
+        }
+        if let Some(m) = &self.moe {
+            c.insert("num_experts".into(), json!(m.n_experts));
+            c.insert("num_experts_per_tok".into(), json!(m.n_experts_used));
+            c.insert("moe_intermediate_size".into(), json!(m.expert_ff));
+            c.insert("norm_topk_prob".into(), json!(m.norm_topk_prob));
+            // llama.cpp's qwen3moe makes every layer sparse.
+            c.insert("decoder_sparse_step".into(), json!(1));
+            c.insert("mlp_only_layers".into(), json!([]));
         }
         c.insert("rope_scaling".into(), self.rope_scaling.clone().unwrap_or(Json::Null));
         if let Some(b) = bos {
@@ -188,6 +339,16 @@ fn shortest_f32(v: f64) -> f64 {
     }
 }
 
+/// The period n of per-layer sliding-window flags of the form (n−1 sliding, 1 global) repeated
+/// (a trailing partial period allowed): the only layouts mlx-lm's gemma3_text expresses.
+pub fn swa_period(flags: &[bool]) -> Option<u64> {
+    if flags.iter().all(|&f| !f) {
+        return Some(1);
+    }
+    let n = flags.iter().position(|&f| !f)? + 1;
+    flags.iter().enumerate().all(|(i, &f)| f == (i % n != n - 1)).then_some(n as u64)
+}
+
 /// What a GGUF tensor becomes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Mapped {
@@ -199,6 +360,8 @@ pub struct Mapped {
     pub quantizable: bool,
     /// Q/K rows to un-permute: number of heads of this projection.
     pub unpermute_heads: Option<u64>,
+    /// Added to every value (gemma3's norms: llama.cpp stores `1 + w`, MLX/HF add the 1 at run time).
+    pub shift: f32,
 }
 
 /// Map a GGUF tensor name; `Ok(None)` for tensors that are deliberately dropped.
@@ -210,12 +373,15 @@ pub fn map_name(h: &Hparams, name: &str) -> std::result::Result<Option<Mapped>, 
     } else {
         return Err(format!("unexpected tensor '{name}' (no .weight/.bias suffix)"));
     };
+    let gemma = h.arch == "gemma3";
     let m = |module: String, quantizable: bool, heads: Option<u64>| {
+        let is_norm = module.ends_with("norm") || module.ends_with("layernorm");
         Ok(Some(Mapped {
             module,
             param,
             quantizable: quantizable && param == "weight",
             unpermute_heads: if h.qk_permuted() { heads } else { None },
+            shift: if gemma && is_norm && param == "weight" { -1.0 } else { 0.0 },
         }))
     };
     match base {
@@ -226,25 +392,40 @@ pub fn map_name(h: &Hparams, name: &str) -> std::result::Result<Option<Mapped>, 
         "rope_freqs" => return Ok(None),
         _ => {}
     }
-    let rest = base.strip_prefix("blk.").ok_or_else(|| format!("unknown tensor '{name}'"))?;
-    let (idx, part) = rest.split_once('.').ok_or_else(|| format!("unknown tensor '{name}'"))?;
-    let layer: u64 = idx.parse().map_err(|_| format!("unknown tensor '{name}'"))?;
+    let unknown = || format!("unknown tensor '{name}' for architecture '{}'", h.arch);
+    let rest = base.strip_prefix("blk.").ok_or_else(unknown)?;
+    let (idx, part) = rest.split_once('.').ok_or_else(unknown)?;
+    let layer: u64 = idx.parse().map_err(|_| unknown())?;
     if layer >= h.n_layers {
         return Err(format!("tensor '{name}': layer {layer} but block_count is {}", h.n_layers));
     }
     let p = format!("model.layers.{layer}");
+    let moe = h.moe.is_some();
     match part {
         "attn_norm" => m(format!("{p}.input_layernorm"), false, None),
+        // gemma3's ffn_norm is the norm before the MLP; the others' the one after attention.
+        "ffn_norm" if gemma => m(format!("{p}.pre_feedforward_layernorm"), false, None),
         "ffn_norm" => m(format!("{p}.post_attention_layernorm"), false, None),
+        "post_attention_norm" if gemma => m(format!("{p}.post_attention_layernorm"), false, None),
+        "post_ffw_norm" if gemma => m(format!("{p}.post_feedforward_layernorm"), false, None),
+        "attn_q_norm" if h.has_qk_norm() => m(format!("{p}.self_attn.q_norm"), false, None),
+        "attn_k_norm" if h.has_qk_norm() => m(format!("{p}.self_attn.k_norm"), false, None),
         "attn_q" => m(format!("{p}.self_attn.q_proj"), true, Some(h.n_heads)),
         "attn_k" => m(format!("{p}.self_attn.k_proj"), true, Some(h.n_kv_heads)),
         "attn_v" => m(format!("{p}.self_attn.v_proj"), true, None),
         "attn_output" => m(format!("{p}.self_attn.o_proj"), true, None),
-        "ffn_gate" => m(format!("{p}.mlp.gate_proj"), true, None),
-        "ffn_up" => m(format!("{p}.mlp.up_proj"), true, None),
-        "ffn_down" => m(format!("{p}.mlp.down_proj"), true, None),
+        "ffn_gate" if !moe => m(format!("{p}.mlp.gate_proj"), true, None),
+        "ffn_up" if !moe => m(format!("{p}.mlp.up_proj"), true, None),
+        "ffn_down" if !moe => m(format!("{p}.mlp.down_proj"), true, None),
+        "ffn_gate_inp" if moe => m(format!("{p}.mlp.gate"), true, None),
+        "ffn_gate_exps" if moe => m(format!("{p}.mlp.switch_mlp.gate_proj"), true, None),
+        "ffn_up_exps" if moe => m(format!("{p}.mlp.switch_mlp.up_proj"), true, None),
+        "ffn_down_exps" if moe => m(format!("{p}.mlp.switch_mlp.down_proj"), true, None),
+        "attn_qkv" | "ffn_gate_up_exps" => Err(format!(
+            "tensor '{name}': fused projections (llama.cpp's --fuse options) are not supported by the converter"
+        )),
         "attn_rot_embd" => Ok(None),
-        _ => Err(format!("unknown tensor '{name}' for architecture '{}'", h.arch)),
+        _ => Err(unknown()),
     }
 }
 
@@ -253,17 +434,36 @@ pub fn expected_shape(h: &Hparams, mp: &Mapped) -> Option<Vec<u64>> {
     let hs = h.hidden_size;
     let q = h.n_heads * h.head_dim;
     let kv = h.n_kv_heads * h.head_dim;
-    let last = mp.module.rsplit('.').next().unwrap_or("");
-    Some(match (last, mp.param) {
-        ("embed_tokens", _) | ("lm_head", _) => vec![h.vocab_size, hs],
-        ("norm", _) | ("input_layernorm", _) | ("post_attention_layernorm", _) => vec![hs],
-        ("q_proj", "weight") => vec![q, hs],
-        ("q_proj", "bias") => vec![q],
-        ("k_proj", "weight") | ("v_proj", "weight") => vec![kv, hs],
-        ("k_proj", "bias") | ("v_proj", "bias") => vec![kv],
-        ("o_proj", "weight") => vec![hs, q],
-        ("gate_proj", "weight") | ("up_proj", "weight") => vec![h.intermediate_size, hs],
-        ("down_proj", "weight") => vec![hs, h.intermediate_size],
+    // The module path after `model.layers.N.` (or the whole path outside the layers).
+    let local = match mp.module.strip_prefix("model.layers.") {
+        Some(r) => r.split_once('.').map_or(r, |(_, rest)| rest),
+        None => mp.module.as_str(),
+    };
+    Some(match (local, mp.param) {
+        ("model.embed_tokens", _) | ("lm_head", _) => vec![h.vocab_size, hs],
+        ("model.norm", _)
+        | ("input_layernorm", _)
+        | ("post_attention_layernorm", _)
+        | ("pre_feedforward_layernorm", _)
+        | ("post_feedforward_layernorm", _) => vec![hs],
+        ("self_attn.q_norm", _) | ("self_attn.k_norm", _) => vec![h.head_dim],
+        ("self_attn.q_proj", "weight") => vec![q, hs],
+        ("self_attn.q_proj", "bias") => vec![q],
+        ("self_attn.k_proj", "weight") | ("self_attn.v_proj", "weight") => vec![kv, hs],
+        ("self_attn.k_proj", "bias") | ("self_attn.v_proj", "bias") => vec![kv],
+        ("self_attn.o_proj", "weight") => vec![hs, q],
+        ("mlp.gate_proj", "weight") | ("mlp.up_proj", "weight") => vec![h.intermediate_size, hs],
+        ("mlp.down_proj", "weight") => vec![hs, h.intermediate_size],
+        (l, "weight") if h.moe.is_some() => {
+            let moe = h.moe.as_ref()?;
+            let (e, ff) = (moe.n_experts, moe.expert_ff);
+            match l {
+                "mlp.gate" => vec![e, hs],
+                "mlp.switch_mlp.gate_proj" | "mlp.switch_mlp.up_proj" => vec![e, ff, hs],
+                "mlp.switch_mlp.down_proj" => vec![e, hs, ff],
+                _ => return None,
+            }
+        }
         _ => return None,
     })
 }
@@ -363,6 +563,17 @@ mod tests {
         let (rows, heads) = (12u64, 2u64);
         let src: Vec<u64> = (0..rows).map(|r| unpermute_src_row(r, rows, heads)).collect();
         assert_eq!(src, vec![0, 2, 4, 1, 3, 5, 6, 8, 10, 7, 9, 11]);
+    }
+
+    #[test]
+    fn swa_period_of_flags() {
+        let f = |s: &str| s.chars().map(|c| c == 's').collect::<Vec<_>>();
+        assert_eq!(swa_period(&f("sssssgsssssgsssssg")), Some(6));
+        assert_eq!(swa_period(&f("sgsgs")), Some(2));
+        assert_eq!(swa_period(&f("gggg")), Some(1));
+        assert_eq!(swa_period(&f("ssgsgs")), None);
+        assert_eq!(swa_period(&f("ssss")), None);
+        assert_eq!(swa_period(&f("sssssgsssssgssss")), Some(6), "a trailing partial period");
     }
 
     #[test]

@@ -4,14 +4,24 @@
 //! overrides, `model.safetensors`, `tokenizer.json`, `tokenizer_config.json`,
 //! `generation_config.json`).
 //!
-//! Tensor encodings:
-//! - Q4_0 / Q4_1 / Q8_0 weights are repacked losslessly into MLX affine groups of 32
-//!   (Q4_0: scale d, bias −8d; Q4_1: scale d, bias m; Q8_0: 8-bit, scale d, bias −128d).
-//! - Other 2-D weights (K-quants, Q5_*, floats) are dequantized and, with `q_bits`, re-quantized
-//!   with MLX's affine rule at `q_group_size`; without `q_bits` they are written as `float_dtype`.
-//! - 1-D tensors (norms, biases) stay float: F32/F16/BF16 keep their type, others `float_dtype`.
-//! - llama's Q/K rows are un-permuted (llama.cpp interleaves the rotary halves); whole rows move,
-//!   so this works for quantized rows too (groups run along the columns).
+//! Tensor encodings (default): every Linear/Embedding weight gets the MLX affine quantization
+//! nearest to its own GGUF type ([`affine::native_bits`]), and the GGUF's per-tensor mix becomes
+//! per-module overrides in config.json:
+//! - Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K are repacked losslessly into MLX affine groups
+//!   of 32 (Q4_0: scale d, bias −8d; Q4_1: d, m; Q5_0: d, −16d; Q8_0: 8-bit, d, −128d; Q4_K/Q5_K:
+//!   per sub-block of 32, d·sc, −dmin·m). Scales/biases are f16 where every one is exact in f16,
+//!   else f32.
+//! - Q6_K → 6 bits, Q3_K → 3, Q2_K → 3, Q8_K → 8: dequantized and re-quantized with MLX's affine
+//!   rule at group 32 (their sub-blocks of 16 have no exact group-32 layout).
+//! - Float weights (F32/F16/BF16) are written as `float_dtype`.
+//!
+//! `q_bits` (`--q-bits`) instead re-quantizes everything but Q4_0/Q4_1/Q8_0 (kept lossless) at
+//! `q_group_size`; `float` (`--float`) writes those as `float_dtype` (the converter's behaviour
+//! before K-quants were mapped).
+//! 1-D tensors (norms, biases) stay float: F32/F16/BF16 keep their type, others `float_dtype`.
+//! llama's Q/K rows are un-permuted (llama.cpp interleaves the rotary halves); whole rows move,
+//! so this works for quantized rows too (groups run along the columns). Stacked expert weights
+//! `[experts, rows, cols]` quantize row by row like matrices.
 pub mod affine;
 pub mod arch;
 pub mod safetensors;
@@ -68,19 +78,24 @@ impl std::str::FromStr for FloatDtype {
 /// Conversion options.
 #[derive(Debug, Clone)]
 pub struct ConvertOptions {
-    /// Re-quantize tensors that have no lossless MLX layout (K-quants, Q5_*, floats) to this many
-    /// bits (2, 3, 4, 5, 6, 8). `None`: write them as `float_dtype`.
+    /// Re-quantize every tensor except the Q4_0/Q4_1/Q8_0 repacks (K-quants, Q5_*, floats) to this
+    /// many bits (2, 3, 4, 5, 6, 8) at `q_group_size`, overriding the per-tensor default.
     pub q_bits: Option<u8>,
-    /// Group size for re-quantization (32, 64, 128).
+    /// Group size for `q_bits` (32, 64, 128).
     pub q_group_size: u32,
     pub float_dtype: FloatDtype,
+    /// Write every tensor except the Q4_0/Q4_1/Q8_0 repacks as `float_dtype` (no lossy step).
+    pub float: bool,
 }
 
 impl Default for ConvertOptions {
     fn default() -> Self {
-        ConvertOptions { q_bits: None, q_group_size: 64, float_dtype: FloatDtype::F16 }
+        ConvertOptions { q_bits: None, q_group_size: 64, float_dtype: FloatDtype::F16, float: false }
     }
 }
+
+/// Group size of the default re-quantization of K-quants without an exact layout.
+pub const NATIVE_GROUP: u32 = 32;
 
 /// Progress: `done` of `total` source tensors, `tensor` the one just finished.
 #[derive(Debug, Clone)]
@@ -100,7 +115,7 @@ pub struct ConvertSummary {
     pub tensors: usize,
     /// Modules stored quantized, by (bits, group size).
     pub quantized: BTreeMap<(u8, u32), usize>,
-    /// Modules repacked losslessly from Q4_0/Q4_1/Q8_0.
+    /// Modules repacked losslessly (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K).
     pub lossless: usize,
     /// Modules re-quantized from dequantized values.
     pub requantized: usize,
@@ -139,13 +154,16 @@ impl Plan<'_> {
         }
     }
 
+    /// `[..., rows, cols]` → weight `[..., rows, cols·bits/32]`, scales/biases `[..., rows, cols/group]`.
     fn quant_entries(&self, bits: u32, group: u32, sd: Dtype) -> Vec<Entry> {
-        let (rows, cols) = (self.shape[0], self.shape[1]);
+        let (lead, cols) = self.shape.split_at(self.shape.len() - 1);
+        let cols = cols[0];
+        let with_last = |last: u64| lead.iter().copied().chain([last]).collect::<Vec<_>>();
         let m = &self.mapped.module;
         vec![
-            Entry { name: format!("{m}.weight"), dtype: Dtype::U32, shape: vec![rows, cols * bits as u64 / 32] },
-            Entry { name: format!("{m}.scales"), dtype: sd, shape: vec![rows, cols / group as u64] },
-            Entry { name: format!("{m}.biases"), dtype: sd, shape: vec![rows, cols / group as u64] },
+            Entry { name: format!("{m}.weight"), dtype: Dtype::U32, shape: with_last(cols * bits as u64 / 32) },
+            Entry { name: format!("{m}.scales"), dtype: sd, shape: with_last(cols / group as u64) },
+            Entry { name: format!("{m}.biases"), dtype: sd, shape: with_last(cols / group as u64) },
         ]
     }
 }
@@ -163,6 +181,9 @@ pub fn convert_gguf(
     opts: &ConvertOptions,
     progress: &mut dyn FnMut(ConvertProgress),
 ) -> Result<ConvertSummary> {
+    if opts.float && opts.q_bits.is_some() {
+        return Err(Error::InvalidArgument("--float and --q-bits exclude each other".into()));
+    }
     if let Some(b) = opts.q_bits {
         if !affine::SUPPORTED_BITS.contains(&b) {
             return Err(Error::InvalidArgument(format!("--q-bits {b}: MLX affine supports 2, 3, 4, 5, 6, 8")));
@@ -216,32 +237,43 @@ pub fn convert_gguf(
                 )));
             }
         }
-        let is_matrix = shape.len() == 2;
+        let is_matrix = shape.len() >= 2;
         if !t.ty.can_dequantize() && affine::lossless_bits(t.ty).is_none() {
             return Err(g.err(format!("tensor '{}': type {} is not supported by the converter", t.name, t.ty)));
         }
-        let enc = if !is_matrix || !mapped.quantizable {
-            Encoding::Float(match t.ty {
-                GgmlType::F32 => Dtype::F32,
-                GgmlType::F16 => Dtype::F16,
-                GgmlType::BF16 => Dtype::BF16,
-                _ => opts.float_dtype.dtype(),
-            })
-        } else if let Some(bits) = affine::lossless_bits(t.ty) {
-            let exact_f16 =
-                opts.float_dtype == FloatDtype::F16 && affine::lossless_fits_f16(t.ty, g.tensor_data(t));
+        if shape.len() > 3 || (shape.len() == 3 && !mapped.module.contains("switch_mlp")) {
+            return Err(g.err(format!("tensor '{}': unexpected {}-D shape {shape:?}", t.name, shape.len())));
+        }
+        let float_of_type = match t.ty {
+            GgmlType::F32 => Dtype::F32,
+            GgmlType::F16 => Dtype::F16,
+            GgmlType::BF16 => Dtype::BF16,
+            _ => opts.float_dtype.dtype(),
+        };
+        let cols = *shape.last().unwrap_or(&1);
+        let legacy = opts.float || opts.q_bits.is_some();
+        let lossless = |bits: u32| {
+            let exact_f16 = opts.float_dtype == FloatDtype::F16 && affine::lossless_fits_f16(t.ty, g.tensor_data(t));
             Encoding::Lossless { bits, scale_dtype: if exact_f16 { Dtype::F16 } else { Dtype::F32 } }
+        };
+        let enc = if !is_matrix || !mapped.quantizable {
+            Encoding::Float(float_of_type)
+        } else if let Some(bits) = affine::lossless_bits(t.ty).filter(|_| !legacy || is_legacy_lossless(t.ty)) {
+            lossless(bits)
         } else if let Some(b) = opts.q_bits {
             let group = opts.q_group_size;
-            if shape[1] % group as u64 == 0 {
+            if cols % group as u64 == 0 {
                 Encoding::Requant { bits: b as u32, group, scale_dtype: opts.float_dtype.dtype() }
             } else {
                 warnings.push(format!(
-                    "{}: {} columns are not a multiple of group size {group}; written as float",
-                    t.name, shape[1]
+                    "{}: {cols} columns are not a multiple of group size {group}; written as float",
+                    t.name
                 ));
                 Encoding::Float(opts.float_dtype.dtype())
             }
+        } else if let (false, Some((bits, _))) = (opts.float, affine::native_bits(t.ty)) {
+            // K-quant rows are whole 256-element super-blocks: always a multiple of 32.
+            Encoding::Requant { bits, group: NATIVE_GROUP, scale_dtype: opts.float_dtype.dtype() }
         } else {
             Encoding::Float(opts.float_dtype.dtype())
         };
@@ -255,19 +287,23 @@ pub fn convert_gguf(
     }
     plans.sort_by_key(|p| p.out_name());
 
-    // Required tensors.
+    // Required tensors (named as in the GGUF, and as what they become).
     let have = |n: &str| plans.iter().any(|p| p.out_name() == n);
-    let mut required = vec!["model.embed_tokens.weight".to_string(), "model.norm.weight".to_string()];
+    let mut required = vec!["token_embd.weight".to_string(), "output_norm.weight".to_string()];
     for l in 0..h.n_layers {
-        for s in [
-            "input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
-            "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
-        ] {
-            required.push(format!("model.layers.{l}.{s}.weight"));
+        for part in h.required_layer_tensors() {
+            required.push(format!("blk.{l}.{part}.weight"));
         }
     }
-    if let Some(missing) = required.iter().find(|n| !have(n)) {
-        return Err(g.err(format!("missing tensor for {missing} (block_count is {})", h.n_layers)));
+    if let Some(missing) = required.iter().find(|n| g.tensor(n).is_none()) {
+        let hf = match arch::map_name(&h, missing) {
+            Ok(Some(m)) => format!(" ({}.{})", m.module, m.param),
+            _ => String::new(),
+        };
+        return Err(g.err(format!(
+            "missing tensor '{missing}'{hf}: architecture '{}' with block_count {} needs it",
+            h.arch, h.n_layers
+        )));
     }
     let tie = !have("lm_head.weight");
     let attention_bias = have("model.layers.0.self_attn.q_proj.bias");
@@ -398,6 +434,11 @@ pub fn convert_gguf(
     })
 }
 
+/// The converter's old lossless set, kept under `--q-bits` and `--float`.
+fn is_legacy_lossless(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+}
+
 /// Source row of output row `r`.
 fn src_row(p: &Plan, r: u64) -> u64 {
     match p.mapped.unpermute_heads {
@@ -409,10 +450,13 @@ fn src_row(p: &Plan, r: u64) -> u64 {
 fn write_tensor(g: &GgufFile, p: &Plan, w: &mut SafetensorsWriter) -> Result<()> {
     let t = p.src;
     let name = p.out_name();
-    if p.shape.len() != 2 {
+    if p.shape.len() < 2 {
         // 1-D (or scalar): whole tensor, element permutation for Q/K biases.
         let Encoding::Float(dtype) = p.enc else { unreachable!("only matrices are quantized") };
-        let vals = g.dequantize(t)?;
+        let mut vals = g.dequantize(t)?;
+        if p.mapped.shift != 0.0 {
+            vals.iter_mut().for_each(|v| *v += p.mapped.shift);
+        }
         let vals: Vec<f32> = match p.mapped.unpermute_heads {
             Some(heads) => {
                 let n = vals.len() as u64;
@@ -424,7 +468,9 @@ fn write_tensor(g: &GgufFile, p: &Plan, w: &mut SafetensorsWriter) -> Result<()>
         dtype.extend_from_f32(&mut buf, &vals);
         return w.write(&name, &buf);
     }
-    let (rows, cols) = (p.shape[0], p.shape[1] as usize);
+    // All leading axes (rows, or experts × rows) flatten into rows: the file order.
+    let cols = *p.shape.last().expect("matrix") as usize;
+    let rows: u64 = p.shape[..p.shape.len() - 1].iter().product();
     let data = g.tensor_data(t);
     let rb = t.row_bytes() as usize;
     let mut row = vec![0f32; cols];

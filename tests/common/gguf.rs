@@ -91,6 +91,11 @@ pub fn enc_f32(x: &[f32]) -> Vec<u8> {
 
 /// Random K-quant (or other) blocks with sane f16 scale fields.
 pub fn random_blocks(ty: GgmlType, n_elems: usize, rng: &mut Rng) -> Vec<u8> {
+    random_blocks_d(ty, n_elems, rng, 0.01)
+}
+
+/// Random blocks whose f16 super-scales (d, dmin) are uniform in ±`d_scale`.
+pub fn random_blocks_d(ty: GgmlType, n_elems: usize, rng: &mut Rng, d_scale: f32) -> Vec<u8> {
     let bs = ty.block_size();
     let ts = ty.type_size();
     let fields: &[usize] = match ty {
@@ -105,7 +110,7 @@ pub fn random_blocks(ty: GgmlType, n_elems: usize, rng: &mut Rng) -> Vec<u8> {
     for _ in 0..n_elems / bs {
         let mut b = rng.bytes(ts);
         for &f in fields {
-            let d = f16_bytes(rng.uniform() * 0.01);
+            let d = f16_bytes(rng.uniform() * d_scale);
             b[f] = d[0];
             b[f + 1] = d[1];
         }
@@ -198,13 +203,24 @@ pub struct TinyModel {
     pub vocab: usize,
 }
 
+/// Experts of the tiny qwen3moe, experts used per token, rows of each expert.
+pub const EXPERTS: usize = 4;
+pub const EXPERTS_USED: usize = 2;
+pub const EXPERT_FF: usize = 256;
+
 /// A one-layer llama (or qwen2) GGUF. `wty` is the type of the projection weights
 /// (F32, F16, Q4_0, Q4_1, Q8_0 from real values; K-quants from random blocks).
 pub fn tiny_model(arch: &str, wty: GgmlType, embd_ty: GgmlType, with_output: bool) -> TinyModel {
+    tiny_model_layers(arch, wty, embd_ty, with_output, 1)
+}
+
+/// [`tiny_model`] with `n_layers` layers, for llama, qwen2, qwen3, qwen3moe (EXPERTS experts of
+/// EXPERT_FF rows, an F32 router) and gemma3 (sliding window 16, every 2nd layer global).
+pub fn tiny_model_layers(arch: &str, wty: GgmlType, embd_ty: GgmlType, with_output: bool, n_layers: usize) -> TinyModel {
     let mut rng = Rng(0x5eed_1234_abcd);
     let mut w = GgufWriter::new();
     w.str("general.architecture", arch);
-    w.u32(&format!("{arch}.block_count"), 1);
+    w.u32(&format!("{arch}.block_count"), n_layers as u32);
     w.u32(&format!("{arch}.context_length"), 1024);
     w.u32(&format!("{arch}.embedding_length"), HIDDEN as u32);
     w.u32(&format!("{arch}.feed_forward_length"), FFN as u32);
@@ -212,7 +228,20 @@ pub fn tiny_model(arch: &str, wty: GgmlType, embd_ty: GgmlType, with_output: boo
     w.u32(&format!("{arch}.attention.head_count_kv"), KV_HEADS as u32);
     w.f32(&format!("{arch}.rope.freq_base"), 10000.0);
     w.f32(&format!("{arch}.attention.layer_norm_rms_epsilon"), 1e-5);
-    let vocab = add_gpt2_vocab(&mut w, if arch == "qwen2" { "qwen2" } else { "smollm" });
+    if matches!(arch, "qwen3" | "qwen3moe" | "gemma3") {
+        w.u32(&format!("{arch}.attention.key_length"), HEAD_DIM as u32);
+        w.u32(&format!("{arch}.attention.value_length"), HEAD_DIM as u32);
+    }
+    if arch == "qwen3moe" {
+        w.u32(&format!("{arch}.expert_count"), EXPERTS as u32);
+        w.u32(&format!("{arch}.expert_used_count"), EXPERTS_USED as u32);
+        w.u32(&format!("{arch}.expert_feed_forward_length"), EXPERT_FF as u32);
+    }
+    if arch == "gemma3" {
+        w.u32(&format!("{arch}.attention.sliding_window"), 16);
+        w.u32(&format!("{arch}.attention.sliding_window_pattern"), 2);
+    }
+    let vocab = add_gpt2_vocab(&mut w, if arch.starts_with("qwen") { "qwen2" } else { "smollm" });
     w.u32(&format!("{arch}.vocab_size"), vocab as u32);
 
     let enc = |ty: GgmlType, vals: &[f32], rng: &mut Rng| -> Vec<u8> {
@@ -222,49 +251,74 @@ pub fn tiny_model(arch: &str, wty: GgmlType, embd_ty: GgmlType, with_output: boo
             GgmlType::Q4_0 => enc_q4_0(vals),
             GgmlType::Q4_1 => enc_q4_1(vals),
             GgmlType::Q8_0 => enc_q8_0(vals),
-            other => random_blocks(other, vals.len(), rng),
+            other => random_blocks_d(other, vals.len(), rng, 0.001),
         }
     };
     let embd = rng.vec(vocab * HIDDEN, 0.05);
     let e = enc(embd_ty, &embd, &mut rng);
     w.tensor("token_embd.weight", &[vocab as u64, HIDDEN as u64], embd_ty, e);
-    let q_hf = rng.vec(HEADS * HEAD_DIM * HIDDEN, 0.05);
-    let k_hf = rng.vec(KV_HEADS * HEAD_DIM * HIDDEN, 0.05);
-    let (q_g, k_g) = if arch == "llama" {
-        (
-            permute_rows(&q_hf, HEADS * HEAD_DIM, HIDDEN, HEADS),
-            permute_rows(&k_hf, KV_HEADS * HEAD_DIM, HIDDEN, KV_HEADS),
-        )
-    } else {
-        (q_hf.clone(), k_hf.clone())
-    };
-    let mats: Vec<(&str, usize, usize, Vec<f32>)> = vec![
-        ("attn_q", HEADS * HEAD_DIM, HIDDEN, q_g),
-        ("attn_k", KV_HEADS * HEAD_DIM, HIDDEN, k_g),
-        ("attn_v", KV_HEADS * HEAD_DIM, HIDDEN, rng.vec(KV_HEADS * HEAD_DIM * HIDDEN, 0.05)),
-        ("attn_output", HIDDEN, HEADS * HEAD_DIM, rng.vec(HIDDEN * HEADS * HEAD_DIM, 0.05)),
-        ("ffn_gate", FFN, HIDDEN, rng.vec(FFN * HIDDEN, 0.05)),
-        ("ffn_up", FFN, HIDDEN, rng.vec(FFN * HIDDEN, 0.05)),
-        ("ffn_down", HIDDEN, FFN, rng.vec(HIDDEN * FFN, 0.05)),
-    ];
-    for (n, r, c, vals) in mats {
-        let data = enc(wty, &vals, &mut rng);
-        w.tensor(&format!("blk.0.{n}.weight"), &[r as u64, c as u64], wty, data);
+    let (mut q_first, mut k_first) = (Vec::new(), Vec::new());
+    for l in 0..n_layers {
+        let q_hf = rng.vec(HEADS * HEAD_DIM * HIDDEN, 0.05);
+        let k_hf = rng.vec(KV_HEADS * HEAD_DIM * HIDDEN, 0.05);
+        let (q_g, k_g) = if arch == "llama" {
+            (
+                permute_rows(&q_hf, HEADS * HEAD_DIM, HIDDEN, HEADS),
+                permute_rows(&k_hf, KV_HEADS * HEAD_DIM, HIDDEN, KV_HEADS),
+            )
+        } else {
+            (q_hf.clone(), k_hf.clone())
+        };
+        if l == 0 {
+            (q_first, k_first) = (q_hf, k_hf);
+        }
+        let mut mats: Vec<(&str, Vec<u64>, Vec<f32>)> = vec![
+            ("attn_q", vec![(HEADS * HEAD_DIM) as u64, HIDDEN as u64], q_g),
+            ("attn_k", vec![(KV_HEADS * HEAD_DIM) as u64, HIDDEN as u64], k_g),
+            ("attn_v", vec![(KV_HEADS * HEAD_DIM) as u64, HIDDEN as u64], rng.vec(KV_HEADS * HEAD_DIM * HIDDEN, 0.05)),
+            ("attn_output", vec![HIDDEN as u64, (HEADS * HEAD_DIM) as u64], rng.vec(HIDDEN * HEADS * HEAD_DIM, 0.05)),
+        ];
+        if arch == "qwen3moe" {
+            let (e, ff, h) = (EXPERTS as u64, EXPERT_FF as u64, HIDDEN as u64);
+            mats.push(("ffn_gate_exps", vec![e, ff, h], rng.vec(EXPERTS * EXPERT_FF * HIDDEN, 0.05)));
+            mats.push(("ffn_up_exps", vec![e, ff, h], rng.vec(EXPERTS * EXPERT_FF * HIDDEN, 0.05)));
+            mats.push(("ffn_down_exps", vec![e, h, ff], rng.vec(EXPERTS * EXPERT_FF * HIDDEN, 0.05)));
+        } else {
+            mats.push(("ffn_gate", vec![FFN as u64, HIDDEN as u64], rng.vec(FFN * HIDDEN, 0.05)));
+            mats.push(("ffn_up", vec![FFN as u64, HIDDEN as u64], rng.vec(FFN * HIDDEN, 0.05)));
+            mats.push(("ffn_down", vec![HIDDEN as u64, FFN as u64], rng.vec(HIDDEN * FFN, 0.05)));
+        }
+        for (n, shape, vals) in mats {
+            let data = enc(wty, &vals, &mut rng);
+            w.tensor(&format!("blk.{l}.{n}.weight"), &shape, wty, data);
+        }
+        if arch == "qwen2" {
+            w.tensor_f32(&format!("blk.{l}.attn_q.bias"), &[(HEADS * HEAD_DIM) as u64], &rng.vec(HEADS * HEAD_DIM, 0.1));
+            w.tensor_f32(&format!("blk.{l}.attn_k.bias"), &[(KV_HEADS * HEAD_DIM) as u64], &rng.vec(KV_HEADS * HEAD_DIM, 0.1));
+            w.tensor_f32(&format!("blk.{l}.attn_v.bias"), &[(KV_HEADS * HEAD_DIM) as u64], &rng.vec(KV_HEADS * HEAD_DIM, 0.1));
+        }
+        if arch == "qwen3moe" {
+            // llama.cpp never quantizes the router.
+            w.tensor_f32(&format!("blk.{l}.ffn_gate_inp.weight"), &[EXPERTS as u64, HIDDEN as u64], &rng.vec(EXPERTS * HIDDEN, 0.5));
+        }
+        w.tensor_f32(&format!("blk.{l}.attn_norm.weight"), &[HIDDEN as u64], &rng.vec(HIDDEN, 1.0));
+        w.tensor_f32(&format!("blk.{l}.ffn_norm.weight"), &[HIDDEN as u64], &rng.vec(HIDDEN, 1.0));
+        if matches!(arch, "qwen3" | "qwen3moe" | "gemma3") {
+            w.tensor_f32(&format!("blk.{l}.attn_q_norm.weight"), &[HEAD_DIM as u64], &rng.vec(HEAD_DIM, 1.0));
+            w.tensor_f32(&format!("blk.{l}.attn_k_norm.weight"), &[HEAD_DIM as u64], &rng.vec(HEAD_DIM, 1.0));
+        }
+        if arch == "gemma3" {
+            w.tensor_f32(&format!("blk.{l}.post_attention_norm.weight"), &[HIDDEN as u64], &rng.vec(HIDDEN, 1.0));
+            w.tensor_f32(&format!("blk.{l}.post_ffw_norm.weight"), &[HIDDEN as u64], &rng.vec(HIDDEN, 1.0));
+        }
     }
-    if arch == "qwen2" {
-        w.tensor_f32("blk.0.attn_q.bias", &[(HEADS * HEAD_DIM) as u64], &rng.vec(HEADS * HEAD_DIM, 0.1));
-        w.tensor_f32("blk.0.attn_k.bias", &[(KV_HEADS * HEAD_DIM) as u64], &rng.vec(KV_HEADS * HEAD_DIM, 0.1));
-        w.tensor_f32("blk.0.attn_v.bias", &[(KV_HEADS * HEAD_DIM) as u64], &rng.vec(KV_HEADS * HEAD_DIM, 0.1));
-    }
-    w.tensor_f32("blk.0.attn_norm.weight", &[HIDDEN as u64], &rng.vec(HIDDEN, 1.0));
-    w.tensor_f32("blk.0.ffn_norm.weight", &[HIDDEN as u64], &rng.vec(HIDDEN, 1.0));
     w.tensor_f32("output_norm.weight", &[HIDDEN as u64], &rng.vec(HIDDEN, 1.0));
     if with_output {
         let o = rng.vec(vocab * HIDDEN, 0.05);
         let data = enc(wty, &o, &mut rng);
         w.tensor("output.weight", &[vocab as u64, HIDDEN as u64], wty, data);
     }
-    TinyModel { writer: w, q_hf, k_hf, vocab }
+    TinyModel { writer: w, q_hf: q_first, k_hf: k_first, vocab }
 }
 
 /// A parsed safetensors tensor.
@@ -325,13 +379,14 @@ pub fn read_safetensors(path: &Path) -> HashMap<String, StTensor> {
     out
 }
 
-/// Dequantize an MLX affine tensor triple to f32 rows.
+/// Dequantize an MLX affine tensor triple to f32 rows (leading axes flattened into rows).
 pub fn mlx_dequantize(w: &StTensor, s: &StTensor, b: &StTensor, bits: u32) -> Vec<f32> {
-    let rows = w.shape[0] as usize;
-    let cols = w.shape[1] as usize * 32 / bits as usize;
+    let nd = w.shape.len();
+    let rows = w.shape[..nd - 1].iter().product::<u64>() as usize;
+    let cols = w.shape[nd - 1] as usize * 32 / bits as usize;
     let scales = s.f32s();
     let biases = b.f32s();
-    let group = cols / s.shape[1] as usize;
+    let group = cols / s.shape[nd - 1] as usize;
     let row_bytes = w.data.len() / rows;
     let mut out = Vec::with_capacity(rows * cols);
     for r in 0..rows {
