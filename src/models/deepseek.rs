@@ -40,7 +40,8 @@
 //! with `weight_scale_inv`) and compressed-tensors int4 (`weight_packed`); convert them with
 //! mlx-lm first (their tensors are rejected at load, naming them). mlx-lm's dropping of the
 //! multi-token-prediction layer (`model.layers.61`) and of `rotary_emb.inv_freq` is kept.
-use super::{ArchConfig, Architecture, CausalLm, LmHead, Loadable};
+use super::stack::{FeedForwardPart, Mixer, PreNormBlock, Stack};
+use super::{ArchConfig, Architecture, Loadable};
 use crate::error::{Error, Result};
 use crate::loader::{check_size, ModelConfig, QuantSpec, RopeConfig, RopeFields, RopeScaling, TensorKind, Vb};
 use crate::mlx::fast::{self, AttentionMask};
@@ -48,7 +49,7 @@ use crate::mlx::{quant, Array, Dtype};
 use crate::nn::linear::QuantWeight;
 use crate::nn::switch::combine;
 use crate::nn::{
-    Cache, Embedding, ExpertActivation, GateActivation, GatedMlp, KvCache, LayerCaches, Linear, Params, RmsNorm, Rope,
+    Cache, ExpertActivation, GateActivation, GatedMlp, Linear, Params, RmsNorm, Rope,
     SwitchGlu,
 };
 use serde::Deserialize;
@@ -810,79 +811,37 @@ impl Params for Mlp {
 
 // ---- block --------------------------------------------------------------------------------
 
-pub struct Block {
-    pub input_layernorm: RmsNorm,
-    pub self_attn: MlaAttention,
-    pub post_attention_layernorm: RmsNorm,
-    pub mlp: Mlp,
+impl Mixer for MlaAttention {
+    fn forward(&self, x: &Array, cache: &mut dyn Cache) -> Result<Array> {
+        MlaAttention::forward(self, x, cache)
+    }
 }
+
+impl FeedForwardPart for Mlp {
+    fn forward(&self, x: &Array) -> Result<Array> {
+        Mlp::forward(self, x)
+    }
+}
+
+/// A DeepSeek layer: MLA, then a dense MLP or the experts, pre-norm.
+pub type Block = PreNormBlock<MlaAttention, Mlp>;
 
 impl Block {
     pub fn load(vb: &Vb, c: &Config, i: usize) -> Result<Self> {
         let (hidden, eps) = (c.hidden_size, c.rms_norm_eps);
         let m = vb.pp("mlp");
-        Ok(Block {
-            input_layernorm: RmsNorm::load(&vb.pp("input_layernorm"), hidden, eps)?,
-            self_attn: MlaAttention::load(&vb.pp("self_attn"), c)?,
-            post_attention_layernorm: RmsNorm::load(&vb.pp("post_attention_layernorm"), hidden, eps)?,
-            mlp: if c.is_moe_layer(i) {
-                Mlp::Moe(Box::new(Moe::load(&m, c)?))
-            } else {
-                Mlp::Dense(GatedMlp::load(&m, hidden, c.intermediate_size, false, GateActivation::Silu)?)
-            },
-        })
-    }
-
-    pub fn forward(&self, x: &Array, cache: &mut dyn Cache) -> Result<Array> {
-        let h = x.add(&self.self_attn.forward(&self.input_layernorm.forward(x)?, cache)?)?;
-        h.add(&self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)
-    }
-}
-
-impl Params for Block {
-    fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
-        crate::params!(out; self.input_layernorm, self.self_attn, self.post_attention_layernorm, self.mlp);
+        let mlp = if c.is_moe_layer(i) {
+            Mlp::Moe(Box::new(Moe::load(&m, c)?))
+        } else {
+            Mlp::Dense(GatedMlp::load(&m, hidden, c.intermediate_size, false, GateActivation::Silu)?)
+        };
+        Self::with_parts(vb, hidden, eps, MlaAttention::load(&vb.pp("self_attn"), c)?, mlp)
     }
 }
 
 // ---- model --------------------------------------------------------------------------------
 
-pub struct Deepseek {
-    pub embed_tokens: Embedding,
-    pub layers: Vec<Block>,
-    pub norm: RmsNorm,
-    pub lm_head: LmHead,
-    pub vocab_size: usize,
-}
-
-impl CausalLm for Deepseek {
-    fn embed(&self, tokens: &Array) -> Result<Array> {
-        self.embed_tokens.forward(tokens)
-    }
-
-    fn forward_embeddings(&self, h: Array, caches: &mut LayerCaches) -> Result<Array> {
-        let h = super::run_layers(h, &self.layers, caches, |l, _, x, c| l.forward(x, c))?;
-        self.lm_head.forward(&self.norm.forward(&h)?, &self.embed_tokens)
-    }
-
-    fn make_caches(&self) -> LayerCaches {
-        LayerCaches(self.layers.iter().map(|_| Box::new(KvCache::new()) as Box<dyn Cache>).collect())
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.vocab_size
-    }
-
-    fn dtype(&self) -> Dtype {
-        self.norm.weight.dtype()
-    }
-}
-
-impl Params for Deepseek {
-    fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
-        crate::params!(out; self.embed_tokens, self.layers, self.norm, self.lm_head);
-    }
-}
+pub type Deepseek = Stack<Block>;
 
 // ---- load ---------------------------------------------------------------------------------
 
@@ -896,13 +855,7 @@ impl Loadable for Deepseek {
             m.pp("layers").pp(61).discard_all();
         }
         let layers = (0..c.num_hidden_layers).map(|i| Block::load(&m.pp("layers").pp(i), &c, i)).collect::<Result<_>>()?;
-        Ok(Deepseek {
-            embed_tokens: Embedding::load(&m.pp("embed_tokens"), c.vocab_size, c.hidden_size)?,
-            layers,
-            norm: RmsNorm::load(&m.pp("norm"), c.hidden_size, c.rms_norm_eps)?,
-            lm_head: LmHead::load(vb, false, c.hidden_size, c.vocab_size)?,
-            vocab_size: c.vocab_size,
-        })
+        Stack::with_layers(vb, layers, c.hidden_size, c.vocab_size, c.rms_norm_eps, false)
     }
 }
 

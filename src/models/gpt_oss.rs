@@ -11,13 +11,14 @@
 //! with gate and up rows interleaved, mxfp4 blocks of 16 bytes) are rewritten at load as mlx-lm's
 //! `sanitize` does; mlx-format checkpoints load as stored.
 use super::transformer::validate_heads;
-use super::{ArchConfig, Architecture, CausalLm, LmHead, Loadable};
+use super::stack::{FeedForwardPart, PreNormBlock, Stack};
+use super::{ArchConfig, Architecture, Loadable};
 use crate::error::{Error, Result};
 use crate::loader::{check_size, ModelConfig, RopeConfig, RopeFields, Vb};
 use crate::mlx::{Array, Dtype};
 use crate::nn::switch::{combine, top_k};
 use crate::nn::{
-    Attention, AttentionSpec, Cache, Embedding, ExpertActivation, LayerCaches, Linear, Params, RmsNorm,
+    Attention, AttentionSpec, ExpertActivation, Linear, Params, 
     Rope, SwitchGlu,
 };
 use serde::Deserialize;
@@ -300,79 +301,28 @@ fn sanitize_hf_experts(vb: &Vb) -> Result<()> {
     Ok(())
 }
 
-pub struct Block {
-    pub input_layernorm: RmsNorm,
-    pub self_attn: Attention,
-    pub post_attention_layernorm: RmsNorm,
-    pub mlp: MoeBlock,
+impl FeedForwardPart for MoeBlock {
+    fn forward(&self, x: &Array) -> Result<Array> {
+        MoeBlock::forward(self, x)
+    }
 }
+
+/// A gpt-oss layer: attention with sinks, then the experts, pre-norm.
+pub type Block = PreNormBlock<Attention, MoeBlock>;
 
 impl Block {
-    pub fn forward(&self, x: &Array, cache: &mut dyn Cache) -> Result<Array> {
-        let h = x.add(&self.self_attn.forward(&self.input_layernorm.forward(x)?, cache)?)?;
-        h.add(&self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)
-    }
-
     /// Layer module `vb` (`model.layers.{i}`).
     fn load(vb: &Vb, c: &Config, rope: &RopeConfig) -> Result<Self> {
-        let (hidden, eps) = (c.hidden_size, c.rms_norm_eps);
-        Ok(Block {
-            input_layernorm: RmsNorm::load(&vb.pp("input_layernorm"), hidden, eps)?,
-            self_attn: Attention::load(&vb.pp("self_attn"), &c.attention_spec(), Some(Rope::new(c.head_dim, rope, None)?))?,
-            post_attention_layernorm: RmsNorm::load(&vb.pp("post_attention_layernorm"), hidden, eps)?,
-            mlp: MoeBlock::load(&vb.pp("mlp"), c)?,
-        })
-    }
-}
-
-impl Params for Block {
-    fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
-        crate::params!(out; self.input_layernorm, self.self_attn, self.post_attention_layernorm, self.mlp);
+        let attn = Attention::load(&vb.pp("self_attn"), &c.attention_spec(), Some(Rope::new(c.head_dim, rope, None)?))?;
+        Self::with_parts(vb, c.hidden_size, c.rms_norm_eps, attn, MoeBlock::load(&vb.pp("mlp"), c)?)
     }
 }
 
 // ---- model --------------------------------------------------------------------------------
 
-pub struct GptOss {
-    pub embed_tokens: Embedding,
-    pub layers: Vec<Block>,
-    pub norm: RmsNorm,
-    pub lm_head: LmHead,
-    pub kinds: Vec<LayerKind>,
-    pub sliding_window: usize,
-    pub vocab_size: usize,
-}
-
-impl CausalLm for GptOss {
-    fn embed(&self, tokens: &Array) -> Result<Array> {
-        self.embed_tokens.forward(tokens)
-    }
-
-    /// Each layer's mask comes from its cache: causal over everything (full layers) or over the
-    /// last `sliding_window` positions (sliding layers), as mlx-lm's `full_mask` / `swa_mask`.
-    fn forward_embeddings(&self, h: Array, caches: &mut LayerCaches) -> Result<Array> {
-        let h = super::run_layers(h, &self.layers, caches, |l, _, x, c| l.forward(x, c))?;
-        self.lm_head.forward(&self.norm.forward(&h)?, &self.embed_tokens)
-    }
-
-    fn make_caches(&self) -> LayerCaches {
-        LayerCaches::for_windows(self.kinds.iter().map(|k| (*k == LayerKind::Sliding).then_some(self.sliding_window)))
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.vocab_size
-    }
-
-    fn dtype(&self) -> Dtype {
-        self.norm.weight.dtype()
-    }
-}
-
-impl Params for GptOss {
-    fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
-        crate::params!(out; self.embed_tokens, self.layers, self.norm, self.lm_head);
-    }
-}
+/// Each layer's mask comes from its cache: causal over everything (full layers) or over the
+/// last `sliding_window` positions (sliding layers), as mlx-lm's `full_mask` / `swa_mask`.
+pub type GptOss = Stack<Block>;
 
 // ---- load ---------------------------------------------------------------------------------
 
@@ -384,15 +334,9 @@ impl Loadable for GptOss {
         let rope = c.rope()?;
         let kinds = c.layer_kinds().map_err(Error::InvalidArgument)?;
         let layers = (0..c.num_hidden_layers).map(|i| Block::load(&m.pp("layers").pp(i), &c, &rope)).collect::<Result<_>>()?;
-        Ok(GptOss {
-            embed_tokens: Embedding::load(&m.pp("embed_tokens"), c.vocab_size, c.hidden_size)?,
-            layers,
-            norm: RmsNorm::load(&m.pp("norm"), c.hidden_size, c.rms_norm_eps)?,
-            lm_head: LmHead::load(vb, false, c.hidden_size, c.vocab_size)?,
-            kinds,
-            sliding_window: c.sliding_window,
-            vocab_size: c.vocab_size,
-        })
+        let mut model = Stack::with_layers(vb, layers, c.hidden_size, c.vocab_size, c.rms_norm_eps, false)?;
+        model.windows = kinds.iter().map(|k| (*k == LayerKind::Sliding).then_some(c.sliding_window)).collect();
+        Ok(model)
     }
 }
 

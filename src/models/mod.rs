@@ -19,6 +19,7 @@ pub mod qwen3;
 pub mod qwen3_moe;
 pub mod registry;
 pub mod smollm3;
+pub mod stack;
 pub mod transformer;
 
 use crate::error::Result;

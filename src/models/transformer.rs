@@ -1,14 +1,12 @@
 //! The pre-norm decoder-only transformer shared by llama, qwen2 and qwen3 (and the llama-shaped
 //! families built on them): embed → N × (x + attn(norm(x)); x + mlp(norm(x))) → norm → lm_head
 //! (or tied embeddings). Section order as in every architecture file: config, block, model, load.
-use super::{ArchConfig, CausalLm, LmHead};
+use super::stack::{FeedForwardPart, PreNormBlock, Stack};
+use super::ArchConfig;
 use crate::error::Result;
 use crate::loader::{check_size, RopeConfig, RopeFields, Vb};
-use crate::mlx::{Array, Dtype};
-use crate::nn::{
-    Attention, AttentionSpec, Embedding, GateActivation, GatedMlp, KvCache, LayerCaches, Params, RmsNorm, Rope,
-    SparseMoe,
-};
+use crate::mlx::Array;
+use crate::nn::{Attention, AttentionSpec, GateActivation, GatedMlp, Params, Rope, SparseMoe};
 use serde::Deserialize;
 
 // ---- config -------------------------------------------------------------------------------
@@ -156,19 +154,16 @@ impl Params for FeedForward {
     }
 }
 
-pub struct DecoderBlock {
-    pub input_layernorm: RmsNorm,
-    pub self_attn: Attention,
-    pub post_attention_layernorm: RmsNorm,
-    pub mlp: FeedForward,
+impl FeedForwardPart for FeedForward {
+    fn forward(&self, x: &Array) -> Result<Array> {
+        FeedForward::forward(self, x)
+    }
 }
 
-impl DecoderBlock {
-    pub fn forward(&self, x: &Array, cache: &mut dyn crate::nn::Cache) -> Result<Array> {
-        let h = x.add(&self.self_attn.forward(&self.input_layernorm.forward(x)?, cache)?)?;
-        h.add(&self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)
-    }
+/// A llama-family layer: attention and a dense or sparse feed-forward part, pre-norm.
+pub type DecoderBlock = PreNormBlock<Attention, FeedForward>;
 
+impl DecoderBlock {
     /// Layer module `vb` (`model.layers.{i}`) of a llama-family model (dense MLP).
     pub fn load(vb: &Vb, c: &DecoderConfig, spec: &ArchSpec, rope: Option<Rope>) -> Result<Self> {
         let mlp = FeedForward::dense(&vb.pp("mlp"), c, c.intermediate_size, spec.mlp_bias)?;
@@ -180,59 +175,15 @@ impl DecoderBlock {
         let (hidden, eps) = (c.hidden_size, c.rms_norm_eps);
         // Precomputed rotary tables are recomputed (mlx-lm's sanitize).
         vb.pp("self_attn").pp("rotary_emb").discard("inv_freq");
-        Ok(DecoderBlock {
-            input_layernorm: RmsNorm::load(&vb.pp("input_layernorm"), hidden, eps)?,
-            self_attn: Attention::load(&vb.pp("self_attn"), &c.attention_spec(spec.qkv_bias, spec.o_bias, spec.qk_norm), rope)?,
-            post_attention_layernorm: RmsNorm::load(&vb.pp("post_attention_layernorm"), hidden, eps)?,
-            mlp,
-        })
-    }
-}
-
-impl Params for DecoderBlock {
-    fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
-        crate::params!(out; self.input_layernorm, self.self_attn, self.post_attention_layernorm, self.mlp);
+        let attn = Attention::load(&vb.pp("self_attn"), &c.attention_spec(spec.qkv_bias, spec.o_bias, spec.qk_norm), rope)?;
+        Self::with_parts(vb, hidden, eps, attn, mlp)
     }
 }
 
 // ---- model --------------------------------------------------------------------------------
 
-pub struct DecoderModel {
-    pub embed_tokens: Embedding,
-    pub layers: Vec<DecoderBlock>,
-    pub norm: RmsNorm,
-    pub lm_head: LmHead,
-    pub vocab_size: usize,
-}
-
-impl CausalLm for DecoderModel {
-    fn embed(&self, tokens: &Array) -> Result<Array> {
-        self.embed_tokens.forward(tokens)
-    }
-
-    fn forward_embeddings(&self, h: Array, caches: &mut LayerCaches) -> Result<Array> {
-        let h = super::run_layers(h, &self.layers, caches, |l, _, x, c| l.forward(x, c))?;
-        self.lm_head.forward(&self.norm.forward(&h)?, &self.embed_tokens)
-    }
-
-    fn make_caches(&self) -> LayerCaches {
-        LayerCaches(self.layers.iter().map(|_| Box::new(KvCache::new()) as Box<dyn crate::nn::Cache>).collect())
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.vocab_size
-    }
-
-    fn dtype(&self) -> Dtype {
-        self.norm.weight.dtype()
-    }
-}
-
-impl Params for DecoderModel {
-    fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
-        crate::params!(out; self.embed_tokens, self.layers, self.norm, self.lm_head);
-    }
-}
+/// A llama-family model.
+pub type DecoderModel = Stack<DecoderBlock>;
 
 // ---- load ---------------------------------------------------------------------------------
 
@@ -268,13 +219,8 @@ impl DecoderModel {
                 DecoderBlock::load_with_ffn(&layer, c, &spec, r, ffn(&layer, i)?)
             })
             .collect::<Result<_>>()?;
-        Ok(DecoderModel {
-            embed_tokens: Embedding::load(&m.pp("embed_tokens"), c.vocab_size, c.hidden_size)?,
-            layers,
-            norm: RmsNorm::load(&m.pp("norm"), c.hidden_size, c.rms_norm_eps)?,
-            lm_head: LmHead::load(vb, c.tie_word_embeddings.unwrap_or(spec.tie_default), c.hidden_size, c.vocab_size)?,
-            vocab_size: c.vocab_size,
-        })
+        let tied = c.tie_word_embeddings.unwrap_or(spec.tie_default);
+        Stack::with_layers(vb, layers, c.hidden_size, c.vocab_size, c.rms_norm_eps, tied)
     }
 }
 
