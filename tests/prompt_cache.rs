@@ -417,3 +417,50 @@ fn eviction_by_max_bytes_and_entries_larger_than_the_budget() {
         assert_eq!(cached(&a), 0, "an entry larger than the whole budget is not stored");
     }
 }
+
+/// Sliding-window layers keep only the keys a later query can see (gemma3's local layers, window 8
+/// here, beside global ones): a turn that extends the previous one reuses it; a prompt that leaves
+/// the cached transcript further back than the window's cache can be brought back to starts cold
+/// (the pool skips that entry); one that leaves it a few tokens back reuses up to there. Every
+/// reply equals the cold one. The prompts are long and prefilled in chunks of 64, so the window
+/// caches have dropped old keys (positions 0..~190 are gone by the end of the first prompt).
+#[test]
+fn sliding_window_caches_reuse_what_they_can_and_equal_cold_output() {
+    if common::require_oracle("sliding_window_caches_reuse_what_they_can_and_equal_cold_output").is_none() {
+        return;
+    }
+    let dir = common::family_fixtures_dir("gemma3").join("gemma3_text_f32");
+    let opts = |cache: bool| -> GenerateOptions {
+        let mut o = greedy(8);
+        o.prefill_step_size = 64;
+        o.prompt_cache = Some(cache);
+        o
+    };
+    let session = Session::load(&dir).unwrap();
+    let run = |prompt: &[u32]| {
+        let cached = session.generate_tokens(prompt, opts(true), |_| true).unwrap();
+        let cold = session.generate_tokens(prompt, opts(false), |_| true).unwrap();
+        assert_same(&cached, &cold);
+        cached
+    };
+    let first = pseudo_random_prompt(7, 400);
+    let r1 = run(&first);
+    assert_eq!(r1.usage.cached_tokens, 0);
+
+    // The next turn: the whole first call (prompt + fed reply) comes from the pool.
+    let mut second = first.clone();
+    second.extend_from_slice(&r1.tokens);
+    second.extend_from_slice(&pseudo_random_prompt(8, 5));
+    let r2 = run(&second);
+    assert!(r2.usage.cached_tokens >= first.len() + r1.tokens.len() - 1, "{}", r2.usage.cached_tokens);
+
+    // Leaves the transcript at token 100: the window caches no longer hold what token 100 needs.
+    let mut early = first[..100].to_vec();
+    early.extend_from_slice(&pseudo_random_prompt(9, 20));
+    assert_eq!(run(&early).usage.cached_tokens, 0);
+
+    // Leaves it at token 390: within reach, reused up to there.
+    let mut late = first[..390].to_vec();
+    late.extend_from_slice(&pseudo_random_prompt(10, 20));
+    assert_eq!(run(&late).usage.cached_tokens, 390);
+}
