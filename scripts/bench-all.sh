@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every side-by-side table of BENCHMARKS.md for the machine it runs on, in one command.
 #
-#   scripts/bench-all.sh            # GPU machine: four 4-bit shapes + op census; CPU: SmolLM2 shape
+#   scripts/bench-all.sh            # GPU machine: six 4-bit shapes (incl. Gemma 3 and a MoE) + op census; CPU: SmolLM2 shape
 #
 # Same environment as scripts/bench-side-by-side.sh (MLEX, PYTHON; on the GPU machine also
 # LD_LIBRARY_PATH/PYTHONPATH pointing at the staged CUDA wheel, see BENCHMARKS.md).
@@ -20,7 +20,7 @@ if [ "$device" = gpu ]; then
   for s in qwen3-0.6b smollm2-135m; do
     "$here/bench-side-by-side.sh" --shape "$s" --bits 4 --prompt-len 512 --gen 256 --rounds 5
   done
-  for s in llama-3.2-3b qwen2.5-7b; do
+  for s in llama-3.2-3b qwen2.5-7b gemma3-1b qwen3-30b-a3b; do
     "$here/bench-side-by-side.sh" --shape "$s" --bits 4 --prompt-len 512 --gen 256 --rounds 3
   done
 else
