@@ -4,7 +4,7 @@
 //! `create_attention_mask` / `cache.make_mask`), since only the cache knows which keys it holds.
 use crate::error::{Error, Result};
 use crate::mlx::fast::AttentionMask;
-use super::{KvCache, RotatingKvCache};
+use super::{KvCache, RotatingKvCache, StateCache};
 use crate::mlx::Array;
 
 /// The mask a layer's queries need over the keys its cache returned.
@@ -47,6 +47,17 @@ pub trait Cache {
 
     /// The state arrays (evaluated alongside a step's output, counted for the pool's budget).
     fn state(&self) -> Vec<&Array>;
+
+    /// Whether [`Cache::trim_to`] works for every earlier position (false for sliding windows
+    /// past their slack and for recurrent states).
+    fn trims_freely(&self) -> bool {
+        true
+    }
+
+    /// The recurrent state, for the layers that keep one (see [`StateCache`]).
+    fn as_state(&mut self) -> Option<&mut StateCache> {
+        None
+    }
 
     /// A copy sharing the arrays (MLX arrays are immutable values: writes to the copy never
     /// reach the original; see `generate::prompt_cache`).
@@ -97,6 +108,12 @@ impl LayerCaches {
 
     pub fn can_trim_to(&self, n: usize) -> bool {
         self.0.iter().all(|c| c.can_trim_to(n))
+    }
+
+    /// Whether every layer can go back to any earlier position (pure KV caches): if not, the
+    /// prompt cache keeps snapshots at the boundaries it may want to return to.
+    pub fn trims_freely(&self) -> bool {
+        self.0.iter().all(|c| c.trims_freely())
     }
 
     pub fn trim_to(&mut self, n: usize) -> Result<()> {

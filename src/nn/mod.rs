@@ -10,6 +10,7 @@ pub mod moe;
 pub mod norm;
 pub mod rope;
 pub mod rotating_kv_cache;
+pub mod state_cache;
 pub mod switch;
 
 pub use attention::{Attention, AttentionSpec};
@@ -23,4 +24,5 @@ pub use moe::{Routing, SparseMoe};
 pub use norm::RmsNorm;
 pub use rope::Rope;
 pub use rotating_kv_cache::RotatingKvCache;
+pub use state_cache::StateCache;
 pub use switch::{ExpertActivation, SwitchGlu, SwitchLinear};
