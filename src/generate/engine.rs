@@ -167,7 +167,11 @@ impl Engine {
         if job.abort.load(Ordering::Relaxed) {
             return Err(Error::Aborted);
         }
-        let run = generator::run(self.model.as_ref(), &mut caches, &job.prompt, opts, |step: TokenStep| {
+        // States that cannot be trimmed back are also kept where the prompt ends, so that a next
+        // turn whose history re-renders this reply differently still resumes from the prompt.
+        let mut snapshot = None;
+        let snap = if use_pool { Some(&mut snapshot) } else { None };
+        let run = generator::run(self.model.as_ref(), &mut caches, &job.prompt, opts, snap, |step: TokenStep| {
             sampled.push(step.id);
             if job.abort.load(Ordering::Relaxed) {
                 finish = FinishReason::Abort;
@@ -220,6 +224,9 @@ impl Engine {
         // wait for it on every path, so nothing of this job outlives it (the host may exit next).
         let _ = mlx::synchronize();
         let stats = run?;
+        if let Some(snap) = snapshot {
+            let _ = pool.store(job.prompt[..job.prompt.len() - 1].to_vec(), snap, Instant::now());
+        }
         if use_pool {
             // Exactly the tokens whose keys/values the caches hold (an EOS fed by the pipelined
             // step included; a sampled token never fed excluded).

@@ -92,11 +92,16 @@ impl Stepper<'_> {
 
 /// Generates from `prompt`, of which the first `caches.offset()` tokens are already in `caches`.
 /// `on_token` is called once per token and decides whether to go on; `max_tokens` is enforced here.
+/// When a layer keeps a recurrent state (which cannot be taken back to earlier positions) and
+/// `snapshot` is given, it receives a copy of the caches holding the prompt but its last token,
+/// for the prompt cache to resume from (see `generate::prompt_cache`). Sliding windows need none:
+/// they keep enough slack to step back a few tokens.
 pub fn run(
     model: &dyn CausalLm,
     caches: &mut LayerCaches,
     prompt: &[u32],
     opts: &GenerateOptions,
+    snapshot: Option<&mut Option<LayerCaches>>,
     mut on_token: impl FnMut(TokenStep) -> Result<Flow>,
 ) -> Result<LoopStats> {
     if prompt.is_empty() {
@@ -139,6 +144,13 @@ pub fn run(
         model.forward(&chunk, caches)?;
         eval(&caches.state())?;
         pos += n;
+    }
+    if let Some(out) = snapshot {
+        if pos > cached && caches.has_recurrent_state() {
+            // Copies of handles: the arrays are shared, and the first write after this copies
+            // the buffer it touches (MLX does not donate a buffer that is still referenced).
+            *out = Some(caches.clone());
+        }
     }
     let last = Array::from_slice(&prompt[pos..], &[1, (prompt.len() - pos) as i32])?;
     let (mut y, mut lp) = stepper.step(&last, caches)?;

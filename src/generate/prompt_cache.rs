@@ -16,6 +16,12 @@
 //! least-recently-used beyond `max_entries`, and LRU until under `max_bytes`; an entry larger than
 //! the whole byte budget is not stored. Near-duplicates are avoided: a new entry that extends an
 //! existing one replaces it, and one already covered by an existing entry only refreshes that entry.
+//!
+//! Recurrent states (hybrid and state-space models, `nn::StateCache`) cannot be trimmed: an entry
+//! serves only prompts that extend all of it. So for such models the engine also stores a
+//! snapshot where each prompt ends (its last token excluded), and an entry that extends another
+//! does not replace it: a next turn whose history re-renders the reply differently still resumes
+//! from the previous prompt. Snapshots count against the byte budget like any entry.
 use crate::error::Result;
 use crate::mlx::{self, Array};
 use crate::nn::LayerCaches;
@@ -152,8 +158,9 @@ impl PromptCachePool {
         if caches.0.iter().any(|c| c.offset() != tokens.len()) {
             return Ok(()); // not the state of these tokens: never store what cannot be trusted
         }
-        // Already covered by an entry that holds these tokens and maybe more: refresh that one.
-        if let Some(e) = self.entries.iter_mut().find(|e| e.tokens.starts_with(&tokens)) {
+        // Already covered by an entry that holds these tokens and maybe more (and can be taken
+        // back to them): refresh that one.
+        if let Some(e) = self.entries.iter_mut().find(|e| e.tokens.starts_with(&tokens) && e.caches.can_trim_to(tokens.len())) {
             e.last_used = now;
             return Ok(());
         }
@@ -166,10 +173,11 @@ impl PromptCachePool {
         if !state.is_empty() {
             mlx::eval(&state)?;
         }
-        // Entries this one extends are now redundant.
+        // Entries this one extends are now redundant — unless this state cannot be taken back to
+        // where they end (a recurrent state): then they stay, as snapshots to resume from.
         let mut i = 0;
         while i < self.entries.len() {
-            if tokens.starts_with(&self.entries[i].tokens) {
+            if tokens.starts_with(&self.entries[i].tokens) && caches.can_trim_to(self.entries[i].tokens.len()) {
                 self.remove(i);
             } else {
                 i += 1;
@@ -297,5 +305,46 @@ mod tests {
         assert!(!p.enabled());
         put(&mut p, &[1; 20], now);
         assert!(p.is_empty());
+    }
+
+    /// A hybrid model's caches holding `n` tokens: a KV cache and a recurrent state.
+    fn hybrid(n: usize) -> LayerCaches {
+        let mut kv = KvCache::new();
+        kv.offset = n;
+        let mut state = crate::nn::StateCache::new(2);
+        state.advance(n);
+        LayerCaches(vec![Box::new(kv), Box::new(state)])
+    }
+
+    #[test]
+    fn recurrent_states_are_reused_only_where_a_snapshot_ends() {
+        let now = Instant::now();
+        let mut p = pool(8, 4);
+        let prompt: Vec<u32> = (1..=10).collect();
+        // The engine stores the snapshot at the prompt's end, then prompt + reply.
+        p.store(prompt[..9].to_vec(), hybrid(9), now).unwrap();
+        let mut full = prompt.clone();
+        full.extend([50, 51, 52]);
+        p.store(full.clone(), hybrid(13), now).unwrap();
+        // The longer entry does not replace the snapshot: it cannot be taken back to it.
+        assert_eq!(seqs(&p).len(), 2);
+
+        // A next turn extending the whole transcript resumes from its end.
+        let mut next = full.clone();
+        next.extend([60, 61]);
+        assert_eq!(p.lookup(&next, now).unwrap().tokens, 13);
+        // One whose history differs after the prompt (a re-rendered reply) resumes from the snapshot.
+        let mut rerendered = prompt.clone();
+        rerendered.extend([70, 71, 72]);
+        let r = p.lookup(&rerendered, now).unwrap();
+        assert_eq!(r.tokens, 9);
+        assert!(r.caches.0.iter().all(|c| c.offset() == 9));
+        // One that leaves the transcript inside the prompt finds no state it can use.
+        let mut early = prompt[..6].to_vec();
+        early.extend([80, 81, 82, 83]);
+        assert!(p.lookup(&early, now).is_none());
+        // Storing a prefix of an entry that cannot be trimmed to it is a new entry, not a refresh.
+        p.store(full[..11].to_vec(), hybrid(11), now).unwrap();
+        assert_eq!(seqs(&p).len(), 3);
     }
 }

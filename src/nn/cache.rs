@@ -48,10 +48,9 @@ pub trait Cache {
     /// The state arrays (evaluated alongside a step's output, counted for the pool's budget).
     fn state(&self) -> Vec<&Array>;
 
-    /// Whether [`Cache::trim_to`] works for every earlier position (false for sliding windows
-    /// past their slack and for recurrent states).
-    fn trims_freely(&self) -> bool {
-        true
+    /// Whether this is a recurrent state, which can never be taken back (only to what it holds).
+    fn is_recurrent(&self) -> bool {
+        false
     }
 
     /// The recurrent state, for the layers that keep one (see [`StateCache`]).
@@ -110,10 +109,9 @@ impl LayerCaches {
         self.0.iter().all(|c| c.can_trim_to(n))
     }
 
-    /// Whether every layer can go back to any earlier position (pure KV caches): if not, the
-    /// prompt cache keeps snapshots at the boundaries it may want to return to.
-    pub fn trims_freely(&self) -> bool {
-        self.0.iter().all(|c| c.trims_freely())
+    /// Whether any layer keeps a recurrent state (a hybrid or state-space model).
+    pub fn has_recurrent_state(&self) -> bool {
+        self.0.iter().any(|c| c.is_recurrent())
     }
 
     pub fn trim_to(&mut self, n: usize) -> Result<()> {

@@ -109,10 +109,6 @@ impl Cache for RotatingKvCache {
         self.keys.iter().chain(self.values.iter()).collect()
     }
 
-    fn trims_freely(&self) -> bool {
-        false
-    }
-
     fn boxed_clone(&self) -> Box<dyn Cache> {
         Box::new(self.clone())
     }

@@ -58,8 +58,8 @@ impl Cache for StateCache {
         self.states.iter().flatten().collect()
     }
 
-    fn trims_freely(&self) -> bool {
-        false
+    fn is_recurrent(&self) -> bool {
+        true
     }
 
     fn boxed_clone(&self) -> Box<dyn Cache> {
