@@ -282,6 +282,11 @@ fn conformance_deepseek() {
     check("conformance_deepseek", "deepseek", &["deepseek_v3", "deepseek_v2"]);
 }
 
+#[test]
+fn conformance_nemotron_h() {
+    check("conformance_nemotron_h", "nemotron_h", &["nemotron_h"]);
+}
+
 /// The comparison rule itself, on synthetic data (runs without the oracle).
 #[test]
 fn comparison_rule() {

@@ -80,6 +80,8 @@ impl Array {
         remainder => MLEX_BINARY_REMAINDER,
         /// Integer (floor) division.
         floor_divide => MLEX_BINARY_FLOOR_DIVIDE,
+        /// log(exp(a) + exp(b)), computed stably (mlx `logaddexp`; `softplus(x)` is `logaddexp(x, 0)`).
+        logaddexp => MLEX_BINARY_LOGADDEXP,
     }
 
     reduce! {
@@ -105,6 +107,11 @@ impl Array {
     /// `beta·c + alpha·(a @ b)` in one op (biased linear layers).
     pub fn addmm(c: &Array, a: &Array, b: &Array, alpha: f32, beta: f32) -> Result<Array> {
         Array::try_from_op(|out| unsafe { sys::mlex_addmm(c.raw(), a.raw(), b.raw(), alpha, beta, out) })
+    }
+
+    /// 1-D convolution of `self` `[N, L, C_in]` with `weight` `[C_out, K, C_in / groups]`.
+    pub fn conv1d(&self, weight: &Array, stride: i32, padding: i32, dilation: i32, groups: i32) -> Result<Array> {
+        Array::try_from_op(|out| unsafe { sys::mlex_conv1d(self.raw(), weight.raw(), stride, padding, dilation, groups, out) })
     }
 
     pub fn where_(cond: &Array, a: &Array, b: &Array) -> Result<Array> {

@@ -304,6 +304,7 @@ int mlex_binary(mlex_binary_op op, mlex_array a, mlex_array b, mlex_array* out) 
       case MLEX_BINARY_MATMUL: *out = wrap(mx::matmul(x, y)); return;
       case MLEX_BINARY_REMAINDER: *out = wrap(mx::remainder(x, y)); return;
       case MLEX_BINARY_FLOOR_DIVIDE: *out = wrap(mx::floor_divide(x, y)); return;
+      case MLEX_BINARY_LOGADDEXP: *out = wrap(mx::logaddexp(x, y)); return;
     }
     throw std::invalid_argument("unknown binary op");
   });
@@ -311,6 +312,9 @@ int mlex_binary(mlex_binary_op op, mlex_array a, mlex_array b, mlex_array* out) 
 
 int mlex_where(mlex_array cond, mlex_array a, mlex_array b, mlex_array* out) {
   return guard([&] { *out = wrap(mx::where(unwrap(cond), unwrap(a), unwrap(b))); });
+}
+int mlex_conv1d(mlex_array input, mlex_array weight, int stride, int padding, int dilation, int groups, mlex_array* out) {
+  return guard([&] { *out = wrap(mx::conv1d(unwrap(input), unwrap(weight), stride, padding, dilation, groups)); });
 }
 int mlex_astype(mlex_array a, mlex_dtype dtype, mlex_array* out) {
   return guard([&] { *out = wrap(mx::astype(unwrap(a), to_dtype(dtype))); });

@@ -129,11 +129,14 @@ typedef enum {
   MLEX_BINARY_MATMUL,
   MLEX_BINARY_REMAINDER,
   MLEX_BINARY_FLOOR_DIVIDE,
+  MLEX_BINARY_LOGADDEXP,
 } mlex_binary_op;
 
 int mlex_unary(mlex_unary_op op, mlex_array a, mlex_array* out);
 int mlex_binary(mlex_binary_op op, mlex_array a, mlex_array b, mlex_array* out);
 int mlex_where(mlex_array cond, mlex_array a, mlex_array b, mlex_array* out);
+/* 1-D convolution: input [N, L, C_in], weight [C_out, K, C_in / groups] (MLX layout). */
+int mlex_conv1d(mlex_array input, mlex_array weight, int stride, int padding, int dilation, int groups, mlex_array* out);
 int mlex_astype(mlex_array a, mlex_dtype dtype, mlex_array* out);
 /* c + alpha * (a @ b) * beta-free form of addmm used by biased linears: out = c + a @ b */
 int mlex_addmm(mlex_array c, mlex_array a, mlex_array b, float alpha, float beta, mlex_array* out);

@@ -13,6 +13,7 @@ pub mod gpt_oss;
 pub mod llama;
 pub mod minicpm;
 pub mod mixtral;
+pub mod nemotron_h;
 pub mod qwen2;
 pub mod qwen2_moe;
 pub mod qwen3;

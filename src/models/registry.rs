@@ -19,6 +19,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
     super::gpt_oss::ARCH,
     super::deepseek::ARCH_V3,
     super::deepseek::ARCH_V2,
+    super::nemotron_h::ARCH,
 ];
 
 /// Every `model_type` accepted, aliases included.
