@@ -464,3 +464,48 @@ fn sliding_window_caches_reuse_what_they_can_and_equal_cold_output() {
     late.extend_from_slice(&pseudo_random_prompt(10, 20));
     assert_eq!(run(&late).usage.cached_tokens, 390);
 }
+
+/// A hybrid model (nemotron_h: Mamba2 layers keep a recurrent state that cannot be trimmed,
+/// beside attention layers): turn 2 resumes from the whole of turn 1; a turn whose history differs
+/// after turn 1's prompt (a re-rendered reply) resumes from the snapshot stored where that prompt
+/// ended; a prompt that leaves the transcript inside turn 1's prompt starts cold. Every reply
+/// equals the cold one.
+#[test]
+fn hybrid_recurrent_state_reuses_turns_and_snapshots_and_equals_cold_output() {
+    if common::require_oracle("hybrid_recurrent_state_reuses_turns_and_snapshots_and_equals_cold_output").is_none() {
+        return;
+    }
+    let dir = common::family_fixtures_dir("nemotron_h").join("nemotron_h_f32");
+    let opts = |cache: bool| -> GenerateOptions {
+        let mut o = greedy(8);
+        o.prefill_step_size = 16;
+        o.prompt_cache = Some(cache);
+        o
+    };
+    let session = Session::load(&dir).unwrap();
+    let run = |prompt: &[u32]| {
+        let cached = session.generate_tokens(prompt, opts(true), |_| true).unwrap();
+        let cold = session.generate_tokens(prompt, opts(false), |_| true).unwrap();
+        assert_same(&cached, &cold);
+        cached
+    };
+    let first = pseudo_random_prompt(21, 40);
+    let r1 = run(&first);
+    assert_eq!(r1.usage.cached_tokens, 0);
+
+    let mut second = first.clone();
+    second.extend_from_slice(&r1.tokens);
+    second.extend_from_slice(&pseudo_random_prompt(22, 6));
+    let r2 = run(&second);
+    assert!(r2.usage.cached_tokens >= first.len(), "turn 2 reused {} tokens", r2.usage.cached_tokens);
+
+    // The same first prompt, then a different "reply": only the snapshot at the prompt's end fits.
+    let mut rerendered = first.clone();
+    rerendered.extend_from_slice(&pseudo_random_prompt(23, 10));
+    assert_eq!(run(&rerendered).usage.cached_tokens, first.len() - 1);
+
+    // Leaves the transcript at token 20: no stored state ends there.
+    let mut early = first[..20].to_vec();
+    early.extend_from_slice(&pseudo_random_prompt(24, 10));
+    assert_eq!(run(&early).usage.cached_tokens, 0);
+}
