@@ -273,6 +273,11 @@ fn conformance_gemma3() {
 }
 
 #[test]
+fn conformance_qwen3_next() {
+    check("conformance_qwen3_next", "qwen3_next", &["qwen3_next", "qwen3_5", "qwen3_5_moe"]);
+}
+
+#[test]
 fn conformance_gemma4() {
     check("conformance_gemma4", "gemma4", &["gemma4_text", "gemma4"]);
 }

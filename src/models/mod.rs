@@ -18,6 +18,7 @@ pub mod qwen2;
 pub mod qwen2_moe;
 pub mod qwen3;
 pub mod qwen3_moe;
+pub mod qwen3_next;
 pub mod registry;
 pub mod smollm3;
 pub mod stack;
