@@ -39,6 +39,12 @@ SHAPES = {
                       num_attention_heads=4, num_key_value_heads=1, head_dim=256, rms_norm_eps=1e-6,
                       vocab_size=262144, max_position_embeddings=32768, rope_theta=1e6, rope_local_base_freq=10000.0,
                       sliding_window=512, sliding_window_pattern=6, query_pre_attn_scalar=256, rope_scaling=None),
+    "qwen3.5-0.8b": dict(model_type="qwen3_5", hidden_size=1024, num_hidden_layers=24, intermediate_size=3584,
+                         num_attention_heads=8, num_key_value_heads=2, head_dim=256, rms_norm_eps=1e-6,
+                         vocab_size=248320, max_position_embeddings=262144, linear_num_value_heads=16,
+                         linear_num_key_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
+                         linear_conv_kernel_dim=4, full_attention_interval=4, tie_word_embeddings=True,
+                         rope_parameters={"type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25}),
 }
 
 

@@ -33,9 +33,19 @@ pub fn shape_config(name: &str) -> Result<Value> {
             "rms_norm_eps": 1e-6, "vocab_size": 262144, "max_position_embeddings": 32768, "rope_theta": 1e6,
             "rope_local_base_freq": 10000.0, "sliding_window": 512, "sliding_window_pattern": 6,
             "query_pre_attn_scalar": 256, "rope_scaling": null}),
+        // Qwen3.5-0.8B as published (24 layers, hidden 1024, 8 / 2 heads of 256, gated delta-net
+        // layers with every 4th full attention); the linear-attention head counts and sizes are
+        // assumed (16 heads of 128 for keys and values), not read off the real checkpoint.
+        "qwen3.5-0.8b" => json!({"model_type": "qwen3_5", "hidden_size": 1024, "num_hidden_layers": 24,
+            "intermediate_size": 3584, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 256,
+            "rms_norm_eps": 1e-6, "vocab_size": 248320, "max_position_embeddings": 262144,
+            "linear_num_value_heads": 16, "linear_num_key_heads": 16, "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
+            "tie_word_embeddings": true,
+            "rope_parameters": {"type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25}}),
         other => {
             return Err(Error::InvalidArgument(format!(
-                "unknown shape '{other}' (qwen3-0.6b, llama-3.2-3b, qwen2.5-7b, smollm2-135m, qwen3-30b-a3b, gemma3-1b)"
+                "unknown shape '{other}' (qwen3-0.6b, llama-3.2-3b, qwen2.5-7b, smollm2-135m, qwen3-30b-a3b, gemma3-1b, qwen3.5-0.8b)"
             )))
         }
     })
