@@ -418,6 +418,26 @@ fn eviction_by_max_bytes_and_entries_larger_than_the_budget() {
     }
 }
 
+/// For the oracle-fixture tests below: a function that generates 8 greedy tokens from a prompt
+/// with the pool and without it (prefill in chunks of `prefill_step`), asserts both equal, and
+/// returns the pooled reply. None (skipped) without the oracle venv, outside CI.
+fn fixture_runner(test: &str, family: &str, case: &str, prefill_step: usize) -> Option<impl Fn(&[u32]) -> GenerateReply> {
+    common::require_oracle(test)?;
+    let session = Session::load(common::family_fixtures_dir(family).join(case)).unwrap();
+    let opts = move |cache: bool| {
+        let mut o = greedy(8);
+        o.prefill_step_size = prefill_step;
+        o.prompt_cache = Some(cache);
+        o
+    };
+    Some(move |prompt: &[u32]| {
+        let cached = session.generate_tokens(prompt, opts(true), |_| true).unwrap();
+        let cold = session.generate_tokens(prompt, opts(false), |_| true).unwrap();
+        assert_same(&cached, &cold);
+        cached
+    })
+}
+
 /// Sliding-window layers keep only the keys a later query can see (gemma3's local layers, window 8
 /// here, beside global ones): a turn that extends the previous one reuses it; a prompt that leaves
 /// the cached transcript further back than the window's cache can be brought back to starts cold
@@ -426,22 +446,9 @@ fn eviction_by_max_bytes_and_entries_larger_than_the_budget() {
 /// caches have dropped old keys (positions 0..~190 are gone by the end of the first prompt).
 #[test]
 fn sliding_window_caches_reuse_what_they_can_and_equal_cold_output() {
-    if common::require_oracle("sliding_window_caches_reuse_what_they_can_and_equal_cold_output").is_none() {
+    let Some(run) = fixture_runner("sliding_window_caches_reuse_what_they_can_and_equal_cold_output", "gemma3", "gemma3_text_f32", 64)
+    else {
         return;
-    }
-    let dir = common::family_fixtures_dir("gemma3").join("gemma3_text_f32");
-    let opts = |cache: bool| -> GenerateOptions {
-        let mut o = greedy(8);
-        o.prefill_step_size = 64;
-        o.prompt_cache = Some(cache);
-        o
-    };
-    let session = Session::load(&dir).unwrap();
-    let run = |prompt: &[u32]| {
-        let cached = session.generate_tokens(prompt, opts(true), |_| true).unwrap();
-        let cold = session.generate_tokens(prompt, opts(false), |_| true).unwrap();
-        assert_same(&cached, &cold);
-        cached
     };
     let first = pseudo_random_prompt(7, 400);
     let r1 = run(&first);
@@ -472,22 +479,9 @@ fn sliding_window_caches_reuse_what_they_can_and_equal_cold_output() {
 /// equals the cold one.
 #[test]
 fn hybrid_recurrent_state_reuses_turns_and_snapshots_and_equals_cold_output() {
-    if common::require_oracle("hybrid_recurrent_state_reuses_turns_and_snapshots_and_equals_cold_output").is_none() {
+    let Some(run) = fixture_runner("hybrid_recurrent_state_reuses_turns_and_snapshots_and_equals_cold_output", "nemotron_h", "nemotron_h_f32", 16)
+    else {
         return;
-    }
-    let dir = common::family_fixtures_dir("nemotron_h").join("nemotron_h_f32");
-    let opts = |cache: bool| -> GenerateOptions {
-        let mut o = greedy(8);
-        o.prefill_step_size = 16;
-        o.prompt_cache = Some(cache);
-        o
-    };
-    let session = Session::load(&dir).unwrap();
-    let run = |prompt: &[u32]| {
-        let cached = session.generate_tokens(prompt, opts(true), |_| true).unwrap();
-        let cold = session.generate_tokens(prompt, opts(false), |_| true).unwrap();
-        assert_same(&cached, &cold);
-        cached
     };
     let first = pseudo_random_prompt(21, 40);
     let r1 = run(&first);

@@ -16,12 +16,13 @@
 //! text model's weights sit under `language_model.`, the vision tower and projector are dropped,
 //! and the text config's heads default to 8 query / 4 KV heads instead of 4 / 1.
 use super::transformer::validate_heads;
-use super::{ArchConfig, Architecture, CausalLm, LmHead, Loadable};
+use super::stack::{Layer, Stack};
+use super::{ArchConfig, Architecture, LmHead, Loadable};
 use crate::error::Result;
 use crate::loader::{check_size, ModelConfig, RopeConfig, RopeFields, Vb};
 use crate::mlx::{Array, Dtype};
 use crate::nn::{
-    Attention, AttentionSpec, Cache, Embedding, GateActivation, GatedMlp, LayerCaches, Params, RmsNorm, Rope,
+    Attention, AttentionSpec, Cache, Embedding, GateActivation, GatedMlp, Params, RmsNorm, Rope,
     
 };
 use serde::Deserialize;
@@ -181,14 +182,16 @@ pub struct Gemma3Block {
     pub post_feedforward_layernorm: RmsNorm,
 }
 
-impl Gemma3Block {
-    pub fn forward(&self, x: &Array, cache: &mut dyn Cache) -> Result<Array> {
+impl Layer for Gemma3Block {
+    fn forward(&self, x: &Array, cache: &mut dyn Cache) -> Result<Array> {
         let r = self.self_attn.forward(&self.input_layernorm.forward(x)?, cache)?;
         let h = residual(x, &self.post_attention_layernorm.forward(&r)?)?;
         let r = self.mlp.forward(&self.pre_feedforward_layernorm.forward(&h)?)?;
         residual(&h, &self.post_feedforward_layernorm.forward(&r)?)
     }
+}
 
+impl Gemma3Block {
     /// Layer module `vb` (`model.layers.{i}`).
     pub fn load(vb: &Vb, c: &Gemma3Config, rope: Rope) -> Result<Self> {
         let (hidden, eps) = (c.hidden_size, c.rms_norm_eps);
@@ -213,48 +216,9 @@ impl Params for Gemma3Block {
 
 // ---- model --------------------------------------------------------------------------------
 
-pub struct Gemma3Text {
-    pub embed_tokens: Embedding,
-    pub layers: Vec<Gemma3Block>,
-    pub norm: RmsNorm,
-    pub lm_head: LmHead,
-    /// sqrt(hidden_size) as a bfloat16 scalar (mlx-lm rounds it so, whatever the model's dtype).
-    pub embed_scale: Array,
-    /// Per layer: the sliding window, or None for global attention.
-    pub windows: Vec<Option<usize>>,
-    pub vocab_size: usize,
-}
-
-impl CausalLm for Gemma3Text {
-    fn embed(&self, tokens: &Array) -> Result<Array> {
-        self.embed_tokens.forward(tokens)
-    }
-
-    fn forward_embeddings(&self, h: Array, caches: &mut LayerCaches) -> Result<Array> {
-        // mlx-lm scales whatever embeddings come in (given ones too), in their own dtype.
-        let h = h.multiply(&self.embed_scale.astype(h.dtype())?)?;
-        let h = super::run_layers(h, &self.layers, caches, |l, _, x, c| l.forward(x, c))?;
-        self.lm_head.forward(&self.norm.forward(&h)?, &self.embed_tokens)
-    }
-
-    fn make_caches(&self) -> LayerCaches {
-        LayerCaches::for_windows(self.windows.iter().copied())
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.vocab_size
-    }
-
-    fn dtype(&self) -> Dtype {
-        self.norm.weight.dtype()
-    }
-}
-
-impl Params for Gemma3Text {
-    fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
-        crate::params!(out; self.embed_tokens, self.layers, self.norm, self.lm_head);
-    }
-}
+/// Gemma 3's text model: the shared stack over its four-norm blocks, with embeddings scaled by
+/// sqrt(hidden_size) rounded to bfloat16 (mlx-lm rounds it so, whatever the model's dtype).
+pub type Gemma3Text = Stack<Gemma3Block>;
 
 // ---- load ---------------------------------------------------------------------------------
 
@@ -285,12 +249,12 @@ impl Loadable for Gemma3Text {
             windows.push(window);
         }
         let tied = !root.pp("lm_head").contains("weight");
-        Ok(Gemma3Text {
+        Ok(Stack {
             embed_tokens: Embedding::load(&m.pp("embed_tokens"), c.vocab_size, c.hidden_size)?,
             layers,
             norm: RmsNorm::load_plus_one(&m.pp("norm"), c.hidden_size, c.rms_norm_eps)?,
             lm_head: LmHead::load(&root, tied, c.hidden_size, c.vocab_size)?,
-            embed_scale: Array::scalar_f32((c.hidden_size as f64).sqrt() as f32, Dtype::Bfloat16)?,
+            embed_scale: Some(Array::scalar_f32((c.hidden_size as f64).sqrt() as f32, Dtype::Bfloat16)?),
             windows,
             vocab_size: c.vocab_size,
         })

@@ -85,6 +85,8 @@ pub struct Stack<L> {
     pub vocab_size: usize,
     /// Each layer's attention window (None: full attention): it picks the layer's cache.
     pub windows: Vec<Option<usize>>,
+    /// A scalar the input embeddings are multiplied by, in their dtype (Gemma's sqrt(hidden)).
+    pub embed_scale: Option<Array>,
 }
 
 impl<L> Stack<L> {
@@ -99,6 +101,7 @@ impl<L> Stack<L> {
             norm: RmsNorm::load(&m.pp("norm"), hidden, eps)?,
             lm_head: LmHead::load(vb, tied, hidden, vocab)?,
             vocab_size: vocab,
+            embed_scale: None,
         })
     }
 }
@@ -109,6 +112,11 @@ impl<L: Layer> CausalLm for Stack<L> {
     }
 
     fn forward_embeddings(&self, h: Array, caches: &mut LayerCaches) -> Result<Array> {
+        // Scales whatever embeddings come in (given ones too), as mlx-lm's Gemma does.
+        let h = match &self.embed_scale {
+            Some(s) => h.multiply(&s.astype(h.dtype())?)?,
+            None => h,
+        };
         let h = run_layers(h, &self.layers, caches, |l, _, x, c| l.forward(x, c))?;
         self.lm_head.forward(&self.norm.forward(&h)?, &self.embed_tokens)
     }
