@@ -6,8 +6,8 @@
 Families: "core" (llama, qwen2, qwen3: the cases below) and one module per architecture family
 in tests/oracle/archs/<name>.py, whose `cases()` returns case dicts {"name", "config" (a full
 mlx-lm config dict), "variant" (a key of VARIANTS), optional "dtype", "prompt_len",
-"prefill_step_size", "max_tokens"} and may define `peaky(path, param, profile)` for weights the
-shared rules below do not cover (routers, sinks). Each family is generated into its own folder.
+"prefill_step_size", "max_tokens"} and may define `peaky(path, param, profile, key)` for weights the
+shared rules below do not cover (routers, sinks), `before_save` and `after_save` (see build_case). Each family is generated into its own folder.
 
 For every case: a tiny random model built by mlx-lm itself from a config dict, cast to its dtype,
 quantized with mlx-lm's own `quantize_model` (so config.json carries the `quantization` block
@@ -381,7 +381,14 @@ def make_peaky(model: nn.Module, seed: int, prof: dict, family_hook=None) -> Non
     mx.eval(model.parameters())
 
 
-def build_case(case: dict, out: Path, seed: int, family_hook=None) -> dict:
+def build_case(case: dict, out: Path, seed: int, family=None) -> dict:
+    """Builds, saves and returns facts of one case. `family` (the case's module of archs/, None
+    for the core cases) may define `peaky` (weight rescaling), `before_save(name, model)` (changes
+    to the model's tensors before they are written: towers to discard, a dropped tied head) and
+    `after_save(case, out)` (rewrites of the saved files: another checkpoint layout). A case with
+    `"keep_nulls": True` builds and writes its config's `null` values as they are; otherwise nulls
+    are dropped so mlx-lm's defaults apply."""
+    hook = lambda name: getattr(family, name, None)
     variant = VARIANTS[case["variant"]]
     dtype_name = case.get("dtype", variant["dtype"])
     quant = variant["quant"]
@@ -391,12 +398,13 @@ def build_case(case: dict, out: Path, seed: int, family_hook=None) -> dict:
     else:
         cfg = base_config(case["arch"], wide)
         cfg.update(case["overrides"])
-    cfg = {k: v for k, v in cfg.items() if v is not None}
+    if not case.get("keep_nulls"):
+        cfg = {k: v for k, v in cfg.items() if v is not None}
 
     mod = model_module(cfg["model_type"])
     mx.random.seed(seed)
     model = mod.Model(mod.ModelArgs.from_dict(cfg))
-    make_peaky(model, seed + 1, PROFILES[dtype_name], family_hook)
+    make_peaky(model, seed + 1, PROFILES[dtype_name], hook("peaky"))
     model.set_dtype(getattr(mx, dtype_name))
 
     config = dict(cfg)
@@ -415,8 +423,12 @@ def build_case(case: dict, out: Path, seed: int, family_hook=None) -> dict:
 
     if out.exists():
         shutil.rmtree(out)
+    if hook("before_save"):
+        hook("before_save")(case["name"], model)
     save_model(out, model)
     save_config(config, config_path=out / "config.json")
+    if hook("after_save"):
+        hook("after_save")(case, out)
     return {"dtype": dtype_name, "quantization": config.get("quantization")}
 
 
@@ -495,12 +507,12 @@ def tokenizer_checks(out: Path, case_dir: Path) -> dict:
 
 
 def family_cases(family: str):
-    """The cases of `family` and its peaky hook (None for the core family)."""
+    """The cases of `family` and its module (None for the core family: no hooks)."""
     if family == "core":
         return case_list(), None
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     mod = importlib.import_module(f"archs.{family}")
-    return mod.cases(), getattr(mod, "peaky", None)
+    return mod.cases(), mod
 
 
 def main() -> int:
@@ -515,7 +527,7 @@ def main() -> int:
 
     tokenizer, tokenizer_config = build_tokenizer()
     only = {s for s in args.only.split(",") if s}
-    all_cases, hook = family_cases(args.family)
+    all_cases, family = family_cases(args.family)
     cases = [c for c in all_cases if not only or c["name"] in only]
     index = {"generator": "tests/oracle/make_fixtures.py", "family": args.family, "max_tokens": MAX_TOKENS, "cases": []}
     for case in cases:
@@ -524,7 +536,7 @@ def main() -> int:
         # A per-case seed derived from the name: adding a case never changes the others.
         seed = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
         case_dir = out / name
-        facts = build_case(case, case_dir, seed, hook)
+        facts = build_case(case, case_dir, seed, family)
         (case_dir / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False, indent=1))
         (case_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, ensure_ascii=False, indent=2))
 

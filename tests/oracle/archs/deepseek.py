@@ -17,12 +17,11 @@ scores, `group_limited_greedy` (2 groups scored by their best expert, 1 kept, so
 or `greedy`. The router weights and the correction bias are drawn here (mlx-lm initialises both
 to zeros: every expert would tie) with a spread that keeps the choices clear.
 
-`q_lora_rank: null` cannot pass through make_fixtures as is (it drops null config values, and
-mlx-lm's default for an absent `q_lora_rank` is 1536): `_keep_null_fields` below makes the
-generator build such a case with the field None and write it as `null` into config.json.
+`q_lora_rank: null` must reach mlx-lm as None (its default for an absent field is 1536): cases
+with null fields set make_fixtures' `keep_nulls`. The `hf_layout` cases are rewritten into the
+Hugging Face layout by `after_save`.
 """
 import json
-import sys
 
 import mlx.core as mx
 
@@ -100,7 +99,7 @@ def cases() -> list[dict]:
     # transformers' config class rejects a null there).
     qproj = config(q_lora_rank=None, n_group=1, topk_group=1, moe_layer_freq=2, num_experts_per_tok=3)
     del qproj["n_shared_experts"]
-    return [
+    out = [
         {"name": "deepseek_v3_f32", "config": config(), "variant": "f32"},
         # MLX's CPU gather_mm (dense experts) runs in float32 only, so mlx-lm cannot run a bf16
         # MoE on the CPU: the bf16 case is dense (no routed experts; 2 layers, which give varied
@@ -123,6 +122,10 @@ def cases() -> list[dict]:
         {"name": "deepseek_v2_f32", "config": config("deepseek_v2"), "variant": "f32"},
         {"name": "deepseek_v2_lite_f32", "config": v2_lite, "variant": "f32"},
     ]
+    for c in out:
+        if any(v is None for v in c["config"].values()):
+            c["keep_nulls"] = True  # built with the field None and written as `null`
+    return out
 
 
 def peaky(path, p, prof, key):
@@ -182,45 +185,8 @@ def _hf_layout(out, kv_b_quant):
     mx.save_safetensors(str(path), new, metadata={"format": "mlx"})
 
 
-def _wrap_build_case():
-    """Two things make_fixtures' build_case cannot do, added by wrapping it (other cases are
-    untouched):
-    - `null` config values: make_fixtures drops them before building (and mlx-lm would then use
-      its default, 1536, for `q_lora_rank`). A case whose config sets a field to None gets a model
-      built with the field None and a config.json with `null` there (as DeepSeek-V2-Lite's).
-    - `"hf_layout": True` (optional `"kv_b_quant": (group, bits)`): the saved checkpoint is
-      rewritten by `_hf_layout` before the oracle runs."""
-    for name in ("__main__", "make_fixtures"):
-        gen = sys.modules.get(name)
-        orig = getattr(gen, "build_case", None)
-        if orig is None or getattr(orig, "_deepseek", False):
-            continue
-
-        def build_case(case, out, seed, family_hook=None, _orig=orig, _gen=gen):
-            nulls = [k for k, v in case.get("config", {}).items() if v is None]
-            if nulls:
-                args_cls = _gen.model_module(case["config"]["model_type"]).ModelArgs
-                own = args_cls.__dict__.get("from_dict")
-                base = args_cls.from_dict.__func__
-                args_cls.from_dict = classmethod(lambda cls, params: base(cls, {**params, **{k: None for k in nulls}}))
-            try:
-                facts = _orig(case, out, seed, family_hook)
-            finally:
-                if nulls and own is not None:
-                    args_cls.from_dict = own
-                elif nulls:
-                    del args_cls.from_dict
-            if nulls:
-                path = out / "config.json"
-                cfg = json.loads(path.read_text())
-                cfg.update({k: None for k in nulls})
-                path.write_text(json.dumps(dict(sorted(cfg.items())), indent=4) + "\n")
-            if case.get("hf_layout"):
-                _hf_layout(out, case.get("kv_b_quant"))
-            return facts
-
-        build_case._deepseek = True
-        gen.build_case = build_case
-
-
-_wrap_build_case()
+def after_save(case, out):
+    """`"hf_layout": True` (optional `"kv_b_quant": (group, bits)`): the saved checkpoint is
+    rewritten into the Hugging Face layout before the oracle runs."""
+    if case.get("hf_layout"):
+        _hf_layout(out, case.get("kv_b_quant"))

@@ -17,14 +17,10 @@ embedding), q/k norms ~QK_GAIN (position-dependent attention); embedding and hea
 prof["head"].
 
 Tied embeddings: mlx-lm always builds an `lm_head` and ties only when the checkpoint has no
-`lm_head.weight` (its sanitize), so a tied checkpoint is one saved without it. make_fixtures has
-no hook between building a model and saving it, so this module wraps the generator's
-`save_model` (files only; the oracle reloads them with its unmodified loader): for every case of
-this module but the `untied` ones it drops `lm_head`, and for the wrapper cases it adds the vision
-tensors.
+`lm_head.weight` (its sanitize), so a tied checkpoint is one saved without it: `before_save`
+drops `lm_head` for every case but the `untied` ones, and adds the vision tensors to the wrapper
+cases (files only; the oracle reloads them with its unmodified loader).
 """
-import sys
-from pathlib import Path
 
 import mlx.core as mx
 
@@ -113,7 +109,7 @@ def peaky(path: str, p: mx.array, prof: dict, key: mx.array):
     return p
 
 
-def _prepare_for_save(name: str, model) -> None:
+def before_save(name: str, model) -> None:
     """What a real checkpoint of this case holds: no lm_head when tied, a vision side for gemma3."""
     wrapped = "language_model" in model
     text = model["language_model"] if wrapped else model
@@ -126,22 +122,3 @@ def _prepare_for_save(name: str, model) -> None:
             model.args.text_config.pop(k, None)
         model["vision_tower"] = {"vision_model": {"post_layernorm": {"weight": mx.ones((8,))}}}
         model["multi_modal_projector"] = {"mm_input_projection_weight": mx.zeros((8, 4))}
-
-
-def _wrap_save(save_model):
-    names = {c["name"] for c in cases()}
-
-    def save(path, model, **kwargs):
-        if Path(path).name in names:
-            _prepare_for_save(Path(path).name, model)
-        return save_model(path, model, **kwargs)
-
-    save.gemma3_wrapped = True
-    return save
-
-
-# The generator runs as __main__; `mf` is a second import of the same file.
-for _mod in {id(m): m for m in (sys.modules.get("__main__"), mf) if m is not None}.values():
-    _save = getattr(_mod, "save_model", None)
-    if hasattr(_mod, "build_case") and _save is not None and not getattr(_save, "gemma3_wrapped", False):
-        _mod.save_model = _wrap_save(_save)

@@ -19,9 +19,8 @@ mlx-lm's defaults. Prompts of 40 tokens prefilled in chunks of 16 (MoE: 70 in ch
 mlx-lm's sanitize drops and so must the engine: `gemma4_f32` in mlx-lm's own layout
 (`language_model.model.*`), `gemma4_moe_hf_f32` in the Hugging Face layout
 (`model.language_model.*`, experts as fused `gate_up_proj` / `down_proj` tensors) with MoE, K = V,
-per-layer inputs and KV sharing together. make_fixtures has no hook between building a model and
-saving it, so this module wraps its `save_model` (files only; the oracle reloads them with its
-unmodified loader).
+per-layer inputs and KV sharing together. `before_save` adds the towers and rewrites the layout
+(files only; the oracle reloads them with its unmodified loader).
 
 Gains (`peaky`): every branch is normed after, so norms set the gains: post-attention /
 post-feedforward norms ~prof["resid"]·prof["head"] (layers outweigh the embedding, whose rows
@@ -29,9 +28,6 @@ have norm prof["head"]), post-per-layer-input norms ~prof["head"], q/k norms ~1 
 unit-RMS heads is sharp already); routers scaled up for clear expert margins; per-expert scales
 and layer scalars drawn away from 1 so that an engine ignoring them fails.
 """
-import sys
-from pathlib import Path
-
 import mlx.core as mx
 
 import make_fixtures as mf
@@ -190,7 +186,7 @@ def _to_hf_layout(model) -> None:
     }
 
 
-def _prepare_for_save(name: str, model) -> None:
+def before_save(name: str, model) -> None:
     """What a real checkpoint of this case holds: the towers beside a wrapped text model."""
     if "language_model" not in model:
         return
@@ -201,22 +197,3 @@ def _prepare_for_save(name: str, model) -> None:
     model["audio_tower"] = {"conv": {"weight": mx.zeros((4, 4))}}
     model["embed_vision"] = {"embedding_projection": {"weight": mx.zeros((64, 8))}}
     model["multi_modal_projector"] = {"weight": mx.zeros((8, 4))}
-
-
-def _wrap_save(save_model):
-    names = {c["name"] for c in cases()}
-
-    def save(path, model, **kwargs):
-        if Path(path).name in names:
-            _prepare_for_save(Path(path).name, model)
-        return save_model(path, model, **kwargs)
-
-    save.gemma4_wrapped = True
-    return save
-
-
-# The generator runs as __main__; `mf` is a second import of the same file.
-for _mod in {id(m): m for m in (sys.modules.get("__main__"), mf) if m is not None}.values():
-    _save = getattr(_mod, "save_model", None)
-    if hasattr(_mod, "build_case") and _save is not None and not getattr(_save, "gemma4_wrapped", False):
-        _mod.save_model = _wrap_save(_save)
