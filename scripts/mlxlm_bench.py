@@ -45,6 +45,22 @@ SHAPES = {
                          linear_num_key_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
                          linear_conv_kernel_dim=4, full_attention_interval=4, tie_word_embeddings=True,
                          rope_parameters={"type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25}),
+    "qwen3.5-2b": dict(model_type="qwen3_5", hidden_size=2048, num_hidden_layers=24, intermediate_size=6144,
+                       num_attention_heads=8, num_key_value_heads=2, head_dim=256, rms_norm_eps=1e-6,
+                       vocab_size=248320, max_position_embeddings=262144, linear_num_value_heads=16,
+                       linear_num_key_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
+                       linear_conv_kernel_dim=4, full_attention_interval=4, tie_word_embeddings=True,
+                       rope_parameters={"type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25}),
+    "qwen3.5-moe-small": dict(model_type="qwen3_5_moe", hidden_size=2048, num_hidden_layers=16,
+                              intermediate_size=6144, num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+                              rms_norm_eps=1e-6, vocab_size=248320, max_position_embeddings=262144,
+                              linear_num_value_heads=32, linear_num_key_heads=16, linear_key_head_dim=128,
+                              linear_value_head_dim=128, linear_conv_kernel_dim=4, full_attention_interval=4,
+                              tie_word_embeddings=False, num_experts=64, num_experts_per_tok=8,
+                              decoder_sparse_step=1, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+                              norm_topk_prob=True,
+                              rope_parameters={"type": "default", "rope_theta": 10000000,
+                                               "partial_rotary_factor": 0.25}),
 }
 
 

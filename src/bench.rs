@@ -43,9 +43,29 @@ pub fn shape_config(name: &str) -> Result<Value> {
             "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
             "tie_word_embeddings": true,
             "rope_parameters": {"type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25}}),
+        // A Qwen3.5 ~2B shape: hidden 2048, 24 layers, every 4th full attention (8 / 2 heads of
+        // 256); the gated delta-net sizes (16 heads of 128) are assumed, as for 0.8b.
+        "qwen3.5-2b" => json!({"model_type": "qwen3_5", "hidden_size": 2048, "num_hidden_layers": 24,
+            "intermediate_size": 6144, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 256,
+            "rms_norm_eps": 1e-6, "vocab_size": 248320, "max_position_embeddings": 262144,
+            "linear_num_value_heads": 16, "linear_num_key_heads": 16, "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
+            "tie_word_embeddings": true,
+            "rope_parameters": {"type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25}}),
+        // Qwen3.5-35B-A3B scaled down: its layer (hidden 2048, 16 / 2 attention heads of 256, 16 key
+        // and 32 value heads of 128, 8 routed experts of 512 plus a shared one) with 16 layers of 40
+        // and 64 experts of 256.
+        "qwen3.5-moe-small" => json!({"model_type": "qwen3_5_moe", "hidden_size": 2048, "num_hidden_layers": 16,
+            "intermediate_size": 6144, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+            "rms_norm_eps": 1e-6, "vocab_size": 248320, "max_position_embeddings": 262144,
+            "linear_num_value_heads": 32, "linear_num_key_heads": 16, "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
+            "tie_word_embeddings": false, "num_experts": 64, "num_experts_per_tok": 8, "decoder_sparse_step": 1,
+            "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512, "norm_topk_prob": true,
+            "rope_parameters": {"type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25}}),
         other => {
             return Err(Error::InvalidArgument(format!(
-                "unknown shape '{other}' (qwen3-0.6b, llama-3.2-3b, qwen2.5-7b, smollm2-135m, qwen3-30b-a3b, gemma3-1b, qwen3.5-0.8b)"
+                "unknown shape '{other}' (qwen3-0.6b, llama-3.2-3b, qwen2.5-7b, smollm2-135m, qwen3-30b-a3b, gemma3-1b, qwen3.5-0.8b, qwen3.5-2b, qwen3.5-moe-small)"
             )))
         }
     })

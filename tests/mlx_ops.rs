@@ -411,3 +411,68 @@ fn cpu_fast_ops_match_naive_on_views_and_variants() {
 fn cpu_fast_ops_portable_path_matches_too() {
     rerun_without_avx2("cpu_fast_ops_match_naive_on_views_and_variants");
 }
+
+/// The gated delta kernels (`src/mlx/gated_delta.cpp`) against the graph of plain ops
+/// (`nn::gated_delta::gated_delta_ops`, mlx-lm's `gated_delta_ops`): value heads sharing key
+/// heads, a batch of two, a non-zero starting state, q/k/v read as slices of one wider tensor
+/// (as the conv output is split), one token (decode) and 37 (prefill), float32 and bfloat16.
+/// On the CPU this is the CPU primitive, bit for bit; where the CUDA backend is, the same checks
+/// run on the GPU within rounding.
+fn check_gated_delta(kernel: &str, exact: bool) {
+    use mlex::nn::gated_delta::{gated_delta, gated_delta_ops};
+    let (b, hk, hv, dk, dv) = (2i32, 2i32, 4i32, 64i32, 16i32);
+    for t in [1i32, 37] {
+        for dtype in [Dtype::Float32, Dtype::Bfloat16] {
+            let width = 2 * hk * dk + hv * dv + 3;
+            let mixed = arr(&rand_vec((b * t * width) as usize, 50 + t as u64), &[b, t, width]).astype(dtype).unwrap();
+            let part = |from: i32, n: i32, heads: i32, d: i32| {
+                mixed.slice_axis(2, from, from + n).unwrap().reshape(&[b, t, heads, d]).unwrap()
+            };
+            // q/k L2-normalised as the model does (keeps the recurrence bounded over 37 steps).
+            let unit = |x: Array| fast::rms_norm(&x, None, 1e-6).unwrap().multiply(&Array::scalar_f32(0.125, dtype).unwrap()).unwrap();
+            let q = unit(part(1, hk * dk, hk, dk));
+            let k = unit(part(1 + hk * dk, hk * dk, hk, dk));
+            let v = part(1 + 2 * hk * dk, hv * dv, hv, dv);
+            let g = arr(&rand_vec((b * t * hv) as usize, 60), &[b, t, hv]).sigmoid().unwrap();
+            let beta = arr(&rand_vec((b * t * hv) as usize, 61), &[b, t, hv]).sigmoid().unwrap().astype(dtype).unwrap();
+            let state = arr(&rand_vec((b * hv * dv * dk) as usize, 62), &[b, hv, dv, dk]);
+            let (y, s) = gated_delta(&q, &k, &v, &g, &beta, &state).unwrap();
+            let census = mlex::mlx::graph_census(&[&y, &s]).unwrap();
+            assert!(census.iter().any(|(n, _)| n == kernel), "T={t} {dtype:?}: {kernel} not used: {census:?}");
+            assert_eq!((y.shape(), y.dtype(), s.shape(), s.dtype()), (vec![b, t, hv, dv], dtype, vec![b, hv, dv, dk], Dtype::Float32));
+            let (yr, sr) = gated_delta_ops(&q, &k, &v, &g, &beta, &state).unwrap();
+            let f = |a: &Array| a.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
+            // The CPU kernel sums in the reference's order: equal. The GPU's warp sums are in
+            // another order: float32 rounding, then (bfloat16 output) a 2^-8 relative rounding.
+            let tol = if exact { 0.0 } else if dtype == Dtype::Float32 { 1e-4 } else { 2e-2 };
+            for (what, got, want) in [("y", f(&y), f(&yr)), ("state", f(&s), f(&sr))] {
+                let scale = want.iter().map(|v| v.abs()).fold(1f32, f32::max);
+                for (i, (a, w)) in got.iter().zip(&want).enumerate() {
+                    assert!((a - w).abs() <= tol * scale, "T={t} {dtype:?} {what}[{i}]: {a} vs {w}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn cpu_gated_delta_kernel_matches_ops_reference() {
+    check_gated_delta("CpuGatedDelta", true);
+}
+
+#[test]
+fn cpu_gated_delta_portable_path_matches_too() {
+    rerun_without_avx2("cpu_gated_delta_kernel_matches_ops_reference");
+}
+
+/// Runs only where the CUDA backend is (the GPU machine, see BENCHMARKS.md).
+#[test]
+fn cuda_gated_delta_kernel_matches_ops_reference() {
+    use mlex::mlx::{gpu_available, set_default_device, Device};
+    if !gpu_available() || cfg!(target_os = "macos") {
+        eprintln!("no CUDA GPU: skipped");
+        return;
+    }
+    set_default_device(Device::Gpu).unwrap();
+    check_gated_delta("CustomKernel", false);
+}

@@ -39,7 +39,8 @@ struct BenchArgs {
     /// A checkpoint (directory, HF cache entry or repo id).
     #[arg(long)]
     model: Option<String>,
-    /// Random weights of a real shape: qwen3-0.6b, llama-3.2-3b, qwen2.5-7b, smollm2-135m.
+    /// Random weights of a real shape: qwen3-0.6b, llama-3.2-3b, qwen2.5-7b, smollm2-135m, qwen3-30b-a3b,
+    /// gemma3-1b, qwen3.5-0.8b, qwen3.5-2b, qwen3.5-moe-small.
     #[arg(long)]
     shape: Option<String>,
     /// Quantize the random weights to this many bits (affine; 0 = keep floats).

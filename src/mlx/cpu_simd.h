@@ -3,6 +3,7 @@
 // `__attribute__((target("avx2,fma")))` and guarded by MLEX_X86_64 and has_avx2_fma().
 #pragma once
 
+#include <cstdint>
 #include <cstdlib>
 
 #if defined(__x86_64__)
@@ -25,6 +26,27 @@ __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
   return _mm_cvtss_f32(s);
+}
+
+// a · b over n floats.
+__attribute__((target("avx2,fma"))) inline float dot_avx2(const float* a, const float* b, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  float t = hsum(_mm256_add_ps(s0, s1));
+  for (; i < n; ++i) t += a[i] * b[i];
+  return t;
+}
+
+// acc += p · v
+__attribute__((target("avx2,fma"))) inline void axpy_avx2(float p, const float* v, float* acc, int64_t n) {
+  const __m256 pv = _mm256_set1_ps(p);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + i), _mm256_loadu_ps(acc + i)));
+  for (; i < n; ++i) acc[i] += p * v[i];
 }
 #endif
 

@@ -278,6 +278,28 @@ pub mod fast {
         })
     }
 
+    /// The gated delta rule recurrence through mlex's CPU or CUDA kernel (`src/mlx/gated_delta.h`):
+    /// q, k `[B, T, Hk, Dk]`, v `[B, T, Hv, Dv]`, g, beta `[B, T, Hv]`, state `[B, Hv, Dv, Dk]`
+    /// float32 → (y `[B, T, Hv, Dv]` in q's dtype, the new state). `None` where no kernel of ours
+    /// covers the case (Metal, other shapes): `nn::gated_delta` then runs the reference graph.
+    pub fn gated_delta(
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        g: &Array,
+        beta: &Array,
+        state: &Array,
+    ) -> Result<Option<(Array, Array)>> {
+        let (mut y, mut s): (sys::mlex_array, sys::mlex_array) = (std::ptr::null_mut(), std::ptr::null_mut());
+        check(unsafe {
+            sys::mlex_gated_delta(q.raw(), k.raw(), v.raw(), g.raw(), beta.raw(), state.raw(), &mut y, &mut s)
+        })?;
+        if y.is_null() || s.is_null() {
+            return Ok(None);
+        }
+        Ok(Some((Array::from_raw(y), Array::from_raw(s))))
+    }
+
     /// The attention mask of [`scaled_dot_product_attention`].
     pub enum AttentionMask<'a> {
         None,

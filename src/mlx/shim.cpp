@@ -4,6 +4,7 @@
 #include "cpu_fast_ops.h"
 #include "cpu_quantized_matmul.h"
 #include "cuda_quantized_matvec.h"
+#include "gated_delta.h"
 
 #include <algorithm>
 #include <cstring>
@@ -471,6 +472,18 @@ int mlex_fast_sdpa_sinks(mlex_array q, mlex_array k, mlex_array v, float scale, 
     if (mask != nullptr && mode.empty()) mode = "array";
     *out = wrap(mx::fast::scaled_dot_product_attention(unwrap(q), unwrap(k), unwrap(v), scale, mode,
                                                        opt(mask), opt(sinks)));
+  });
+}
+
+int mlex_gated_delta(mlex_array q, mlex_array k, mlex_array v, mlex_array g, mlex_array beta, mlex_array state,
+                     mlex_array* y, mlex_array* state_out) {
+  return guard([&] {
+    *y = nullptr;
+    *state_out = nullptr;
+    if (auto r = mlex::gated_delta(unwrap(q), unwrap(k), unwrap(v), unwrap(g), unwrap(beta), unwrap(state))) {
+      *y = wrap(r->first);
+      *state_out = wrap(r->second);
+    }
   });
 }
 

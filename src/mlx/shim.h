@@ -191,6 +191,11 @@ int mlex_fast_rope(mlex_array x, int32_t dims, bool traditional, float base, flo
 /* mask_mode: "" (none, or mask given), "causal"; mask may be NULL. */
 int mlex_fast_sdpa(mlex_array q, mlex_array k, mlex_array v, float scale, const char* mask_mode,
                    mlex_array mask, mlex_array* out);
+/* The gated delta rule recurrence (src/mlx/gated_delta.h) through our CPU or CUDA kernel: q, k
+   [B, T, Hk, Dk], v [B, T, Hv, Dv], g, beta [B, T, Hv], state [B, Hv, Dv, Dk] float32. Sets *y
+   and *state_out, or leaves both NULL when no kernel of ours covers the case. */
+int mlex_gated_delta(mlex_array q, mlex_array k, mlex_array v, mlex_array g, mlex_array beta, mlex_array state,
+                     mlex_array* y, mlex_array* state_out);
 /* As mlex_fast_sdpa with per-head attention sinks (`sinks` [Hq], NULL for none: gpt-oss). */
 int mlex_fast_sdpa_sinks(mlex_array q, mlex_array k, mlex_array v, float scale, const char* mask_mode,
                          mlex_array mask, mlex_array sinks, mlex_array* out);

@@ -1,6 +1,6 @@
 //! qwen3_next (Qwen3-Next-80B-A3B), qwen3_5 and qwen3_5_moe (Qwen3.5). Follows mlx-lm
-//! `models/qwen3_next.py`, `models/qwen3_5.py`, `models/qwen3_5_moe.py` and the ops path of
-//! `models/gated_delta.py` (what mlx-lm runs on the CPU).
+//! `models/qwen3_next.py`, `models/qwen3_5.py`, `models/qwen3_5_moe.py` and
+//! `models/gated_delta.py` (the recurrence itself is `nn::gated_delta`: our CPU / CUDA kernel).
 //!
 //! Hybrid layers: every `full_attention_interval`-th layer is full attention (q_proj also yields a
 //! per-head output gate, `o_proj(attn · sigmoid(gate))`; q/k RMSNorm; rotary over the first
@@ -25,6 +25,7 @@ use super::{run_layers, ArchConfig, Architecture, CausalLm, LmHead, Loadable};
 use crate::error::{Error, Result};
 use crate::loader::{check_size, ModelConfig, RopeConfig, RopeFields, Vb};
 use crate::mlx::{fast, Array, Dtype};
+use crate::nn::gated_delta::gated_delta;
 use crate::nn::moe::stack_experts;
 use crate::nn::{
     Cache, Embedding, ExpertActivation, GateActivation, GatedMlp, KvCache, LayerCaches, Linear, Params, RmsNorm,
@@ -398,39 +399,15 @@ impl GatedDeltaNet {
         let q = fast::rms_norm(&q, None, rms_eps)?.multiply(&Array::scalar_f32((inv * inv) as f32, q.dtype())?)?;
         let k = fast::rms_norm(&k, None, rms_eps)?.multiply(&Array::scalar_f32(inv as f32, k.dtype())?)?;
 
-        // gated_delta_update (ops path).
+        // gated_delta_update: g = exp(-exp(A_log)·softplus(a + dt_bias)), β = sigmoid(b).
         let beta = beta_in.sigmoid()?;
         let sp = a.add(&self.dt_bias)?.logaddexp(&Array::scalar_f32(0.0, a.dtype())?)?;
         let g = self.a_log.astype(Dtype::Float32)?.exp()?.negative()?.multiply(&sp)?.exp()?;
-        let mut st = match state.get(1) {
+        let st = match state.get(1) {
             Some(s) => s.clone(),
             None => Array::zeros(&[b, nv, dv, dk], Dtype::Float32)?,
         };
-        let r = nv / nk;
-        let (q, k) = if r > 1 {
-            let rep = |t: &Array| t.expand_dims(-2)?.broadcast_to(&[b, s, nk, r, dk])?.reshape(&[b, s, nv, dk]);
-            (rep(&q)?, rep(&k)?)
-        } else {
-            (q, k)
-        };
-        let mut ys = Vec::with_capacity(s as usize);
-        for t in 0..s {
-            let at = |x: &Array| -> Result<Array> { x.slice_axis(1, t, t + 1)?.squeeze(1) };
-            let (qt, kt, vt, gt, bt) = (at(&q)?, at(&k)?, at(&v)?, at(&g)?, at(&beta)?);
-            let kt = kt.expand_dims(-2)?; // [B, H, 1, Dk]
-            st = st.multiply(&gt.expand_dims(-1)?.expand_dims(-1)?)?;
-            let kv_mem = st.multiply(&kt)?.sum(&[-1], false)?; // [B, H, Dv]
-            let delta = vt.subtract(&kv_mem)?.multiply(&bt.expand_dims(-1)?)?;
-            st = st.add(&kt.multiply(&delta.expand_dims(-1)?)?)?;
-            let y = st.multiply(&qt.expand_dims(-2)?)?.sum(&[-1], false)?;
-            ys.push(y.astype(qt.dtype())?);
-        }
-        let y = if ys.len() == 1 {
-            ys.pop().unwrap().expand_dims(1)?
-        } else {
-            let refs: Vec<Array> = ys.iter().map(|y| y.expand_dims(1)).collect::<Result<_>>()?;
-            Array::concatenate(&refs.iter().collect::<Vec<_>>(), 1)?
-        };
+        let (y, st) = gated_delta(&q, &k, &v, &g, &beta, &st)?;
         state.set(1, st);
         state.advance(s as usize);
 

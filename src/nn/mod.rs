@@ -2,6 +2,7 @@
 pub mod attention;
 pub mod cache;
 pub mod embedding;
+pub mod gated_delta;
 pub mod kv_cache;
 pub mod linear;
 pub mod mlp;
