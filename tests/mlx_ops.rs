@@ -412,52 +412,75 @@ fn cpu_fast_ops_portable_path_matches_too() {
     rerun_without_avx2("cpu_fast_ops_match_naive_on_views_and_variants");
 }
 
-/// The gated delta kernels (`src/mlx/gated_delta.cpp`) against the graph of plain ops
-/// (`nn::gated_delta::gated_delta_ops`, mlx-lm's `gated_delta_ops`): value heads sharing key
-/// heads, a batch of two, a non-zero starting state, q/k/v read as slices of one wider tensor
-/// (as the conv output is split), one token (decode) and 37 (prefill), float32 and bfloat16.
-/// On the CPU this is the CPU primitive, bit for bit; where the CUDA backend is, the same checks
-/// run on the GPU within rounding.
-fn check_gated_delta(kernel: &str, exact: bool) {
-    use mlex::nn::gated_delta::{gated_delta, gated_delta_ops};
+/// Inputs of a gated delta-net layer's recurrence: q/k/v read as slices of one wider tensor (as
+/// the conv output is split), value heads sharing key heads, a batch of two, a non-zero state.
+struct DeltaInputs {
+    q: Array,
+    k: Array,
+    v: Array,
+    a: Array,
+    b: Array,
+    a_log: Array,
+    dt_bias: Array,
+    state: Array,
+}
+
+fn delta_inputs(t: i32, dtype: Dtype) -> DeltaInputs {
     let (b, hk, hv, dk, dv) = (2i32, 2i32, 4i32, 64i32, 16i32);
-    for t in [1i32, 37] {
-        for dtype in [Dtype::Float32, Dtype::Bfloat16] {
-            let width = 2 * hk * dk + hv * dv + 3;
-            let mixed = arr(&rand_vec((b * t * width) as usize, 50 + t as u64), &[b, t, width]).astype(dtype).unwrap();
-            let part = |from: i32, n: i32, heads: i32, d: i32| {
-                mixed.slice_axis(2, from, from + n).unwrap().reshape(&[b, t, heads, d]).unwrap()
-            };
-            // q/k L2-normalised as the model does (keeps the recurrence bounded over 37 steps).
-            let unit = |x: Array| fast::rms_norm(&x, None, 1e-6).unwrap().multiply(&Array::scalar_f32(0.125, dtype).unwrap()).unwrap();
-            let q = unit(part(1, hk * dk, hk, dk));
-            let k = unit(part(1 + hk * dk, hk * dk, hk, dk));
-            let v = part(1 + 2 * hk * dk, hv * dv, hv, dv);
-            let g = arr(&rand_vec((b * t * hv) as usize, 60), &[b, t, hv]).sigmoid().unwrap();
-            let beta = arr(&rand_vec((b * t * hv) as usize, 61), &[b, t, hv]).sigmoid().unwrap().astype(dtype).unwrap();
-            let state = arr(&rand_vec((b * hv * dv * dk) as usize, 62), &[b, hv, dv, dk]);
-            let (y, s) = gated_delta(&q, &k, &v, &g, &beta, &state).unwrap();
-            let census = mlex::mlx::graph_census(&[&y, &s]).unwrap();
-            assert!(census.iter().any(|(n, _)| n == kernel), "T={t} {dtype:?}: {kernel} not used: {census:?}");
-            assert_eq!((y.shape(), y.dtype(), s.shape(), s.dtype()), (vec![b, t, hv, dv], dtype, vec![b, hv, dv, dk], Dtype::Float32));
-            let (yr, sr) = gated_delta_ops(&q, &k, &v, &g, &beta, &state).unwrap();
-            let f = |a: &Array| a.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
-            // The CPU kernel sums in the reference's order: equal. The GPU's warp sums are in
-            // another order: float32 rounding, then (bfloat16 output) a 2^-8 relative rounding.
-            let tol = if exact { 0.0 } else if dtype == Dtype::Float32 { 1e-4 } else { 2e-2 };
-            for (what, got, want) in [("y", f(&y), f(&yr)), ("state", f(&s), f(&sr))] {
-                let scale = want.iter().map(|v| v.abs()).fold(1f32, f32::max);
-                for (i, (a, w)) in got.iter().zip(&want).enumerate() {
-                    assert!((a - w).abs() <= tol * scale, "T={t} {dtype:?} {what}[{i}]: {a} vs {w}");
-                }
-            }
-        }
+    let width = 2 * hk * dk + hv * dv + 3;
+    let mixed = arr(&rand_vec((b * t * width) as usize, 50 + t as u64), &[b, t, width]).astype(dtype).unwrap();
+    let part = |from: i32, n: i32, heads: i32, d: i32| mixed.slice_axis(2, from, from + n).unwrap().reshape(&[b, t, heads, d]).unwrap();
+    let gate_in = |seed| arr(&rand_vec((b * t * hv) as usize, seed), &[b, t, hv]).multiply(&Array::scalar_f32(3.0, Dtype::Float32).unwrap()).unwrap().astype(dtype).unwrap();
+    DeltaInputs {
+        q: part(1, hk * dk, hk, dk),
+        k: part(1 + hk * dk, hk * dk, hk, dk),
+        v: part(1 + 2 * hk * dk, hv * dv, hv, dv),
+        a: gate_in(60),
+        b: gate_in(61),
+        a_log: arr(&rand_vec(hv as usize, 63), &[hv]),
+        dt_bias: arr(&rand_vec(hv as usize, 64), &[hv]).astype(dtype).unwrap(),
+        state: arr(&rand_vec((b * hv * dv * dk) as usize, 62), &[b, hv, dv, dk]),
     }
 }
 
+/// Every element of `got` within `tol` (relative to the largest of `want`) of `want`.
+fn within(what: &str, got: &Array, want: &Array, tol: f32) {
+    assert_eq!(got.shape(), want.shape(), "{what}: shape");
+    let f = |a: &Array| a.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
+    let (got, want) = (f(got), f(want));
+    let scale = want.iter().map(|v| v.abs()).fold(1f32, f32::max);
+    for (i, (a, w)) in got.iter().zip(&want).enumerate() {
+        assert!((a - w).abs() <= tol * scale, "{what}[{i}]: {a} vs {w}");
+    }
+}
+
+fn uses(arrays: &[&Array], kernel: &str, what: &str) {
+    let census = mlex::mlx::graph_census(arrays).unwrap();
+    assert!(census.iter().any(|(n, _)| n == kernel), "{what}: {kernel} not used: {census:?}");
+}
+
+/// The CPU gated delta kernel (`src/mlx/gated_delta.cpp`) against the graph of plain ops
+/// (`nn::gated_delta::gated_delta_ops`, mlx-lm's `gated_delta_ops`), bit for bit: one token
+/// (decode) and 37 (prefill), float32 and bfloat16.
 #[test]
 fn cpu_gated_delta_kernel_matches_ops_reference() {
-    check_gated_delta("CpuGatedDelta", true);
+    use mlex::mlx::{set_default_device, Device};
+    use mlex::nn::gated_delta::{gated_delta, gated_delta_ops, gates, normalize_qk};
+    set_default_device(Device::Cpu).unwrap();
+    for t in [1i32, 37] {
+        for dtype in [Dtype::Float32, Dtype::Bfloat16] {
+            let x = delta_inputs(t, dtype);
+            let (q, k) = normalize_qk(&x.q, &x.k).unwrap();
+            let (g, beta) = gates(&x.a, &x.b, &x.a_log, &x.dt_bias).unwrap();
+            let (y, s) = gated_delta(&q, &k, &x.v, &g, &beta, &x.state).unwrap();
+            let what = format!("T={t} {dtype:?}");
+            uses(&[&y, &s], "CpuGatedDelta", &what);
+            assert_eq!((y.dtype(), s.dtype()), (dtype, Dtype::Float32));
+            let (yr, sr) = gated_delta_ops(&q, &k, &x.v, &g, &beta, &x.state).unwrap();
+            within(&format!("{what} y"), &y, &yr, 0.0);
+            within(&format!("{what} state"), &s, &sr, 0.0);
+        }
+    }
 }
 
 #[test]
@@ -465,14 +488,31 @@ fn cpu_gated_delta_portable_path_matches_too() {
     rerun_without_avx2("cpu_gated_delta_kernel_matches_ops_reference");
 }
 
-/// Runs only where the CUDA backend is (the GPU machine, see BENCHMARKS.md).
+/// The CUDA kernel (normalize_qk, the gates and the recurrence in one) against the same ops on
+/// the GPU: the warp sums run in another order, so float32 within rounding and bfloat16 within
+/// its 2^-8 relative rounding. Runs only where the CUDA backend is (the GPU machine, see
+/// BENCHMARKS.md).
 #[test]
 fn cuda_gated_delta_kernel_matches_ops_reference() {
     use mlex::mlx::{gpu_available, set_default_device, Device};
+    use mlex::nn::gated_delta::{gated_delta_ops, gated_delta_update, gates, normalize_qk};
     if !gpu_available() || cfg!(target_os = "macos") {
         eprintln!("no CUDA GPU: skipped");
         return;
     }
     set_default_device(Device::Gpu).unwrap();
-    check_gated_delta("CustomKernel", false);
+    for t in [1i32, 37] {
+        for dtype in [Dtype::Float32, Dtype::Bfloat16] {
+            let x = delta_inputs(t, dtype);
+            let (y, s) = gated_delta_update(&x.q, &x.k, &x.v, &x.a, &x.b, &x.a_log, &x.dt_bias, &x.state).unwrap();
+            let what = format!("T={t} {dtype:?}");
+            uses(&[&y, &s], "CustomKernel", &what);
+            let (q, k) = normalize_qk(&x.q, &x.k).unwrap();
+            let (g, beta) = gates(&x.a, &x.b, &x.a_log, &x.dt_bias).unwrap();
+            let (yr, sr) = gated_delta_ops(&q, &k, &x.v, &g, &beta, &x.state).unwrap();
+            let tol = if dtype == Dtype::Float32 { 1e-4 } else { 2e-2 };
+            within(&format!("{what} y"), &y, &yr, tol);
+            within(&format!("{what} state"), &s, &sr, tol);
+        }
+    }
 }

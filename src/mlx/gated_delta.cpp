@@ -3,6 +3,7 @@
 #include "cpu_simd.h"
 #include "cpu_thread_pool.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <stdexcept>
@@ -180,6 +181,10 @@ __device__ __forceinline__ float mlex_gd_float(__half v) { return __half2float(v
 __device__ __forceinline__ void mlex_gd_store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void mlex_gd_store(__nv_bfloat16* p, float v) { *p = __float2bfloat16(v); }
 __device__ __forceinline__ void mlex_gd_store(__half* p, float v) { *p = __float2half(v); }
+// v rounded to the dtype `tag` points to, as the reference's ops round each result.
+__device__ __forceinline__ float mlex_gd_round(float v, const float*) { return v; }
+__device__ __forceinline__ float mlex_gd_round(float v, const __nv_bfloat16*) { return __bfloat162float(__float2bfloat16(v)); }
+__device__ __forceinline__ float mlex_gd_round(float v, const __half*) { return __half2float(__float2half(v)); }
 __device__ __forceinline__ float mlex_gd_warp_sum(float v) {
   #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -187,10 +192,13 @@ __device__ __forceinline__ float mlex_gd_warp_sum(float v) {
 }
 )";
 
-// Template constants: DK, DV, HK, HV; dims = {T, B}. One warp per (batch, value head, row of S):
-// lane l keeps S[row, l + 32i] for i < DK/32 in registers through all T tokens. The next token's
-// inputs are loaded before the current one is computed, so their latency overlaps the two warp
-// reductions each token needs.
+// Template constants: DK, DV, HK, HV; dims = {T, B}; consts = {Dk^-1, Dk^-0.5, eps of the q/k
+// RMSNorm}. One warp per (batch, value head, row of S): lane l keeps S[row, l + 32i] for
+// i < DK/32 in registers through all T tokens. Each token it also does what the reference does
+// with ops before the recurrence (normalize_qk and the gates), rounding where those ops round:
+// q/k RMS-normalised over the warp and scaled (q by Dk^-1, k by Dk^-0.5), β = sigmoid(b),
+// g = exp(−exp(A_log)·softplus(a + dt_bias)). The next token's inputs are loaded before the
+// current one is computed, so their latency overlaps the warp reductions.
 constexpr const char* kSource = R"(
   constexpr int NPT = DK / 32;
   const int lane = threadIdx.x & 31;
@@ -206,13 +214,16 @@ constexpr const char* kSource = R"(
   const auto* qp = q + (b * T * HK + kh) * DK + lane;
   const auto* kp = k + (b * T * HK + kh) * DK + lane;
   const auto* vp = v + (b * T * HV + h) * DV + row;
-  const float* gp = g + b * T * HV + h;
-  const float* bp = beta + b * T * HV + h;
+  const auto* ap = a + b * T * HV + h;
+  const auto* bp = b_in + b * T * HV + h;
   auto* yp = y + (b * T * HV + h) * DV + row;
+  const float q_scale = mlex_gd_round(consts[0], q), k_scale = mlex_gd_round(consts[1], q), eps = consts[2];
+  const float decay_rate = expf(a_log[h]);
+  const float dt = mlex_gd_float(dt_bias[h]);
   float s[NPT];
   #pragma unroll
   for (int i = 0; i < NPT; ++i) s[i] = state_in[(n * DV + row) * DK + lane + 32 * i];
-  float qn[NPT], kn[NPT], vn = 0.f, gn = 0.f, bn = 0.f;
+  float qn[NPT], kn[NPT], vn = 0.f, an = 0.f, bn = 0.f;
   if (T > 0) {
     #pragma unroll
     for (int i = 0; i < NPT; ++i) {
@@ -220,8 +231,8 @@ constexpr const char* kSource = R"(
       kn[i] = mlex_gd_float(kp[32 * i]);
     }
     vn = mlex_gd_float(vp[0]);
-    gn = gp[0];
-    bn = bp[0];
+    an = mlex_gd_float(ap[0]);
+    bn = mlex_gd_float(bp[0]);
   }
   for (int t = 0; t < T; ++t) {
     float qc[NPT], kc[NPT];
@@ -230,7 +241,7 @@ constexpr const char* kSource = R"(
       qc[i] = qn[i];
       kc[i] = kn[i];
     }
-    const float vc = vn, gc = gn, bc = bn;
+    const float vc = vn, ac = an, bc = bn;
     if (t + 1 < T) {
       const long dq = (long)(t + 1) * HK * DK;
       #pragma unroll
@@ -239,9 +250,30 @@ constexpr const char* kSource = R"(
         kn[i] = mlex_gd_float(kp[dq + 32 * i]);
       }
       vn = mlex_gd_float(vp[(long)(t + 1) * HV * DV]);
-      gn = gp[(long)(t + 1) * HV];
-      bn = bp[(long)(t + 1) * HV];
+      an = mlex_gd_float(ap[(long)(t + 1) * HV]);
+      bn = mlex_gd_float(bp[(long)(t + 1) * HV]);
     }
+    // normalize_qk
+    float qq = 0.f, kk = 0.f;
+    #pragma unroll
+    for (int i = 0; i < NPT; ++i) {
+      qq += qc[i] * qc[i];
+      kk += kc[i] * kc[i];
+    }
+    qq = mlex_gd_warp_sum(qq);
+    kk = mlex_gd_warp_sum(kk);
+    const float rq = rsqrtf(qq / DK + eps), rk = rsqrtf(kk / DK + eps);
+    #pragma unroll
+    for (int i = 0; i < NPT; ++i) {
+      qc[i] = mlex_gd_round(mlex_gd_round(qc[i] * rq, q) * q_scale, q);
+      kc[i] = mlex_gd_round(mlex_gd_round(kc[i] * rk, q) * k_scale, q);
+    }
+    // The gates.
+    const float x = mlex_gd_round(ac + dt, q);
+    const float softplus = mlex_gd_round(fmaxf(x, 0.f) + log1pf(expf(-fabsf(x))), q);
+    const float gc = expf(-decay_rate * softplus);
+    const float beta = mlex_gd_round(1.f / (1.f + expf(-bc)), q);
+    // The recurrence.
     float kv = 0.f;
     #pragma unroll
     for (int i = 0; i < NPT; ++i) {
@@ -249,7 +281,7 @@ constexpr const char* kSource = R"(
       kv += s[i] * kc[i];
     }
     kv = mlex_gd_warp_sum(kv);
-    const float delta = (vc - kv) * bc;
+    const float delta = (vc - kv) * beta;
     float out = 0.f;
     #pragma unroll
     for (int i = 0; i < NPT; ++i) {
@@ -265,7 +297,8 @@ constexpr const char* kSource = R"(
 
 const mx::fast::CustomKernelFunction& cuda_kernel() {
   static const mx::fast::CustomKernelFunction k = mx::fast::cuda_kernel(
-      "mlex_gated_delta", {"q", "k", "v", "g", "beta", "state_in", "dims"}, {"y", "state_out"}, kSource, kHeader);
+      "mlex_gated_delta_update", {"q", "k", "v", "a", "b_in", "a_log", "dt_bias", "state_in", "dims", "consts"},
+      {"y", "state_out"}, kSource, kHeader);
   return k;
 }
 
@@ -282,8 +315,9 @@ bool is_float(mx::Dtype d) { return d == mx::float32 || d == mx::bfloat16 || d =
 std::optional<std::pair<mx::array, mx::array>> gated_delta(const mx::array& q, const mx::array& k,
                                                            const mx::array& v, const mx::array& g,
                                                            const mx::array& beta, const mx::array& state) {
-  if (ablated() || q.ndim() != 4 || k.shape() != q.shape() || v.ndim() != 4 || g.ndim() != 3 || beta.ndim() != 3 ||
-      state.ndim() != 4) {
+  const auto s = mx::to_stream({});
+  if (ablated() || s.device != mx::Device::cpu || q.ndim() != 4 || k.shape() != q.shape() || v.ndim() != 4 ||
+      g.ndim() != 3 || beta.ndim() != 3 || state.ndim() != 4) {
     return std::nullopt;
   }
   const int B = q.shape(0), T = q.shape(1), hk = q.shape(2), dk = q.shape(3), hv = v.shape(2), dv = v.shape(3);
@@ -294,22 +328,43 @@ std::optional<std::pair<mx::array, mx::array>> gated_delta(const mx::array& q, c
       state.dtype() != mx::float32) {
     return std::nullopt;
   }
-  const auto s = mx::to_stream({});
   const auto f32 = [&](const mx::array& a) { return mx::astype(a, mx::float32, s); };
-  if (s.device == mx::Device::cpu) {
-    auto outs = mx::array::make_arrays({{B, T, hv, dv}, state.shape()}, {mx::float32, mx::float32},
-                                       std::make_shared<CpuGatedDelta>(s),
-                                       {f32(q), f32(k), f32(v), f32(g), f32(beta), state});
-    return std::make_pair(mx::astype(outs[0], q.dtype(), s), outs[1]);
-  }
+  auto outs = mx::array::make_arrays({{B, T, hv, dv}, state.shape()}, {mx::float32, mx::float32},
+                                     std::make_shared<CpuGatedDelta>(s),
+                                     {f32(q), f32(k), f32(v), f32(g), f32(beta), state});
+  return std::make_pair(mx::astype(outs[0], q.dtype(), s), outs[1]);
+}
+
+std::optional<std::pair<mx::array, mx::array>> gated_delta_update(const mx::array& q, const mx::array& k,
+                                                                  const mx::array& v, const mx::array& a,
+                                                                  const mx::array& b, const mx::array& a_log,
+                                                                  const mx::array& dt_bias, const mx::array& state) {
+  const auto s = mx::to_stream({});
   static const bool cuda = mx::cu::is_available();
-  if (!cuda || dk % 32 != 0 || dk > 256) return std::nullopt;
+  if (ablated() || !cuda || s.device != mx::Device::gpu || q.ndim() != 4 || k.shape() != q.shape() ||
+      v.ndim() != 4 || a.ndim() != 3 || state.ndim() != 4) {
+    return std::nullopt;
+  }
+  const int B = q.shape(0), T = q.shape(1), hk = q.shape(2), dk = q.shape(3), hv = v.shape(2), dv = v.shape(3);
+  const mx::Shape gs{B, T, hv};
+  const auto dt = q.dtype();
+  if (v.shape(0) != B || v.shape(1) != T || hk == 0 || hv % hk != 0 || dk % 32 != 0 || dk == 0 || dk > 256 ||
+      dv == 0 || a.shape() != gs || b.shape() != gs || a_log.shape() != mx::Shape{hv} ||
+      dt_bias.shape() != mx::Shape{hv} || state.shape() != mx::Shape{B, hv, dv, dk} || !is_float(dt) ||
+      k.dtype() != dt || v.dtype() != dt || a.dtype() != dt || b.dtype() != dt || dt_bias.dtype() != dt ||
+      !is_float(a_log.dtype()) || state.dtype() != mx::float32) {
+    return std::nullopt;
+  }
+  // normalize_qk's constants, as mlx-lm computes them (in double, then float).
+  const double inv = 1.0 / std::sqrt(static_cast<double>(dk));
+  const mx::array consts({static_cast<float>(inv * inv), static_cast<float>(inv), static_cast<float>(1e-6 * inv * inv)});
   const int warps = B * hv * dv;
   const int blocks = (warps + kWarps - 1) / kWarps;
-  auto outs = cuda_kernel()(
-      {q, k, v, f32(g), f32(beta), state, mx::array({T, B}, mx::int32)}, {{B, T, hv, dv}, state.shape()},
-      {q.dtype(), mx::float32}, {blocks * kWarps * 32, 1, 1}, {kWarps * 32, 1, 1},
-      {{"DK", dk}, {"DV", dv}, {"HK", hk}, {"HV", hv}}, std::nullopt, false, s);
+  auto outs = cuda_kernel()({q, k, v, a, b, mx::astype(a_log, mx::float32, s), dt_bias, state,
+                             mx::array({T, B}, mx::int32), consts},
+                            {{B, T, hv, dv}, state.shape()}, {dt, mx::float32}, {blocks * kWarps * 32, 1, 1},
+                            {kWarps * 32, 1, 1}, {{"DK", dk}, {"DV", dv}, {"HK", hk}, {"HV", hv}}, std::nullopt,
+                            false, s);
   return std::make_pair(outs[0], outs[1]);
 }
 

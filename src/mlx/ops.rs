@@ -278,10 +278,10 @@ pub mod fast {
         })
     }
 
-    /// The gated delta rule recurrence through mlex's CPU or CUDA kernel (`src/mlx/gated_delta.h`):
+    /// The gated delta rule recurrence through mlex's CPU kernel (`src/mlx/gated_delta.h`):
     /// q, k `[B, T, Hk, Dk]`, v `[B, T, Hv, Dv]`, g, beta `[B, T, Hv]`, state `[B, Hv, Dv, Dk]`
-    /// float32 → (y `[B, T, Hv, Dv]` in q's dtype, the new state). `None` where no kernel of ours
-    /// covers the case (Metal, other shapes): `nn::gated_delta` then runs the reference graph.
+    /// float32 → (y `[B, T, Hv, Dv]` in q's dtype, the new state). `None` where it does not apply
+    /// (not the CPU, other shapes): `nn::gated_delta` then runs the reference graph.
     pub fn gated_delta(
         q: &Array,
         k: &Array,
@@ -293,6 +293,32 @@ pub mod fast {
         let (mut y, mut s): (sys::mlex_array, sys::mlex_array) = (std::ptr::null_mut(), std::ptr::null_mut());
         check(unsafe {
             sys::mlex_gated_delta(q.raw(), k.raw(), v.raw(), g.raw(), beta.raw(), state.raw(), &mut y, &mut s)
+        })?;
+        if y.is_null() || s.is_null() {
+            return Ok(None);
+        }
+        Ok(Some((Array::from_raw(y), Array::from_raw(s))))
+    }
+
+    /// All of mlx-lm's `gated_delta_update` (q/k normalisation, gates, recurrence) through mlex's
+    /// CUDA kernel: q, k as the conv gives them, a, b `[B, T, Hv]`, a_log, dt_bias `[Hv]`. `None`
+    /// where it does not apply (not CUDA, other shapes or dtypes).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated_delta_update(
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        a: &Array,
+        b: &Array,
+        a_log: &Array,
+        dt_bias: &Array,
+        state: &Array,
+    ) -> Result<Option<(Array, Array)>> {
+        let (mut y, mut s): (sys::mlex_array, sys::mlex_array) = (std::ptr::null_mut(), std::ptr::null_mut());
+        check(unsafe {
+            sys::mlex_gated_delta_update(
+                q.raw(), k.raw(), v.raw(), a.raw(), b.raw(), a_log.raw(), dt_bias.raw(), state.raw(), &mut y, &mut s,
+            )
         })?;
         if y.is_null() || s.is_null() {
             return Ok(None);
@@ -348,6 +374,12 @@ pub mod fast {
     /// silu(gate) · up, one compiled kernel.
     pub fn swiglu(gate: &Array, up: &Array) -> Result<Array> {
         Array::try_from_op(|out| unsafe { sys::mlex_compiled_swiglu(gate.raw(), up.raw(), out) })
+    }
+
+    /// silu(gate) · x computed in float32, in `like`'s dtype (mlx-lm's `precise_swiglu`), one
+    /// compiled kernel.
+    pub fn precise_swiglu(like: &Array, gate: &Array, x: &Array) -> Result<Array> {
+        Array::try_from_op(|out| unsafe { sys::mlex_compiled_precise_swiglu(like.raw(), gate.raw(), x.raw(), out) })
     }
 
     /// gelu_tanh(gate) · up, one compiled kernel.

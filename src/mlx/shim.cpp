@@ -487,6 +487,19 @@ int mlex_gated_delta(mlex_array q, mlex_array k, mlex_array v, mlex_array g, mle
   });
 }
 
+int mlex_gated_delta_update(mlex_array q, mlex_array k, mlex_array v, mlex_array a, mlex_array b, mlex_array a_log,
+                            mlex_array dt_bias, mlex_array state, mlex_array* y, mlex_array* state_out) {
+  return guard([&] {
+    *y = nullptr;
+    *state_out = nullptr;
+    if (auto r = mlex::gated_delta_update(unwrap(q), unwrap(k), unwrap(v), unwrap(a), unwrap(b), unwrap(a_log),
+                                          unwrap(dt_bias), unwrap(state))) {
+      *y = wrap(r->first);
+      *state_out = wrap(r->second);
+    }
+  });
+}
+
 int mlex_gather_mm(mlex_array a, mlex_array b, mlex_array lhs_indices, mlex_array rhs_indices,
                    bool sorted_indices, mlex_array* out) {
   return guard([&] {
@@ -576,6 +589,11 @@ std::vector<mx::array> geglu_impl(const std::vector<mx::array>& in) {
   auto g = mx::multiply(mx::multiply(mx::array(0.5f, dt), x), mx::add(mx::array(1.0f, dt), mx::tanh(inner)));
   return {mx::multiply(g, in[1])};
 }
+std::vector<mx::array> precise_swiglu_impl(const std::vector<mx::array>& in) {
+  auto g = mx::astype(in[1], mx::float32);
+  g = mx::multiply(g, mx::sigmoid(g));
+  return {mx::astype(mx::multiply(g, mx::astype(in[2], mx::float32)), in[0].dtype())};
+}
 }  // namespace
 
 int mlex_compiled_swiglu(mlex_array gate, mlex_array up, mlex_array* out) {
@@ -589,6 +607,13 @@ int mlex_compiled_geglu(mlex_array gate, mlex_array up, mlex_array* out) {
   return guard([&] {
     static auto fn = mx::compile(geglu_impl, /*shapeless=*/true);
     *out = wrap(fn({unwrap(gate), unwrap(up)})[0]);
+  });
+}
+
+int mlex_compiled_precise_swiglu(mlex_array like, mlex_array gate, mlex_array x, mlex_array* out) {
+  return guard([&] {
+    static auto fn = mx::compile(precise_swiglu_impl, /*shapeless=*/true);
+    *out = wrap(fn({unwrap(like), unwrap(gate), unwrap(x)})[0]);
   });
 }
 

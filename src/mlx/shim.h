@@ -196,6 +196,10 @@ int mlex_fast_sdpa(mlex_array q, mlex_array k, mlex_array v, float scale, const 
    and *state_out, or leaves both NULL when no kernel of ours covers the case. */
 int mlex_gated_delta(mlex_array q, mlex_array k, mlex_array v, mlex_array g, mlex_array beta, mlex_array state,
                      mlex_array* y, mlex_array* state_out);
+/* All of mlx-lm's gated_delta_update (q/k normalisation, gates, recurrence) in our CUDA kernel:
+   q, k raw [B, T, Hk, Dk], a, b [B, T, Hv], a_log, dt_bias [Hv]. NULLs where it does not apply. */
+int mlex_gated_delta_update(mlex_array q, mlex_array k, mlex_array v, mlex_array a, mlex_array b, mlex_array a_log,
+                            mlex_array dt_bias, mlex_array state, mlex_array* y, mlex_array* state_out);
 /* As mlex_fast_sdpa with per-head attention sinks (`sinks` [Hq], NULL for none: gpt-oss). */
 int mlex_fast_sdpa_sinks(mlex_array q, mlex_array k, mlex_array v, float scale, const char* mask_mode,
                          mlex_array mask, mlex_array sinks, mlex_array* out);
@@ -232,6 +236,8 @@ int mlex_random_categorical(mlex_array logits, int32_t axis, mlex_array key, mle
 int mlex_compiled_swiglu(mlex_array gate, mlex_array up, mlex_array* out);
 /* gelu_approx(gate) * up (tanh approximation), compiled likewise. */
 int mlex_compiled_geglu(mlex_array gate, mlex_array up, mlex_array* out);
+/* (silu(float32(gate)) * float32(x)) in like's dtype (mlx-lm's precise_swiglu), compiled likewise. */
+int mlex_compiled_precise_swiglu(mlex_array like, mlex_array gate, mlex_array x, mlex_array* out);
 
 /* ---- io ---- */
 int mlex_save_safetensors(const char* path, const char* const* names, const mlex_array* arrays, size_t n);

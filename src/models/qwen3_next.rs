@@ -25,11 +25,11 @@ use super::{run_layers, ArchConfig, Architecture, CausalLm, LmHead, Loadable};
 use crate::error::{Error, Result};
 use crate::loader::{check_size, ModelConfig, RopeConfig, RopeFields, Vb};
 use crate::mlx::{fast, Array, Dtype};
-use crate::nn::gated_delta::gated_delta;
+use crate::nn::gated_delta::gated_delta_update;
 use crate::nn::moe::stack_experts;
 use crate::nn::{
-    Cache, Embedding, ExpertActivation, GateActivation, GatedMlp, KvCache, LayerCaches, Linear, Params, RmsNorm,
-    Rope, Routing, SparseMoe, StateCache, SwitchGlu,
+    Cache, Embedding, ExpertActivation, GateActivation, GatedMlp, KvCache, LayerCaches, Linear, Params, Projections,
+    RmsNorm, Rope, Routing, SparseMoe, StateCache, SwitchGlu,
 };
 use serde::Deserialize;
 
@@ -283,10 +283,10 @@ impl ArchConfig for Config {
 // ---- gated delta-net ----------------------------------------------------------------------
 
 enum InProj {
-    /// qwen3_next: `in_proj_qkvz`, `in_proj_ba`, grouped per key head.
-    Fused { qkvz: Linear, ba: Linear },
-    /// qwen3_5: `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`.
-    Split { qkv: Linear, z: Linear, b: Linear, a: Linear },
+    /// qwen3_next: `in_proj_qkvz`, `in_proj_ba` (grouped per key head), one matmul when they can.
+    Fused(Projections),
+    /// qwen3_5: `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`, likewise.
+    Split(Projections),
 }
 
 pub struct GatedDeltaNet {
@@ -311,17 +311,23 @@ impl GatedDeltaNet {
         let (key_dim, value_dim) = (d.nk * d.dk, d.nv * d.dv);
         let conv_dim = 2 * key_dim + value_dim;
         let in_proj = if d.next {
-            InProj::Fused {
-                qkvz: Linear::load(&vb.pp("in_proj_qkvz"), d.hidden, 2 * key_dim + 2 * value_dim, false)?,
-                ba: Linear::load(&vb.pp("in_proj_ba"), d.hidden, 2 * d.nv, false)?,
-            }
+            InProj::Fused(Projections::new(
+                "qkv",
+                vec![
+                    Linear::load(&vb.pp("in_proj_qkvz"), d.hidden, 2 * key_dim + 2 * value_dim, false)?,
+                    Linear::load(&vb.pp("in_proj_ba"), d.hidden, 2 * d.nv, false)?,
+                ],
+            )?)
         } else {
-            InProj::Split {
-                qkv: Linear::load(&vb.pp("in_proj_qkv"), d.hidden, conv_dim, false)?,
-                z: Linear::load(&vb.pp("in_proj_z"), d.hidden, value_dim, false)?,
-                b: Linear::load(&vb.pp("in_proj_b"), d.hidden, d.nv, false)?,
-                a: Linear::load(&vb.pp("in_proj_a"), d.hidden, d.nv, false)?,
-            }
+            InProj::Split(Projections::new(
+                "qkv",
+                vec![
+                    Linear::load(&vb.pp("in_proj_qkv"), d.hidden, conv_dim, false)?,
+                    Linear::load(&vb.pp("in_proj_z"), d.hidden, value_dim, false)?,
+                    Linear::load(&vb.pp("in_proj_b"), d.hidden, d.nv, false)?,
+                    Linear::load(&vb.pp("in_proj_a"), d.hidden, d.nv, false)?,
+                ],
+            )?)
         };
         Ok(GatedDeltaNet {
             in_proj,
@@ -345,26 +351,26 @@ impl GatedDeltaNet {
     fn project(&self, x: &Array, b: i32, s: i32) -> Result<(Array, Array, Array, Array)> {
         let (nv, nk, dk, dv) = (self.nv as i32, self.nk as i32, self.dk as i32, self.dv as i32);
         match &self.in_proj {
-            InProj::Fused { qkvz, ba } => {
+            InProj::Fused(p) => {
                 let r = nv / nk;
-                let m = qkvz.forward(x)?.reshape(&[b, s, nk, -1])?;
+                let mut out = p.forward(x)?;
+                let (m, mba) = (out.remove(0).reshape(&[b, s, nk, -1])?, out.remove(0));
                 let mut p = m.split_at(&[dk, 2 * dk, 2 * dk + r * dv], -1)?;
                 let z = p.pop().unwrap().reshape(&[b, s, nv, dv])?;
                 let v = p.pop().unwrap().reshape(&[b, s, -1])?;
                 let k = p.pop().unwrap().reshape(&[b, s, -1])?;
                 let q = p.pop().unwrap().reshape(&[b, s, -1])?;
-                let mba = ba.forward(x)?.reshape(&[b, s, nk, -1])?;
+                let mba = mba.reshape(&[b, s, nk, -1])?;
                 let mut p = mba.split_at(&[r], -1)?;
                 let a = p.pop().unwrap().reshape(&[b, s, nv])?;
                 let bb = p.pop().unwrap().reshape(&[b, s, nv])?;
                 Ok((Array::concatenate(&[&q, &k, &v], -1)?, z, bb, a))
             }
-            InProj::Split { qkv, z, b: bp, a } => Ok((
-                qkv.forward(x)?,
-                z.forward(x)?.reshape(&[b, s, nv, dv])?,
-                bp.forward(x)?,
-                a.forward(x)?,
-            )),
+            InProj::Split(p) => {
+                let mut out = p.forward(x)?.into_iter();
+                let mut next = || out.next().unwrap();
+                Ok((next(), next().reshape(&[b, s, nv, dv])?, next(), next()))
+            }
         }
     }
 
@@ -374,7 +380,7 @@ impl GatedDeltaNet {
         let (nv, nk, dk, dv) = (self.nv as i32, self.nk as i32, self.dk as i32, self.dv as i32);
         let key_dim = nk * dk;
         let conv_dim = 2 * key_dim + nv * dv;
-        let (mixed, z, beta_in, a) = self.project(x, b, s)?;
+        let (mixed, z, b_in, a) = self.project(x, b, s)?;
         let state = cache.as_state().ok_or_else(|| Error::Mlx("a gated delta-net layer needs a state cache".into()))?;
 
         // Short causal conv over [conv state; new inputs]; its last K-1 inputs are the new state.
@@ -392,32 +398,17 @@ impl GatedDeltaNet {
         let k = p.pop().unwrap().reshape(&[b, s, nk, dk])?;
         let q = p.pop().unwrap().reshape(&[b, s, nk, dk])?;
 
-        // normalize_qk: L2 norm (eps 1e-6 on the sum of squares) as rms_norm, q also scaled by
-        // dk^-0.5.
-        let inv = (self.dk as f64).powf(-0.5);
-        let rms_eps = (1e-6 * inv * inv) as f32;
-        let q = fast::rms_norm(&q, None, rms_eps)?.multiply(&Array::scalar_f32((inv * inv) as f32, q.dtype())?)?;
-        let k = fast::rms_norm(&k, None, rms_eps)?.multiply(&Array::scalar_f32(inv as f32, k.dtype())?)?;
-
-        // gated_delta_update: g = exp(-exp(A_log)·softplus(a + dt_bias)), β = sigmoid(b).
-        let beta = beta_in.sigmoid()?;
-        let sp = a.add(&self.dt_bias)?.logaddexp(&Array::scalar_f32(0.0, a.dtype())?)?;
-        let g = self.a_log.astype(Dtype::Float32)?.exp()?.negative()?.multiply(&sp)?.exp()?;
         let st = match state.get(1) {
             Some(s) => s.clone(),
             None => Array::zeros(&[b, nv, dv, dk], Dtype::Float32)?,
         };
-        let (y, st) = gated_delta(&q, &k, &v, &g, &beta, &st)?;
+        let (y, st) = gated_delta_update(&q, &k, &v, &a, &b_in, &self.a_log, &self.dt_bias, &st)?;
         state.set(1, st);
         state.advance(s as usize);
 
         // RMSNormGated: silu(z) · rms_norm(y), in float32, back to y's dtype.
         let normed = fast::rms_norm(&y, Some(&self.norm_weight), self.eps)?;
-        let out = z
-            .astype(Dtype::Float32)?
-            .silu()?
-            .multiply(&normed.astype(Dtype::Float32)?)?
-            .astype(y.dtype())?;
+        let out = fast::precise_swiglu(&y, &z, &normed)?;
         self.out_proj.forward(&out.reshape(&[b, s, -1])?)
     }
 }
@@ -425,8 +416,7 @@ impl GatedDeltaNet {
 impl Params for GatedDeltaNet {
     fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
         match &self.in_proj {
-            InProj::Fused { qkvz, ba } => crate::params!(out; *qkvz, *ba),
-            InProj::Split { qkv, z, b, a } => crate::params!(out; *qkv, *z, *b, *a),
+            InProj::Fused(p) | InProj::Split(p) => p.params(out),
         }
         out.extend([&self.conv_weight, &self.dt_bias, &self.a_log, &self.norm_weight]);
         self.out_proj.params(out);
@@ -436,9 +426,8 @@ impl Params for GatedDeltaNet {
 // ---- gated full attention -----------------------------------------------------------------
 
 pub struct GatedAttention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
+    /// q_proj (queries and their gates), k_proj, v_proj: one matmul when they can.
+    qkv: Projections,
     o_proj: Linear,
     q_norm: RmsNorm,
     k_norm: RmsNorm,
@@ -459,9 +448,14 @@ impl GatedAttention {
             }
         };
         Ok(GatedAttention {
-            q_proj: Linear::load(&vb.pp("q_proj"), d.hidden, 2 * hq, bias)?,
-            k_proj: Linear::load(&vb.pp("k_proj"), d.hidden, hkv, bias)?,
-            v_proj: Linear::load(&vb.pp("v_proj"), d.hidden, hkv, bias)?,
+            qkv: Projections::new(
+                "qkv",
+                vec![
+                    Linear::load(&vb.pp("q_proj"), d.hidden, 2 * hq, bias)?,
+                    Linear::load(&vb.pp("k_proj"), d.hidden, hkv, bias)?,
+                    Linear::load(&vb.pp("v_proj"), d.hidden, hkv, bias)?,
+                ],
+            )?,
             o_proj: Linear::load(&vb.pp("o_proj"), hq, d.hidden, bias)?,
             q_norm: norm("q_norm")?,
             k_norm: norm("k_norm")?,
@@ -476,11 +470,13 @@ impl GatedAttention {
         let sh = x.shape();
         let (b, l) = (sh[0], sh[1]);
         let (h, hkv, hd) = (self.heads as i32, self.kv_heads as i32, self.head_dim as i32);
-        let mut qg = self.q_proj.forward(x)?.reshape(&[b, l, h, 2 * hd])?.split_at(&[hd], -1)?;
+        let mut qkv = self.qkv.forward(x)?.into_iter();
+        let (qg, k, v) = (qkv.next().unwrap(), qkv.next().unwrap(), qkv.next().unwrap());
+        let mut qg = qg.reshape(&[b, l, h, 2 * hd])?.split_at(&[hd], -1)?;
         let gate = qg.pop().unwrap().reshape(&[b, l, -1])?;
         let q = self.q_norm.forward(&qg.pop().unwrap())?.transpose(&[0, 2, 1, 3])?;
-        let k = self.k_norm.forward(&self.k_proj.forward(x)?.reshape(&[b, l, hkv, hd])?)?.transpose(&[0, 2, 1, 3])?;
-        let v = self.v_proj.forward(x)?.reshape(&[b, l, hkv, hd])?.transpose(&[0, 2, 1, 3])?;
+        let k = self.k_norm.forward(&k.reshape(&[b, l, hkv, hd])?)?.transpose(&[0, 2, 1, 3])?;
+        let v = v.reshape(&[b, l, hkv, hd])?.transpose(&[0, 2, 1, 3])?;
         let offset = cache.offset();
         let q = self.rope.forward(&q, offset)?;
         let k = self.rope.forward(&k, offset)?;
@@ -494,7 +490,7 @@ impl GatedAttention {
 
 impl Params for GatedAttention {
     fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
-        crate::params!(out; self.q_proj, self.k_proj, self.v_proj, self.o_proj, self.q_norm, self.k_norm);
+        crate::params!(out; self.qkv, self.o_proj, self.q_norm, self.k_norm);
     }
 }
 

@@ -1,11 +1,52 @@
 //! The gated delta rule (Qwen3.5 / Qwen3-Next linear attention; mlx-lm's `gated_delta.py`): per
 //! token t and value head, with S the `[Dv, Dk]` float32 state,
 //! `S = g_t·S; S += k_t ⊗ (v_t − S·k_t)·β_t; y_t = S·q_t`.
-//! [`gated_delta`] runs it through our fused CPU / CUDA kernel (`src/mlx/gated_delta.cpp`) and
-//! falls back to [`gated_delta_ops`], the plain graph of MLX ops mlx-lm runs off Metal, which is
-//! also the reference the kernels are tested against (`tests/mlx_ops.rs`).
+//! [`gated_delta_update`] is what a layer calls (mlx-lm's `normalize_qk` + `gated_delta_update`):
+//! on CUDA all of it is one kernel of ours; elsewhere q/k are normalised and the gates computed
+//! with ops, then [`gated_delta`] runs the recurrence through our CPU kernel or, failing that,
+//! [`gated_delta_ops`], the plain graph of MLX ops mlx-lm runs off Metal, which is also the
+//! reference the kernels are tested against (`tests/mlx_ops.rs`). Kernels: `src/mlx/gated_delta.cpp`.
 use crate::error::Result;
-use crate::mlx::{fast, Array};
+use crate::mlx::{fast, Array, Dtype};
+
+/// q, k `[B, T, Hk, Dk]` as the conv gives them, v `[B, T, Hv, Dv]`, the gate inputs a, b
+/// `[B, T, Hv]`, the layer's `A_log` and `dt_bias` `[Hv]`, state `[B, Hv, Dv, Dk]` float32 →
+/// (y `[B, T, Hv, Dv]`, the new state).
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_update(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    a: &Array,
+    b: &Array,
+    a_log: &Array,
+    dt_bias: &Array,
+    state: &Array,
+) -> Result<(Array, Array)> {
+    if let Some(r) = fast::gated_delta_update(q, k, v, a, b, a_log, dt_bias, state)? {
+        return Ok(r);
+    }
+    let (q, k) = normalize_qk(q, k)?;
+    let (g, beta) = gates(a, b, a_log, dt_bias)?;
+    gated_delta(&q, &k, v, &g, &beta, state)
+}
+
+/// L2-normalised q and k (eps 1e-6 on the sum of squares, as an RMSNorm), q also scaled by
+/// Dk^-0.5 (the readout scale), as mlx-lm's `normalize_qk`.
+pub fn normalize_qk(q: &Array, k: &Array) -> Result<(Array, Array)> {
+    let inv = (q.dim(-1) as f64).powf(-0.5);
+    let rms_eps = (1e-6 * inv * inv) as f32;
+    let q = fast::rms_norm(q, None, rms_eps)?.multiply(&Array::scalar_f32((inv * inv) as f32, q.dtype())?)?;
+    let k = fast::rms_norm(k, None, rms_eps)?.multiply(&Array::scalar_f32(inv as f32, k.dtype())?)?;
+    Ok((q, k))
+}
+
+/// (g, β): g = exp(−exp(A_log)·softplus(a + dt_bias)) in float32, β = sigmoid(b).
+pub fn gates(a: &Array, b: &Array, a_log: &Array, dt_bias: &Array) -> Result<(Array, Array)> {
+    let softplus = a.add(dt_bias)?.logaddexp(&Array::scalar_f32(0.0, a.dtype())?)?;
+    let g = a_log.astype(Dtype::Float32)?.exp()?.negative()?.multiply(&softplus)?.exp()?;
+    Ok((g, b.sigmoid()?))
+}
 
 /// q, k `[B, T, Hk, Dk]`, v `[B, T, Hv, Dv]`, g, beta `[B, T, Hv]`, state `[B, Hv, Dv, Dk]` float32
 /// → (y `[B, T, Hv, Dv]` in q's dtype, the new state).

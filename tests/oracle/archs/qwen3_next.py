@@ -64,8 +64,12 @@ def qwen3_next(moe=True, **over):
 
 
 def qwen3_5(moe=False, **over):
+    # Key heads of 32 (qwen3_next keeps 16): the smallest our CUDA gated delta kernel takes, so
+    # these cases run it on the GPU (tests/oracle/compare_on_device.py).
     text = _text(
         model_type="qwen3_5_moe_text" if moe else "qwen3_5_text",
+        linear_key_head_dim=32,
+        linear_value_head_dim=32,
         rope_parameters={"rope_type": "default", "mrope_section": [2, 1, 1], "rope_theta": 10000.0,
                          "partial_rotary_factor": 0.25},
     )
