@@ -273,20 +273,21 @@ constexpr const char* kSource = R"(
     const float softplus = mlex_gd_round(fmaxf(x, 0.f) + log1pf(expf(-fabsf(x))), q);
     const float gc = expf(-decay_rate * softplus);
     const float beta = mlex_gd_round(1.f / (1.f + expf(-bc)), q);
-    // The recurrence.
+    // The recurrence, each product rounded before it is added (no fused multiply-add), as the
+    // reference's separate multiply and sum ops do.
     float kv = 0.f;
     #pragma unroll
     for (int i = 0; i < NPT; ++i) {
-      s[i] *= gc;
-      kv += s[i] * kc[i];
+      s[i] = __fmul_rn(s[i], gc);
+      kv = __fadd_rn(kv, __fmul_rn(s[i], kc[i]));
     }
     kv = mlex_gd_warp_sum(kv);
-    const float delta = (vc - kv) * beta;
+    const float delta = __fmul_rn(__fsub_rn(vc, kv), beta);
     float out = 0.f;
     #pragma unroll
     for (int i = 0; i < NPT; ++i) {
-      s[i] += kc[i] * delta;
-      out += s[i] * qc[i];
+      s[i] = __fadd_rn(s[i], __fmul_rn(kc[i], delta));
+      out = __fadd_rn(out, __fmul_rn(s[i], qc[i]));
     }
     out = mlex_gd_warp_sum(out);
     if (lane == 0) mlex_gd_store(yp + (long)t * HV * DV, out);
