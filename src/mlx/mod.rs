@@ -10,7 +10,7 @@ mod error;
 mod ops;
 pub mod quant;
 pub mod random;
-pub mod sys;
+pub(crate) mod sys;
 
 pub use array::{async_eval, eval, graph_census, Array};
 pub use blas::blas_backend;
