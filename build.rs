@@ -24,6 +24,7 @@ fn main() {
     println!("cargo:rerun-if-changed=src/mlx/cpu_fast_ops.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cuda_quantized_matvec.cpp");
     println!("cargo:rerun-if-changed=src/mlx/gated_delta.h");
+    println!("cargo:rerun-if-changed=src/mlx/ablation.h");
     println!("cargo:rerun-if-changed=src/mlx/gated_delta.cpp");
     println!("cargo:rerun-if-changed=vendor/mlx.lock");
     println!("cargo:rerun-if-env-changed=MLX_DIR");

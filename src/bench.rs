@@ -124,6 +124,7 @@ pub fn run(spec: &BenchSpec, mut report: impl FnMut(Value)) -> Result<()> {
 /// number that fused projections and view-free decode paths reduce (BENCHMARKS.md).
 pub fn decode_step_census(shape: &str, bits: u32, group_size: u32) -> Result<Vec<(String, usize)>> {
     use crate::loader::{ModelConfig, WeightStore};
+    crate::ablation::get(); // before any kernel runs, as the engine thread does
     let mut cfg = shape_config(shape)?;
     if bits > 0 {
         cfg["quantization"] = json!({"group_size": group_size, "bits": bits, "mode": "affine"});

@@ -15,6 +15,7 @@
 //! println!("\n{:?} {:.1} tok/s", reply.finish_reason, reply.usage.decode_tokens_per_second);
 //! # Ok::<(), mlex::Error>(())
 //! ```
+pub mod ablation;
 pub mod bench;
 pub mod chat;
 pub mod convert;

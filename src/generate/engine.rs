@@ -68,6 +68,8 @@ struct Engine {
 
 /// Entry point of the engine thread: load, report, serve until Shutdown or all senders drop.
 pub fn run(spec: EngineSpec, ready: Sender<Result<LoadedFacts>>, commands: Receiver<Command>) {
+    // Benchmark ablations reach the kernels before the model is built.
+    crate::ablation::get();
     let engine = match load(&spec) {
         Ok((engine, facts)) => {
             let _ = ready.send(Ok(facts));

@@ -157,8 +157,8 @@ pub fn run(
     async_eval(&[&y, &lp])?;
 
     let mut stats = LoopStats { prefilled: prompt.len() - cached, ..Default::default() };
-    // Benchmark ablation only (BENCHMARKS.md): finish each token before building the next step.
-    let no_pipelining = std::env::var_os("MLEX_ABLATE_PIPELINING").is_some();
+    // Benchmark ablation only (src/ablation.rs): finish each token before building the next step.
+    let no_pipelining = crate::ablation::get().pipelining;
     let mut decode_start = None;
     let mut n = 0usize;
     'decode: loop {

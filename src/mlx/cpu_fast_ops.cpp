@@ -1,5 +1,6 @@
 #include "cpu_fast_ops.h"
 
+#include "ablation.h"
 #include "cpu_primitive.h"
 #include "cpu_simd.h"
 #include "cpu_strided.h"
@@ -207,11 +208,8 @@ class CpuAttention : public CpuPrimitive {
   bool causal_;
 };
 
-// Benchmark ablation only (BENCHMARKS.md): MLX's reference graphs everywhere.
-bool ablated() {
-  static const bool a = std::getenv("MLEX_ABLATE_CPU_FAST_OPS") != nullptr;
-  return a;
-}
+// Benchmark ablation only (src/ablation.rs): MLX's reference graphs everywhere.
+bool ablated() { return mlex::ablated(MLEX_ABLATE_KERNEL_CPU_FAST_OPS); }
 
 }  // namespace
 

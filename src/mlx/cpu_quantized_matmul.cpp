@@ -5,6 +5,7 @@
 // and the per-group sums of x are computed once per call and shared by every output row.
 #include "cpu_quantized_matmul.h"
 
+#include "ablation.h"
 #include "cpu_primitive.h"
 #include "cpu_simd.h"
 #include "cpu_strided.h"
@@ -274,7 +275,7 @@ std::optional<mx::array> cpu_quantized_matmul(const mx::array& x, const mx::arra
                                               const std::optional<mx::array>& biases, bool transpose, int group_size,
                                               int bits, const std::string& mode) {
   // Benchmark ablation only (BENCHMARKS.md): MLX's own CPU kernel everywhere.
-  static const bool ablated = std::getenv("MLEX_ABLATE_CPU_QMM") != nullptr;
+  const bool ablated = mlex::ablated(MLEX_ABLATE_KERNEL_CPU_QMM);
   auto stream = mx::to_stream({});
   if (ablated || stream.device != mx::Device::cpu || mode != "affine" || !transpose || !biases ||
       (bits < 2 || bits > 8 || bits == 7) || group_size % 8 != 0 || x.ndim() < 1 || x.dtype() != mx::float32 ||

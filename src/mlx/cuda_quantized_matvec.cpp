@@ -1,5 +1,6 @@
 #include "cuda_quantized_matvec.h"
 
+#include "ablation.h"
 #include <cstdlib>
 
 #include "mlx/backend/cuda/cuda.h"
@@ -136,7 +137,7 @@ std::optional<mx::array> cuda_quantized_matvec(const mx::array& x, const mx::arr
                                                const std::optional<mx::array>& biases, bool transpose,
                                                int group_size, int bits, const std::string& mode) {
   // Benchmark ablation only (BENCHMARKS.md): MLX's own kernel everywhere.
-  static const bool ablated = std::getenv("MLEX_ABLATE_CUDA_QMV") != nullptr;
+  const bool ablated = mlex::ablated(MLEX_ABLATE_KERNEL_CUDA_QMV);
   static const bool cuda = mx::cu::is_available();
   if (ablated || !cuda || mx::to_stream({}).device != mx::Device::gpu || mode != "affine" || !transpose ||
       !biases || bits != 4 || (group_size != 32 && group_size != 64 && group_size != 128) || w.ndim() != 2 ||

@@ -1,5 +1,6 @@
 #include "gated_delta.h"
 
+#include "ablation.h"
 #include "cpu_simd.h"
 #include "cpu_thread_pool.h"
 
@@ -303,11 +304,8 @@ const mx::fast::CustomKernelFunction& cuda_kernel() {
   return k;
 }
 
-// Benchmark ablation only (BENCHMARKS.md): the reference graph everywhere.
-bool ablated() {
-  static const bool a = std::getenv("MLEX_ABLATE_GATED_DELTA") != nullptr;
-  return a;
-}
+// Benchmark ablation only (src/ablation.rs): the reference graph everywhere.
+bool ablated() { return mlex::ablated(MLEX_ABLATE_KERNEL_GATED_DELTA); }
 
 bool is_float(mx::Dtype d) { return d == mx::float32 || d == mx::bfloat16 || d == mx::float16; }
 

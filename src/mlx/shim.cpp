@@ -5,6 +5,7 @@
 #include "cpu_quantized_matmul.h"
 #include "cuda_quantized_matvec.h"
 #include "gated_delta.h"
+#include "ablation.h"
 
 #include <algorithm>
 #include <cstring>
@@ -88,6 +89,13 @@ int guard(F&& f) {
 }
 
 }  // namespace
+
+namespace mlex {
+std::atomic<uint32_t>& ablated_kernels() {
+  static std::atomic<uint32_t> bits{0};
+  return bits;
+}
+}  // namespace mlex
 
 extern "C" {
 
@@ -595,6 +603,8 @@ std::vector<mx::array> precise_swiglu_impl(const std::vector<mx::array>& in) {
   return {mx::astype(mx::multiply(g, mx::astype(in[2], mx::float32)), in[0].dtype())};
 }
 }  // namespace
+
+void mlex_set_ablations(uint32_t kernels) { mlex::ablated_kernels().store(kernels); }
 
 int mlex_compiled_swiglu(mlex_array gate, mlex_array up, mlex_array* out) {
   return guard([&] {

@@ -231,6 +231,13 @@ int mlex_random_normal(const int32_t* shape, size_t ndim, mlex_dtype dtype, floa
 /* Samples indices from unnormalised log-probabilities along `axis`. */
 int mlex_random_categorical(mlex_array logits, int32_t axis, mlex_array key, mlex_array* out);
 
+/* ---- benchmark ablations (src/ablation.rs): which of our kernels are switched off ---- */
+#define MLEX_ABLATE_KERNEL_CPU_QMM 1u
+#define MLEX_ABLATE_KERNEL_CPU_FAST_OPS 2u
+#define MLEX_ABLATE_KERNEL_CUDA_QMV 4u
+#define MLEX_ABLATE_KERNEL_GATED_DELTA 8u
+void mlex_set_ablations(uint32_t kernels);
+
 /* ---- compile: fused element-wise helpers used by the models ---- */
 /* silu(gate) * up, compiled once per process (shapeless) so elementwise chains fuse. */
 int mlex_compiled_swiglu(mlex_array gate, mlex_array up, mlex_array* out);

@@ -127,7 +127,7 @@ pub fn run_layers<L>(
             layers.len()
         )));
     }
-    let bounded = h.dim(1) > 1 && std::env::var_os("MLEX_ABLATE_PREFILL_BOUND").is_none();
+    let bounded = h.dim(1) > 1 && !crate::ablation::get().prefill_bound;
     let mut in_flight = std::collections::VecDeque::with_capacity(PREFILL_LAYERS_AHEAD + 1);
     for (i, (layer, cache)) in layers.iter().zip(caches.iter_mut()).enumerate() {
         h = f(layer, i, &h, cache.as_mut())?;

@@ -189,12 +189,9 @@ pub enum Projections {
 impl Projections {
     /// `kind` ("qkv", "gate_up") names the group for the benchmark ablation below.
     pub fn new(kind: &str, parts: Vec<Linear>) -> Result<Self> {
-        // Benchmark ablation only (BENCHMARKS.md): MLEX_ABLATE_FUSION=qkv or =gate_up keeps that
-        // group separate, any other value both.
-        if let Some(v) = std::env::var_os("MLEX_ABLATE_FUSION") {
-            if v != "qkv" && v != "gate_up" || v == kind {
-                return Ok(Projections::Separate(parts));
-            }
+        // Benchmark ablation only (src/ablation.rs).
+        if crate::ablation::get().unfused(kind) {
+            return Ok(Projections::Separate(parts));
         }
         Ok(match Linear::fuse(parts)? {
             Ok((linear, splits)) => Projections::Fused { linear, splits },

@@ -1,0 +1,67 @@
+//! Benchmark ablations (BENCHMARKS.md): switches that turn one of mlex's optimisations off so a
+//! benchmark can show what it buys. They are read from the environment once, here, into one
+//! struct; model and kernel code ask [`get`] instead of reading the environment themselves, and
+//! the C++ kernels receive their switches through `mlex_set_ablations` on the first call.
+//!
+//! | variable | turns off |
+//! |---|---|
+//! | `MLEX_ABLATE_FUSION=qkv\|gate_up\|all` | fused projections (that group, or both) |
+//! | `MLEX_ABLATE_PREFILL_BOUND` | the bound on layers in flight during prefill |
+//! | `MLEX_ABLATE_PIPELINING` | building the next decode step before the token is read |
+//! | `MLEX_ABLATE_CPU_QMM` | our CPU quantized matmul |
+//! | `MLEX_ABLATE_CPU_FAST_OPS` | our CPU RMSNorm / RoPE / attention |
+//! | `MLEX_ABLATE_CUDA_QMV` | our CUDA decode matrix-vector kernel |
+//! | `MLEX_ABLATE_GATED_DELTA` | our gated delta kernels (CPU and CUDA) |
+use crate::mlx::sys;
+use std::sync::OnceLock;
+
+#[derive(Debug, Default)]
+pub struct Ablations {
+    /// Projection groups kept separate: "qkv", "gate_up", or both for any other value.
+    pub fusion: Option<String>,
+    pub prefill_bound: bool,
+    pub pipelining: bool,
+    /// The C++ kernels' switches (`MLEX_ABLATE_KERNEL_*` bits of shim.h).
+    pub kernels: u32,
+}
+
+impl Ablations {
+    /// Whether the projection group `kind` ("qkv", "gate_up") stays unfused.
+    pub fn unfused(&self, kind: &str) -> bool {
+        match self.fusion.as_deref() {
+            None => false,
+            Some(v @ ("qkv" | "gate_up")) => v == kind,
+            Some(_) => true,
+        }
+    }
+
+    fn from_env() -> Self {
+        let on = |name: &str| std::env::var_os(name).is_some();
+        let kernels = [
+            ("MLEX_ABLATE_CPU_QMM", sys::MLEX_ABLATE_KERNEL_CPU_QMM),
+            ("MLEX_ABLATE_CPU_FAST_OPS", sys::MLEX_ABLATE_KERNEL_CPU_FAST_OPS),
+            ("MLEX_ABLATE_CUDA_QMV", sys::MLEX_ABLATE_KERNEL_CUDA_QMV),
+            ("MLEX_ABLATE_GATED_DELTA", sys::MLEX_ABLATE_KERNEL_GATED_DELTA),
+        ]
+        .iter()
+        .filter(|(name, _)| on(name))
+        .fold(0u32, |m, (_, bit)| m | *bit);
+        Ablations {
+            fusion: std::env::var("MLEX_ABLATE_FUSION").ok(),
+            prefill_bound: on("MLEX_ABLATE_PREFILL_BOUND"),
+            pipelining: on("MLEX_ABLATE_PIPELINING"),
+            kernels,
+        }
+    }
+}
+
+/// The process's ablations (none unless a benchmark set them), read on first use; the engine
+/// thread asks before it builds a model, so the kernels know theirs before they first run.
+pub fn get() -> &'static Ablations {
+    static A: OnceLock<Ablations> = OnceLock::new();
+    A.get_or_init(|| {
+        let a = Ablations::from_env();
+        unsafe { sys::mlex_set_ablations(a.kernels) };
+        a
+    })
+}
