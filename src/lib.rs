@@ -35,4 +35,5 @@ pub use chat::{ChatMessage, Role, Tool, ToolCall};
 pub use error::{Error, Result};
 pub use generate::{FinishReason, GenerateOptions, GenerateReply, GeneratedToken, SamplingConfig, TokenKind, Usage};
 pub use mlx::{Device, Dtype};
-pub use session::{LoadOptions, ModelInfo, PromptCacheConfig, Session};
+pub use generate::PromptCacheConfig;
+pub use session::{LoadOptions, ModelInfo, Session};

@@ -3,7 +3,7 @@
 use crate::chat::{ChatMessage, Tool};
 use crate::error::{Error, Result};
 use crate::generate::engine::{self, Command, EngineSpec, Event, GenerateJob, LoadedFacts};
-use crate::generate::{GenerateOptions, GenerateReply, GeneratedToken};
+use crate::generate::{GenerateOptions, GenerateReply, GeneratedToken, PromptCacheConfig};
 use crate::loader::{resolve_model_path, ModelConfig};
 use crate::mlx::{self, Device, Dtype};
 use crate::tokenizer::{TemplateOptions, Tokenizer};
@@ -11,28 +11,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-/// Settings of the automatic prompt cache: a pool of KV states of earlier calls on the engine
-/// thread; each call reuses the longest token-id prefix any earlier call computed
-/// (see `generate::prompt_cache`). `max_entries: 0` turns it off.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PromptCacheConfig {
-    /// Most cached prefixes kept.
-    pub max_entries: usize,
-    /// An entry unused for this long is dropped.
-    pub ttl: Duration,
-    /// Prompts shorter than this are not worth caching.
-    pub min_cacheable_tokens: usize,
-    /// Upper bound on the bytes of KV state kept (None = no byte budget).
-    pub max_bytes: Option<usize>,
-}
-
-impl Default for PromptCacheConfig {
-    fn default() -> Self {
-        PromptCacheConfig { max_entries: 16, ttl: Duration::from_secs(300), min_cacheable_tokens: 8, max_bytes: None }
-    }
-}
 
 /// How to load a model.
 #[derive(Debug, Clone, Default)]

@@ -1,7 +1,9 @@
 //! Chat-level types shared by the tokenizer (templates), the engine and the Node/CLI surfaces:
-//! messages and tools, reasoning spans, tool-call parsing, and the streaming classifier that
-//! labels generated text as text, reasoning or tool call.
+//! messages and tools, reasoning formats, tool-call formats, the streaming classifier that labels
+//! generated text as text, reasoning or tool call (`stream`, over `reasoning` and `tools`), and
+//! whole-reply parsing through that classifier (`parse`).
 mod messages;
+pub mod parse;
 pub mod reasoning;
 pub mod stream;
 pub mod tools;
@@ -9,6 +11,7 @@ pub mod tools;
 pub use messages::{
     parse_messages_json, parse_tools_json, ChatMessage, FunctionDef, Role, Tool, ToolCall,
 };
-pub use reasoning::{split_reasoning, ReasoningFormat, SplitReasoning};
+pub use parse::{parse_tool_calls, parse_tool_calls_any, parse_tool_calls_with_tools, split_reasoning, ParsedToolCalls, SplitReasoning};
+pub use reasoning::ReasoningFormat;
 pub use stream::{ClassifiedOutput, OutputClassifier, Segment, SpanKind};
-pub use tools::{parse_tool_calls, parse_tool_calls_with_tools, ParsedToolCalls, ToolCallFormat};
+pub use tools::ToolCallFormat;

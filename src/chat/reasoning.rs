@@ -3,7 +3,6 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::stream::OutputClassifier;
 
 /// The markers a model puts around its reasoning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -98,26 +97,6 @@ impl FromStr for ReasoningFormat {
     }
 }
 
-/// A reply with its reasoning split off.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct SplitReasoning {
-    /// What is left: the answer, without markers.
-    pub text: String,
-    /// The reasoning (spans joined by a blank line); None when there was none.
-    pub reasoning: Option<String>,
-}
-
-/// Splits the reasoning spans out of a complete reply. `starts_inside`: the prompt ended in an
-/// open span (see [`ReasoningFormat::prompt_opens_reasoning`]). Markers never remain in `text`;
-/// whitespace next to them is dropped; an unclosed span is reasoning up to the end.
-pub fn split_reasoning(text: &str, format: ReasoningFormat, starts_inside: bool) -> SplitReasoning {
-    let mut c = OutputClassifier::new(Some(format), None, starts_inside);
-    c.push(text);
-    c.finish();
-    let out = c.into_output(None);
-    SplitReasoning { text: out.text, reasoning: out.reasoning }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,22 +117,5 @@ mod tests {
         assert!(!f.prompt_opens_reasoning("<|im_start|>assistant\n"));
         let g = ReasoningFormat::Gemma4Channel;
         assert!(!g.prompt_opens_reasoning("<|turn>model\n<|channel>thought\n<channel|>"));
-    }
-
-    #[test]
-    fn split_basic_and_inside() {
-        let s = split_reasoning("<think>\nLet me see.\n</think>\n\nParis.", ReasoningFormat::Think, false);
-        assert_eq!(s, SplitReasoning { text: "Paris.".into(), reasoning: Some("Let me see.".into()) });
-        let s = split_reasoning("Let me see.\n</think>\n\nParis.", ReasoningFormat::Think, true);
-        assert_eq!(s, SplitReasoning { text: "Paris.".into(), reasoning: Some("Let me see.".into()) });
-        let s = split_reasoning("Just text.", ReasoningFormat::Think, false);
-        assert_eq!(s, SplitReasoning { text: "Just text.".into(), reasoning: None });
-        let s = split_reasoning("<|channel>thought\nHmm.<channel|>Answer", ReasoningFormat::Gemma4Channel, false);
-        assert_eq!(s, SplitReasoning { text: "Answer".into(), reasoning: Some("Hmm.".into()) });
-        // Unclosed: reasoning to the end; a stray closer is dropped from text.
-        let s = split_reasoning("<think>still going", ReasoningFormat::Think, false);
-        assert_eq!(s, SplitReasoning { text: "".into(), reasoning: Some("still going".into()) });
-        let s = split_reasoning("a</think>b", ReasoningFormat::Think, false);
-        assert_eq!(s.text, "ab");
     }
 }

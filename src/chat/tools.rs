@@ -7,8 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::{Map, Number, Value};
 
-use super::stream::OutputClassifier;
-use super::{Tool, ToolCall};
+use super::Tool;
 
 /// How a model writes its tool calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -124,42 +123,6 @@ impl FromStr for ToolCallFormat {
             }
         })
     }
-}
-
-/// Text with its tool calls taken out.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct ParsedToolCalls {
-    /// The text without the calls' markup (whitespace next to it dropped); calls that did not
-    /// parse stay in it as written.
-    pub text_without_calls: String,
-    pub calls: Vec<ToolCall>,
-}
-
-/// Parses the tool calls out of a complete reply. Ids are fresh (`call_` + 24 hex digits).
-pub fn parse_tool_calls(text: &str, format: ToolCallFormat) -> ParsedToolCalls {
-    parse_tool_calls_with_tools(text, format, None)
-}
-
-/// [`parse_tool_calls`] with the tools that were offered: their JSON schemas type the values of
-/// formats that write parameters as bare text (Qwen3-Coder's XML).
-pub fn parse_tool_calls_with_tools(text: &str, format: ToolCallFormat, tools: Option<&[Tool]>) -> ParsedToolCalls {
-    let mut c = OutputClassifier::new(None, Some(format), false);
-    c.push(text);
-    c.finish();
-    let out = c.into_output(tools);
-    ParsedToolCalls { text_without_calls: out.text, calls: out.tool_calls }
-}
-
-/// [`parse_tool_calls`] for text of an unknown format: every format is tried (Hermes first)
-/// and the first that finds calls wins; none: the text as it is.
-pub fn parse_tool_calls_any(text: &str) -> ParsedToolCalls {
-    for f in ToolCallFormat::ALL {
-        let r = parse_tool_calls(text, f);
-        if !r.calls.is_empty() {
-            return r;
-        }
-    }
-    ParsedToolCalls { text_without_calls: text.to_string(), calls: vec![] }
 }
 
 /// A call id unique in this process and unlikely to repeat across processes.
@@ -685,6 +648,7 @@ impl<'a> Cursor<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chat::parse::{parse_tool_calls, parse_tool_calls_with_tools};
     use serde_json::json;
 
     fn one(text: &str, f: ToolCallFormat) -> (String, Value, String) {

@@ -3,14 +3,13 @@
 //! events back over each job's channel (the mistral.rs pattern).
 use super::generator::{self, Flow, TokenStep};
 use super::options::{FinishReason, GenerateOptions, GenerateReply, GeneratedToken, TokenKind, Usage};
-use super::prompt_cache::PromptCachePool;
+use super::prompt_cache::{PromptCacheConfig, PromptCachePool};
 use super::text::TextStream;
 use crate::chat::{OutputClassifier, Segment, SpanKind, Tool};
 use crate::error::{Error, Result};
 use crate::loader::{ModelConfig, Vb, WeightStore};
 use crate::mlx::{self, Device, Dtype};
 use crate::models::{build_model, CausalLm};
-use crate::session::PromptCacheConfig;
 use crate::tokenizer::Tokenizer;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};

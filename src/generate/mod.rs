@@ -7,3 +7,4 @@ pub mod sampler;
 pub mod text;
 
 pub use options::{FinishReason, GenerateOptions, GenerateReply, GeneratedToken, SamplingConfig, TokenKind, Usage};
+pub use prompt_cache::PromptCacheConfig;

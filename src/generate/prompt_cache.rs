@@ -25,8 +25,28 @@
 use crate::error::Result;
 use crate::mlx::{self, Array};
 use crate::nn::LayerCaches;
-use crate::session::PromptCacheConfig;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// Settings of the automatic prompt cache: a pool of KV states of earlier calls on the engine
+/// thread; each call reuses the longest token-id prefix any earlier call computed
+/// (this module). `max_entries: 0` turns it off.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptCacheConfig {
+    /// Most cached prefixes kept.
+    pub max_entries: usize,
+    /// An entry unused for this long is dropped.
+    pub ttl: Duration,
+    /// Prompts shorter than this are not worth caching.
+    pub min_cacheable_tokens: usize,
+    /// Upper bound on the bytes of KV state kept (None = no byte budget).
+    pub max_bytes: Option<usize>,
+}
+
+impl Default for PromptCacheConfig {
+    fn default() -> Self {
+        PromptCacheConfig { max_entries: 16, ttl: Duration::from_secs(300), min_cacheable_tokens: 8, max_bytes: None }
+    }
+}
 
 struct Entry {
     tokens: Vec<u32>,

@@ -273,7 +273,7 @@ fn tool_call_js(c: &CoreToolCall) -> ToolCall {
 pub fn parse_tool_calls(text: String, #[napi(ts_arg_type = "'hermes' | 'qwen3_coder' | 'gemma4' | 'gemma_tool_code' | 'llama3_json' | 'mistral'")] format: Option<String>) -> Result<ParsedToolCalls> {
     let parsed = match format.as_deref() {
         Some(f) => crate::chat::parse_tool_calls(&text, tool_call_format(f)?),
-        None => crate::chat::tools::parse_tool_calls_any(&text),
+        None => crate::chat::parse_tool_calls_any(&text),
     };
     Ok(ParsedToolCalls { text: parsed.text_without_calls, tool_calls: parsed.calls.iter().map(tool_call_js).collect() })
 }
