@@ -27,7 +27,7 @@ export declare class NativeSession {
   /** Whether `close()` has been called. */
   get closed(): boolean
   /**
-   * Starts a generation on a thread of its own (queued FIFO behind running ones).
+   * Starts a generation on the engine thread (queued FIFO behind running ones).
    * `messagesJson`: `ChatMessage[]` as JSON; `optionsJson`: `GenerateOptions` without
    * `signal`/`onToken`, as JSON. Throws (`[CODE] ` prefix) on bad arguments or a closed session.
    */

@@ -232,40 +232,14 @@ class Session {
   }
 
   /**
-   * Generates a reply to `messages`.
+   * Generates a reply to `messages`: `stream()` run to its end (one path for both).
    * @returns {Promise<GenerateReply>}
    */
   async generate(messages, options) {
-    const { gen, detach, onToken } = this.#start(messages, options)
-    let stopped = false
-    try {
-      for (;;) {
-        let batch
-        try {
-          batch = await gen.next()
-        } catch (e) {
-          throw fixError(e)
-        }
-        if (onToken) {
-          for (const token of batch.tokens) {
-            if (stopped) break
-            let keepGoing
-            try {
-              keepGoing = onToken(token)
-            } catch (e) {
-              gen.abort()
-              throw e
-            }
-            if (keepGoing === false) {
-              stopped = true
-              gen.abort()
-            }
-          }
-        }
-        if (batch.reply) return batch.reply
-      }
-    } finally {
-      detach()
+    const tokens = this.stream(messages, options)
+    for (;;) {
+      const r = await tokens.next()
+      if (r.done) return r.value
     }
   }
 
@@ -339,6 +313,7 @@ async function* streamTokens(started) {
   if (started instanceof Error) throw started
   const { gen, detach, onToken } = started
   let finished = false
+  let stopped = false
   try {
     for (;;) {
       let batch
@@ -349,7 +324,12 @@ async function* streamTokens(started) {
         throw fixError(e)
       }
       for (const token of batch.tokens) {
-        if (onToken && onToken(token) === false) gen.abort()
+        // onToken returning false stops the generation (it sees no later token); one that throws
+        // stops it too, and the error is the caller's.
+        if (onToken && !stopped && onToken(token) === false) {
+          stopped = true
+          gen.abort()
+        }
         yield token
       }
       if (batch.reply) {

@@ -36,4 +36,5 @@ pub use error::{Error, Result};
 pub use generate::{FinishReason, GenerateOptions, GenerateReply, GeneratedToken, SamplingConfig, TokenKind, Usage};
 pub use mlx::{Device, Dtype};
 pub use generate::PromptCacheConfig;
-pub use session::{LoadOptions, ModelInfo, Session};
+pub use generate::engine::{Event, Sink};
+pub use session::{Generation, LoadOptions, ModelInfo, Request, Session};

@@ -2,7 +2,7 @@
 //! can be called from any thread, and concurrent generations are served in order (FIFO).
 use crate::chat::{ChatMessage, Tool};
 use crate::error::{Error, Result};
-use crate::generate::engine::{self, Command, EngineSpec, Event, GenerateJob, LoadedFacts};
+use crate::generate::engine::{self, Command, EngineSpec, Event, GenerateJob, JobPrompt, LoadedFacts, Sink};
 use crate::generate::{GenerateOptions, GenerateReply, GeneratedToken, PromptCacheConfig};
 use crate::loader::{resolve_model_path, ModelConfig};
 use crate::mlx::{self, Device, Dtype};
@@ -86,7 +86,7 @@ impl Session {
         let dir = resolve_model_path(&model.as_ref().to_string_lossy())?;
         let config = ModelConfig::from_dir(&dir)?;
         let tokenizer = if dir.join("tokenizer.json").is_file() { Some(Arc::new(Tokenizer::from_dir(&dir)?)) } else { None };
-        Self::start(dir, config, tokenizer, options, None)
+        Self::spawn_engine(dir, config, tokenizer, options, None)
     }
 
     /// A model of the architecture and shape `config_json` (a config.json document) with seeded
@@ -94,10 +94,10 @@ impl Session {
     pub fn load_random(config_json: &str, seed: u64, options: LoadOptions) -> Result<Session> {
         let dir = PathBuf::from("<random weights>");
         let config = ModelConfig::from_json(config_json, &dir.join("config.json"))?;
-        Self::start(dir, config, None, options, Some(seed))
+        Self::spawn_engine(dir, config, None, options, Some(seed))
     }
 
-    fn start(
+    fn spawn_engine(
         dir: PathBuf,
         config: ModelConfig,
         tokenizer: Option<Arc<Tokenizer>>,
@@ -197,18 +197,59 @@ impl Session {
 
     /// Token ids of a chat transcript, as the model will see it.
     pub fn encode_messages(&self, messages: &[ChatMessage], tools: Option<&[Tool]>, enable_thinking: Option<bool>) -> Result<Vec<u32>> {
-        if messages.is_empty() {
-            return Err(Error::InvalidArgument("messages is empty".into()));
+        self.tokenizer()?.encode_chat(messages, tools, enable_thinking)
+    }
+
+    /// Starts a generation and returns at once: the engine writes its tokens, then its reply,
+    /// into `sink` from the engine thread (queued FIFO behind running generations). Arguments are
+    /// validated here, once, before anything is queued; `abort` may be set from any thread.
+    pub fn start(&self, request: Request, options: GenerateOptions, abort: Arc<AtomicBool>, sink: Sink) -> Result<()> {
+        let mut options = options;
+        if options.max_tokens > MAX_TOKENS_LIMIT {
+            return Err(Error::InvalidArgument(format!(
+                "max_tokens = {} is beyond the limit of {MAX_TOKENS_LIMIT}",
+                options.max_tokens
+            )));
         }
-        let tok = self.tokenizer()?;
-        if tok.has_chat_template() {
-            let text = self.apply_chat_template(messages, tools, enable_thinking, true)?;
-            tok.encode_prompt(&text, true)
-        } else {
-            // No template: the messages' contents, joined, as raw text (base models).
-            let text: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
-            tok.encode_prompt(&text.join("\n"), false)
-        }
+        options.sampling.validate().map_err(Error::InvalidArgument)?;
+        let (prompt, tools) = match request {
+            Request::Tokens(ids) => {
+                if ids.is_empty() {
+                    return Err(Error::InvalidArgument("the prompt is empty: at least one token is needed".into()));
+                }
+                (JobPrompt::Tokens(ids), None)
+            }
+            Request::Chat { messages, tools } => {
+                if messages.is_empty() {
+                    return Err(Error::InvalidArgument("messages is empty".into()));
+                }
+                let tools = tools.filter(|t| !t.is_empty());
+                if tools.is_some() && options.tool_call_format.is_none() {
+                    options.tool_call_format = Some(self.tokenizer()?.tool_call_format());
+                }
+                (JobPrompt::Chat { messages, enable_thinking: options.enable_thinking }, tools)
+            }
+        };
+        let job = GenerateJob { prompt, options, tools, abort, events: sink };
+        self.inner
+            .commands
+            .lock()
+            .map_err(|_| Error::SessionClosed)?
+            .send(Command::Generate(job))
+            .map_err(|_| Error::SessionClosed)
+    }
+
+    /// Starts a generation whose tokens arrive through the returned [`Generation`] (an iterator);
+    /// [`Generation::finish`] gives the reply.
+    pub fn stream(&self, request: Request, options: GenerateOptions) -> Result<Generation> {
+        self.stream_with_abort(request, options, Arc::new(AtomicBool::new(false)))
+    }
+
+    /// [`Session::stream`] with an abort flag another thread may set at any time.
+    pub fn stream_with_abort(&self, request: Request, options: GenerateOptions, abort: Arc<AtomicBool>) -> Result<Generation> {
+        let (sink, events) = Sink::channel();
+        self.start(request, options, abort.clone(), sink)?;
+        Ok(Generation { events, abort, reply: None })
     }
 
     /// Generates a reply to a chat transcript. `on_token` sees every token as it is produced;
@@ -230,16 +271,12 @@ impl Session {
         &self,
         messages: &[ChatMessage],
         tools: Option<&[Tool]>,
-        mut options: GenerateOptions,
+        options: GenerateOptions,
         abort: Arc<AtomicBool>,
         on_token: impl FnMut(&GeneratedToken) -> bool,
     ) -> Result<GenerateReply> {
-        let prompt = self.encode_messages(messages, tools, options.enable_thinking)?;
-        let tools = tools.filter(|t| !t.is_empty());
-        if tools.is_some() && options.tool_call_format.is_none() {
-            options.tool_call_format = Some(self.tokenizer()?.tool_call_format());
-        }
-        self.submit(&prompt, options, tools.map(<[Tool]>::to_vec), abort, on_token)
+        let request = Request::Chat { messages: messages.to_vec(), tools: tools.map(<[Tool]>::to_vec) };
+        self.stream_with_abort(request, options, abort)?.run(on_token)
     }
 
     /// [`Session::generate_cached`] without a streaming callback.
@@ -271,48 +308,79 @@ impl Session {
         abort: Arc<AtomicBool>,
         on_token: impl FnMut(&GeneratedToken) -> bool,
     ) -> Result<GenerateReply> {
-        self.submit(prompt, options, None, abort, on_token)
+        self.stream_with_abort(Request::Tokens(prompt.to_vec()), options, abort)?.run(on_token)
+    }
+}
+
+/// What to generate from.
+#[derive(Debug, Clone)]
+pub enum Request {
+    /// Token ids as they are.
+    Tokens(Vec<u32>),
+    /// A chat transcript, rendered through the model's chat template (on the engine thread), with
+    /// the tools offered (their tool calls are parsed out of the reply).
+    Chat { messages: Vec<ChatMessage>, tools: Option<Vec<Tool>> },
+}
+
+/// One running generation ([`Session::stream`]): iterate for its tokens as they come, then
+/// [`Generation::finish`] for the reply. Dropping it stops the generation.
+pub struct Generation {
+    events: mpsc::Receiver<Event>,
+    abort: Arc<AtomicBool>,
+    reply: Option<Result<GenerateReply>>,
+}
+
+impl Generation {
+    /// Stops the generation at its next token (its reply then has finish reason `abort`).
+    pub fn abort(&self) {
+        self.abort.store(true, Ordering::Relaxed);
     }
 
-    fn submit(
-        &self,
-        prompt: &[u32],
-        options: GenerateOptions,
-        tools: Option<Vec<Tool>>,
-        abort: Arc<AtomicBool>,
-        mut on_token: impl FnMut(&GeneratedToken) -> bool,
-    ) -> Result<GenerateReply> {
-        if prompt.is_empty() {
-            return Err(Error::InvalidArgument("the prompt is empty: at least one token is needed".into()));
-        }
-        if options.max_tokens > MAX_TOKENS_LIMIT {
-            return Err(Error::InvalidArgument(format!(
-                "max_tokens = {} is beyond the limit of {MAX_TOKENS_LIMIT}",
-                options.max_tokens
-            )));
-        }
-        options.sampling.validate().map_err(Error::InvalidArgument)?;
-        let (tx, rx) = mpsc::channel();
-        let job = GenerateJob { prompt: prompt.to_vec(), options, tools, abort: abort.clone(), events: tx };
-        self.inner
-            .commands
-            .lock()
-            .map_err(|_| Error::SessionClosed)?
-            .send(Command::Generate(job))
-            .map_err(|_| Error::SessionClosed)?;
+    /// Waits for the end (consuming tokens not yet taken) and returns the reply.
+    pub fn finish(mut self) -> Result<GenerateReply> {
+        while self.next().is_some() {}
+        self.reply.take().unwrap_or(Err(Error::SessionClosed))
+    }
+
+    /// Every token through `on_token` (returning false aborts), then the reply.
+    pub fn run(mut self, mut on_token: impl FnMut(&GeneratedToken) -> bool) -> Result<GenerateReply> {
         let mut stopped = false;
-        for event in rx {
-            match event {
-                Event::Token(t) => {
-                    if !stopped && !on_token(&t) {
-                        stopped = true;
-                        abort.store(true, Ordering::Relaxed);
-                    }
-                }
-                Event::Done(r) => return r,
+        while let Some(t) = self.next() {
+            if !stopped && !on_token(&t) {
+                stopped = true;
+                self.abort();
             }
         }
-        Err(Error::SessionClosed)
+        self.finish()
+    }
+}
+
+impl Iterator for Generation {
+    type Item = GeneratedToken;
+
+    fn next(&mut self) -> Option<GeneratedToken> {
+        if self.reply.is_some() {
+            return None;
+        }
+        match self.events.recv() {
+            Ok(Event::Token(t)) => Some(t),
+            Ok(Event::Done(r)) => {
+                self.reply = Some(r);
+                None
+            }
+            Err(_) => {
+                self.reply = Some(Err(Error::SessionClosed));
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Generation {
+    fn drop(&mut self) {
+        if self.reply.is_none() {
+            self.abort();
+        }
     }
 }
 

@@ -159,3 +159,45 @@ fn invalid_sampling_values_are_clean_errors() {
         assert_eq!(e.code(), "INVALID_ARGUMENT", "{e}");
     }
 }
+
+/// `Session::stream`: the tokens it yields are the reply's, in order (the blocking calls are
+/// built on it); a `Generation` dropped half-way stops, and the session goes on serving; a
+/// custom `Sink` gets every token then `Done` from the engine thread.
+#[test]
+fn stream_yields_the_reply_tokens_and_a_dropped_stream_stops() {
+    use mlex::{Event, Request, Sink};
+    let dir = tiny_llama_dir();
+    let s = Session::load(dir.path()).unwrap();
+    let want = s.generate_tokens(PROMPT, opts(10, SamplingConfig::default()), |_| true).unwrap();
+    let mut g = s.stream(Request::Tokens(PROMPT.to_vec()), opts(10, SamplingConfig::default())).unwrap();
+    let streamed: Vec<u32> = g.by_ref().map(|t| t.id).collect();
+    let reply = g.finish().unwrap();
+    assert_eq!((streamed, reply.tokens.clone()), (want.tokens.clone(), want.tokens.clone()));
+
+    let mut g = s.stream(Request::Tokens(PROMPT.to_vec()), opts(100_000, SamplingConfig::default())).unwrap();
+    assert!(g.next().is_some());
+    drop(g); // aborts: the next call is served without waiting for 100k tokens
+    let again = s.generate_tokens(PROMPT, opts(10, SamplingConfig::default()), |_| true).unwrap();
+    assert_eq!(again.tokens, want.tokens);
+
+    let (tx, rx) = std::sync::mpsc::channel();
+    let sink = Sink::new(move |e| {
+        let what = match e {
+            Event::Token(t) => Ok(t.id),
+            Event::Done(r) => Err(r.map(|r| r.tokens)),
+        };
+        tx.send(what).is_ok()
+    });
+    s.start(Request::Tokens(PROMPT.to_vec()), opts(10, SamplingConfig::default()), Arc::new(AtomicBool::new(false)), sink)
+        .unwrap();
+    let events: Vec<_> = rx.iter().collect();
+    let ids: Vec<u32> = events.iter().filter_map(|e| e.as_ref().ok().copied()).collect();
+    assert_eq!(ids, want.tokens);
+    assert!(matches!(events.last(), Some(Err(Ok(t))) if *t == want.tokens));
+
+    // Bad arguments are refused before anything is queued.
+    let e = s.stream(Request::Tokens(vec![]), opts(4, SamplingConfig::default())).err().unwrap();
+    assert_eq!(e.code(), "INVALID_ARGUMENT");
+    let e = s.stream(Request::Chat { messages: vec![], tools: None }, opts(4, SamplingConfig::default())).err().unwrap();
+    assert_eq!(e.code(), "INVALID_ARGUMENT");
+}

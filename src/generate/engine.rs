@@ -1,11 +1,12 @@
 //! The engine thread: it alone touches MLX (MLX is not thread-safe and its GPU streams are
-//! thread-local). It loads the model, then serves generation jobs one at a time, FIFO, streaming
-//! events back over each job's channel (the mistral.rs pattern).
+//! thread-local). It loads the model, then serves generation jobs one at a time, FIFO, writing
+//! each job's events into the job's own sink (the mistral.rs pattern): a channel for the Rust
+//! API, straight into a Node stream's queue for the addon, with no relay thread in between.
 use super::generator::{self, Flow, TokenStep};
 use super::options::{FinishReason, GenerateOptions, GenerateReply, GeneratedToken, TokenKind, Usage};
 use super::prompt_cache::{PromptCacheConfig, PromptCachePool};
 use super::text::TextStream;
-use crate::chat::{OutputClassifier, Segment, SpanKind, Tool};
+use crate::chat::{ChatMessage, OutputClassifier, Segment, SpanKind, Tool};
 use crate::error::{Error, Result};
 use crate::loader::{ModelConfig, Vb, WeightStore};
 use crate::mlx::{self, Device, Dtype};
@@ -14,6 +15,7 @@ use crate::tokenizer::Tokenizer;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -23,13 +25,43 @@ pub enum Event {
     Done(Result<GenerateReply>),
 }
 
+/// Where the engine writes one job's events, from the engine thread. `send` returns false once
+/// nobody listens any more (the engine then stops that job as if aborted); `Done` always comes last.
+pub struct Sink(std::sync::Mutex<Box<dyn FnMut(Event) -> bool + Send>>);
+
+impl Sink {
+    pub fn new(f: impl FnMut(Event) -> bool + Send + 'static) -> Self {
+        Sink(std::sync::Mutex::new(Box::new(f)))
+    }
+
+    /// A sink feeding a channel, and the channel's receiving end.
+    pub fn channel() -> (Sink, std::sync::mpsc::Receiver<Event>) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        (Sink::new(move |e| tx.send(e).is_ok()), rx)
+    }
+
+    pub fn send(&self, e: Event) -> bool {
+        match self.0.lock() {
+            Ok(mut f) => f(e),
+            Err(_) => false,
+        }
+    }
+}
+
+/// A prompt as the caller gave it: token ids, or a chat transcript the engine renders through
+/// the chat template and encodes (on the engine thread, not the caller's).
+pub enum JobPrompt {
+    Tokens(Vec<u32>),
+    Chat { messages: Vec<ChatMessage>, enable_thinking: Option<bool> },
+}
+
 pub struct GenerateJob {
-    pub prompt: Vec<u32>,
+    pub prompt: JobPrompt,
     pub options: GenerateOptions,
-    /// The tools offered (their schemas type parsed tool-call arguments).
+    /// The tools offered (rendered into a chat prompt; their schemas type parsed tool-call arguments).
     pub tools: Option<Vec<Tool>>,
     pub abort: Arc<AtomicBool>,
-    pub events: Sender<Event>,
+    pub events: Sink,
 }
 
 pub enum Command {
@@ -101,7 +133,6 @@ pub fn run(spec: EngineSpec, ready: Sender<Result<LoadedFacts>>, commands: Recei
         };
         match cmd {
             Command::Generate(job) => {
-                let events = job.events.clone();
                 // A panic inside one job must not take the engine (or the host process) down (the
                 // pool is only read by copy and written after success: a panic leaves it intact).
                 let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.generate(&job, &mut pool)));
@@ -109,7 +140,7 @@ pub fn run(spec: EngineSpec, ready: Sender<Result<LoadedFacts>>, commands: Recei
                     Ok(r) => r,
                     Err(p) => Err(Error::Mlx(format!("internal error: {}", panic_message(&p)))),
                 };
-                let _ = events.send(Event::Done(done));
+                job.events.send(Event::Done(done));
             }
             Command::Shutdown => break,
         }
@@ -145,10 +176,32 @@ fn load(spec: &EngineSpec) -> Result<(Engine, LoadedFacts)> {
 }
 
 impl Engine {
+    /// The job's prompt as token ids (a chat transcript rendered and encoded here).
+    fn prompt_ids(&self, job: &GenerateJob) -> Result<Vec<u32>> {
+        let ids = match &job.prompt {
+            JobPrompt::Tokens(ids) => ids.clone(),
+            JobPrompt::Chat { messages, enable_thinking } => {
+                let tok = self.tokenizer.as_deref().ok_or_else(|| {
+                    Error::Tokenizer("this model has no tokenizer.json: only token-id prompts work".into())
+                })?;
+                tok.encode_chat(messages, job.tools.as_deref(), *enable_thinking)?
+            }
+        };
+        if ids.is_empty() {
+            return Err(Error::InvalidArgument("the prompt is empty: at least one token is needed".into()));
+        }
+        Ok(ids)
+    }
+
     fn generate(&self, job: &GenerateJob, pool: &mut PromptCachePool) -> Result<GenerateReply> {
+        if job.abort.load(Ordering::Relaxed) {
+            return Err(Error::Aborted);
+        }
+        let prompt = self.prompt_ids(job)?;
+        let prompt = &prompt;
         let opts = &job.options;
-        let use_pool = opts.prompt_cache != Some(false) && pool.cacheable(&job.prompt);
-        let reuse = if use_pool { pool.lookup(&job.prompt, Instant::now()) } else { None };
+        let use_pool = opts.prompt_cache != Some(false) && pool.cacheable(prompt);
+        let reuse = if use_pool { pool.lookup(prompt, Instant::now()) } else { None };
         let mut caches = match reuse {
             Some(r) => r.caches,
             None => self.model.make_caches(),
@@ -157,11 +210,11 @@ impl Engine {
         // handing it over, so the caches end up holding the prompt and a prefix of these.
         let mut sampled: Vec<u32> = vec![];
         let mut text = TextStream::new(self.tokenizer.as_deref(), &opts.stop);
-        let mut out = OutputStream::new(self.tokenizer.as_deref(), &job.prompt, opts)?;
+        let mut out = OutputStream::new(self.tokenizer.as_deref(), prompt, opts)?;
         let mut tokens = vec![];
         let mut logprobs = vec![];
         let mut finish = FinishReason::Length;
-        let emit = |t: GeneratedToken| job.events.send(Event::Token(t)).is_ok();
+        let emit = |t: GeneratedToken| job.events.send(Event::Token(t));
         // A completed stop string drops what is held back; every other ending flushes it.
         let mut stop_string_hit = false;
 
@@ -172,7 +225,7 @@ impl Engine {
         // turn whose history re-renders this reply differently still resumes from the prompt.
         let mut snapshot = None;
         let snap = if use_pool { Some(&mut snapshot) } else { None };
-        let run = generator::run(self.model.as_ref(), &mut caches, &job.prompt, opts, snap, |step: TokenStep| {
+        let run = generator::run(self.model.as_ref(), &mut caches, prompt, opts, snap, |step: TokenStep| {
             sampled.push(step.id);
             if job.abort.load(Ordering::Relaxed) {
                 finish = FinishReason::Abort;
@@ -226,15 +279,15 @@ impl Engine {
         let _ = mlx::synchronize();
         let stats = run?;
         if let Some(snap) = snapshot {
-            let _ = pool.store(job.prompt[..job.prompt.len() - 1].to_vec(), snap, Instant::now());
+            let _ = pool.store(prompt[..prompt.len() - 1].to_vec(), snap, Instant::now());
         }
         if use_pool {
             // Exactly the tokens whose keys/values the caches hold (an EOS fed by the pipelined
             // step included; a sampled token never fed excluded).
             let held = caches.offset();
-            if held >= job.prompt.len() && held - job.prompt.len() <= sampled.len() {
-                let mut seq = job.prompt.clone();
-                seq.extend_from_slice(&sampled[..held - job.prompt.len()]);
+            if held >= prompt.len() && held - prompt.len() <= sampled.len() {
+                let mut seq = prompt.clone();
+                seq.extend_from_slice(&sampled[..held - prompt.len()]);
                 // A failure to keep the state only costs a later call its reuse.
                 let _ = pool.store(seq, caches, Instant::now());
             }
@@ -249,8 +302,8 @@ impl Engine {
         }
         let per_step = |s: f64| if stats.steps_scheduled > 0 { s * 1e3 / stats.steps_scheduled as f64 } else { 0.0 };
         let usage = Usage {
-            prompt_tokens: job.prompt.len(),
-            cached_tokens: job.prompt.len() - stats.prefilled,
+            prompt_tokens: prompt.len(),
+            cached_tokens: prompt.len() - stats.prefilled,
             completion_tokens: tokens.len(),
             ttft_ms: stats.ttft_s * 1e3,
             prefill_tokens_per_second: if stats.ttft_s > 0.0 { stats.prefilled as f64 / stats.ttft_s } else { 0.0 },

@@ -3,9 +3,9 @@
 //! Native layer, kept small: the public `Session` class (AbortSignal, async iterator, argument
 //! checks, `Symbol.asyncDispose`) lives in the hand-written `wrapper.js` over these classes.
 //!
-//! Threads: nothing here blocks the JS thread. Loading runs as an `AsyncTask`; every generation
-//! runs on a thread of its own that waits on the session's engine thread (jobs FIFO) and hands
-//! tokens to JS through a tokio channel that `NativeGeneration.next()` awaits. Dropping a session
+//! Threads: nothing here blocks the JS thread. Loading runs as an `AsyncTask`; a generation is a
+//! job queued on the session's engine thread (FIFO), which renders its prompt and writes each token
+//! straight into a tokio channel that `NativeGeneration.next()` awaits. Dropping a session
 //! (close or garbage collection) happens on a helper thread, because the last drop joins the
 //! engine thread; during process exit sessions are leaked instead, so no MLX work races the
 //! process's own teardown.
@@ -19,14 +19,17 @@ use crate::chat::{
     ToolCallFormat,
 };
 use crate::generate::{GenerateOptions as CoreGenerateOptions, GenerateReply as CoreReply, GeneratedToken as CoreToken, TokenKind};
-use crate::{Device, Dtype, Error as CoreError, LoadOptions as CoreLoadOptions, PromptCacheConfig, Session as CoreSession};
+use crate::{
+    Device, Dtype, Error as CoreError, Event, LoadOptions as CoreLoadOptions, PromptCacheConfig, Request, Session as CoreSession,
+    Sink,
+};
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 use serde_json::Value;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Once, Weak};
 use std::time::Duration;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 pub use types::*;
 
@@ -419,7 +422,7 @@ impl NativeSession {
         self.shared.session.lock().map(|s| s.is_none()).unwrap_or(true)
     }
 
-    /// Starts a generation on a thread of its own (queued FIFO behind running ones).
+    /// Starts a generation on the engine thread (queued FIFO behind running ones).
     /// `messagesJson`: `ChatMessage[]` as JSON; `optionsJson`: `GenerateOptions` without
     /// `signal`/`onToken`, as JSON. Throws (`[CODE] ` prefix) on bad arguments or a closed session.
     #[napi]
@@ -438,15 +441,16 @@ impl NativeSession {
             all.retain(|w| w.strong_count() > 0);
             all.push(Arc::downgrade(&abort));
         }
+        // The engine thread writes this generation's events straight into the stream's queue (no
+        // relay thread); the job stays counted in ACTIVE until the engine drops it after `Done`.
         let job = ActiveJob::start();
-        let flag = abort.clone();
-        std::thread::Builder::new()
-            .name("mlex-generate".into())
-            .spawn(move || {
-                run_generation(session, messages, tools, options, flag, tx);
-                drop(job);
-            })
-            .map_err(|e| js_error(CoreError::io("spawning a generation thread", e)))?;
+        let sink = Sink::new(move |e: Event| {
+            let _ = &job;
+            // A send fails once JS has dropped the generation: the engine stops it then.
+            tx.send(e).is_ok()
+        });
+        let request = Request::Chat { messages, tools };
+        session.start(request, options, abort.clone(), sink).map_err(js_error)?;
         Ok(NativeGeneration { rx: Arc::new(tokio::sync::Mutex::new(rx)), abort, finished: Arc::new(AtomicBool::new(false)) })
     }
 
@@ -488,42 +492,10 @@ impl NativeSession {
     }
 }
 
-enum Item {
-    Token(CoreToken),
-    Done(std::result::Result<CoreReply, CoreError>),
-}
-
-fn run_generation(
-    session: CoreSession,
-    messages: Vec<CoreMessage>,
-    tools: Option<Vec<CoreTool>>,
-    options: CoreGenerateOptions,
-    abort: Arc<AtomicBool>,
-    tx: UnboundedSender<Item>,
-) {
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        if abort.load(Ordering::SeqCst) {
-            return Err(CoreError::Aborted);
-        }
-        // The engine streams every token exactly once (text it held back joins the last token).
-        let reply = session.generate_chat_with_abort(&messages, tools.as_deref(), options, abort.clone(), |t| {
-            // A send fails once JS has dropped the generation: stop then.
-            tx.send(Item::Token(t.clone())).is_ok()
-        });
-        reply
-    }))
-    .unwrap_or_else(|_| Err(CoreError::Mlx("internal error: the generation thread panicked".into())));
-    let _ = tx.send(Item::Done(result));
-    // The session clone drops here, off the JS thread (the last one joins the engine thread).
-    if EXITING.load(Ordering::SeqCst) {
-        std::mem::forget(session);
-    }
-}
-
 /// Internal: one running generation; `Session.generate`/`Session.stream` drive it.
 #[napi]
 pub struct NativeGeneration {
-    rx: Arc<tokio::sync::Mutex<UnboundedReceiver<Item>>>,
+    rx: Arc<tokio::sync::Mutex<UnboundedReceiver<Event>>>,
     abort: Arc<AtomicBool>,
     finished: Arc<AtomicBool>,
 }
@@ -548,8 +520,8 @@ impl NativeGeneration {
             let mut item = rx.recv().await;
             loop {
                 match item {
-                    Some(Item::Token(t)) => tokens.push(token_js(&t)),
-                    Some(Item::Done(r)) => {
+                    Some(Event::Token(t)) => tokens.push(token_js(&t)),
+                    Some(Event::Done(r)) => {
                         finished.store(true, Ordering::SeqCst);
                         return match r {
                             Ok(reply) => Ok(NativeBatch { tokens, reply: Some(reply_js(reply)) }),
@@ -559,7 +531,7 @@ impl NativeGeneration {
                     }
                     None => {
                         finished.store(true, Ordering::SeqCst);
-                        return Err(js_error(CoreError::Mlx("the generation thread ended without a reply".into())));
+                        return Err(js_error(CoreError::Mlx("the engine ended without a reply".into())));
                     }
                 }
                 if tokens.len() >= MAX_BATCH {

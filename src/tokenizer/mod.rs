@@ -15,7 +15,7 @@ pub use detokenizer::StreamDecoder;
 pub use special::SpecialTokens;
 pub use template::{ChatTemplate, TemplateOptions, TemplateSource};
 
-use crate::chat::{ChatMessage, ReasoningFormat, ToolCallFormat};
+use crate::chat::{ChatMessage, ReasoningFormat, Tool, ToolCallFormat};
 use crate::error::{Error, Result};
 use special::{eos_ids_from_config, push_unique, read_json_optional};
 
@@ -184,6 +184,23 @@ impl Tokenizer {
                 None => true,
             };
         self.encode(text, add_special)
+    }
+
+    /// Token ids of a chat transcript, as the model will see it: rendered through the chat template
+    /// (with the generation prompt), or, for a model without one (base models), the messages'
+    /// contents joined by newlines as raw text.
+    pub fn encode_chat(&self, messages: &[ChatMessage], tools: Option<&[Tool]>, enable_thinking: Option<bool>) -> Result<Vec<u32>> {
+        if messages.is_empty() {
+            return Err(Error::InvalidArgument("messages is empty".into()));
+        }
+        if self.has_chat_template() {
+            let opts = TemplateOptions { add_generation_prompt: true, tools, enable_thinking, extra: Default::default() };
+            let text = self.apply_chat_template(messages, &opts)?;
+            self.encode_prompt(&text, true)
+        } else {
+            let text: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
+            self.encode_prompt(&text.join("\n"), false)
+        }
     }
 
     /// A streaming detokenizer that keeps special tokens' text (e.g. `<think>`, `<|im_end|>`).
