@@ -106,7 +106,17 @@ export interface GeneratedToken {
   logprob: number
 }
 
-/** Options of one generation (`generate` and `stream`). */
+/**
+ * The option names of `generate`/`stream` (camelCase), from the core schema: the package's
+ * tests check `index.d.ts` declares exactly these.
+ */
+export declare function generateOptionNames(): Array<string>
+
+/**
+ * Options of one generation (`generate` and `stream`). The TypeScript shape only: the values
+ * are read, checked and defaulted by the core's schema (`GenerateOptions::from_json`), and a
+ * test checks that these fields are its options.
+ */
 export interface GenerateOptions {
   /** Most tokens to generate (default 512). */
   maxTokens?: number
@@ -141,6 +151,8 @@ export interface GenerateOptions {
   promptCache?: boolean
   /** Keep generating past end-of-sequence tokens (benchmarks). */
   ignoreEos?: boolean
+  /** Prompt tokens processed per forward pass during prefill (default 512). */
+  prefillStepSize?: number
   /**
    * Aborts the generation. Before it starts: the promise rejects with code `'ABORTED'`;
    * while it runs: it resolves with `finishReason: 'abort'` and the text so far.

@@ -837,6 +837,7 @@ module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __n
 module.exports = nativeBinding
 module.exports.NativeGeneration = nativeBinding.NativeGeneration
 module.exports.NativeSession = nativeBinding.NativeSession
+module.exports.generateOptionNames = nativeBinding.generateOptionNames
 module.exports.loadNativeSession = nativeBinding.loadNativeSession
 module.exports.parseToolCalls = nativeBinding.parseToolCalls
 module.exports.shutdownForExit = nativeBinding.shutdownForExit

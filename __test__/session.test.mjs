@@ -249,3 +249,16 @@ test('after close every call rejects with SESSION_CLOSED', async () => {
   await t[Symbol.asyncDispose]()
   assert.equal(t.closed, true)
 })
+
+test('the options index.d.ts declares for generate are the core schema\'s, and unknown ones are refused', async () => {
+  const { createRequire } = await import('node:module')
+  const { readFileSync } = await import('node:fs')
+  const native = createRequire(import.meta.url)('../index.js')
+  const dts = readFileSync(new URL('../index.d.ts', import.meta.url), 'utf8')
+  const body = dts.match(/export interface GenerateOptions \{([\s\S]*?)\n\}/)[1]
+  const declared = [...body.matchAll(/^\s+(\w+)\??:/gm)].map((m) => m[1]).filter((k) => k !== 'signal' && k !== 'onToken')
+  assert.deepEqual(declared.sort(), native.generateOptionNames().sort())
+  await rejectsWithCode(assert, () => session.generate(user('x'), { maxToken: 3 }), 'INVALID_ARGUMENT', /unknown option "maxToken"/)
+  const r = await session.generate(user('x'), { maxTokens: 3, ignoreEos: true, prefillStepSize: 2 })
+  assert.equal(r.tokens.length, 3)
+})

@@ -123,28 +123,14 @@ pub fn run(spec: &BenchSpec, mut report: impl FnMut(Value)) -> Result<()> {
 /// Per-operation overhead is what a small model's decode step costs on a GPU, so this is the
 /// number that fused projections and view-free decode paths reduce (BENCHMARKS.md).
 pub fn decode_step_census(shape: &str, bits: u32, group_size: u32) -> Result<Vec<(String, usize)>> {
-    use crate::loader::{ModelConfig, WeightStore};
-    crate::ablation::get(); // before any kernel runs, as the engine thread does
     let mut cfg = shape_config(shape)?;
     if bits > 0 {
         cfg["quantization"] = json!({"group_size": group_size, "bits": bits, "mode": "affine"});
     }
-    let path = std::path::Path::new("<random weights>/config.json");
-    let config = ModelConfig::from_json(&cfg.to_string(), path)?;
-    let gpu = crate::mlx::gpu_available();
-    crate::mlx::set_default_device(if gpu { crate::Device::Gpu } else { crate::Device::Cpu })?;
     // Each device's default compute dtype (float32 on the CPU), since which kernels apply depends on it.
-    let dtype = if gpu { crate::Dtype::Bfloat16 } else { crate::Dtype::Float32 };
-    let weights = std::cell::RefCell::new(WeightStore::synthetic(config.quantization.clone(), dtype, 0)?);
-    let model = crate::models::build_model(&config, &crate::loader::Vb::new(&weights, config.quantization.as_ref()))?;
-    crate::mlx::eval(&model.parameters())?;
-    let mut caches = model.make_caches();
-    let prompt = crate::mlx::Array::from_slice(&[1u32, 2, 3, 4, 5, 6, 7, 8], &[1, 8])?;
-    model.forward(&prompt, &mut caches)?;
-    crate::mlx::eval(&caches.state())?;
-    let logits = model.forward(&crate::mlx::Array::from_slice(&[9u32], &[1, 1])?, &mut caches)?;
-    let state: Vec<&crate::mlx::Array> = std::iter::once(&logits).chain(caches.state()).collect();
-    crate::mlx::graph_census(&state)
+    let dtype = if crate::mlx::gpu_available() { crate::Dtype::Bfloat16 } else { crate::Dtype::Float32 };
+    let session = Session::load_random(&cfg.to_string(), 0, LoadOptions { dtype: Some(dtype), ..Default::default() })?;
+    session.decode_step_census()
 }
 
 /// New tokens of the second turn (a user message) after the first turn and its reply.

@@ -67,8 +67,6 @@ pub struct Session {
     cache_config: PromptCacheConfig,
 }
 
-/// Refuses values that would only ever exhaust memory.
-const MAX_TOKENS_LIMIT: usize = 1 << 24;
 
 impl Session {
     /// Loads a model from a directory, a Hugging Face cache entry or a repo id found under
@@ -200,18 +198,20 @@ impl Session {
         self.tokenizer()?.encode_chat(messages, tools, enable_thinking)
     }
 
+    /// The MLX operations one decode step of this model builds, by primitive, most frequent
+    /// first (run on the engine thread, like everything that touches the model).
+    pub fn decode_step_census(&self) -> Result<Vec<(String, usize)>> {
+        let (tx, rx) = mpsc::channel();
+        self.inner.commands.lock().map_err(|_| Error::SessionClosed)?.send(Command::Census(tx)).map_err(|_| Error::SessionClosed)?;
+        rx.recv().map_err(|_| Error::SessionClosed)?
+    }
+
     /// Starts a generation and returns at once: the engine writes its tokens, then its reply,
     /// into `sink` from the engine thread (queued FIFO behind running generations). Arguments are
     /// validated here, once, before anything is queued; `abort` may be set from any thread.
     pub fn start(&self, request: Request, options: GenerateOptions, abort: Arc<AtomicBool>, sink: Sink) -> Result<()> {
         let mut options = options;
-        if options.max_tokens > MAX_TOKENS_LIMIT {
-            return Err(Error::InvalidArgument(format!(
-                "max_tokens = {} is beyond the limit of {MAX_TOKENS_LIMIT}",
-                options.max_tokens
-            )));
-        }
-        options.sampling.validate().map_err(Error::InvalidArgument)?;
+        options.validate().map_err(Error::InvalidArgument)?;
         let (prompt, tools) = match request {
             Request::Tokens(ids) => {
                 if ids.is_empty() {

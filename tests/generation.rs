@@ -201,3 +201,15 @@ fn stream_yields_the_reply_tokens_and_a_dropped_stream_stops() {
     let e = s.stream(Request::Chat { messages: vec![], tools: None }, opts(4, SamplingConfig::default())).err().unwrap();
     assert_eq!(e.code(), "INVALID_ARGUMENT");
 }
+
+/// The op census of a decode step is taken on the engine thread, like every use of the model.
+#[test]
+fn decode_step_census_runs_on_the_engine() {
+    let dir = tiny_llama_dir();
+    let s = Session::load(dir.path()).unwrap();
+    let census = s.decode_step_census().unwrap();
+    let total: usize = census.iter().map(|(_, n)| n).sum();
+    assert!(total > 10 && census.windows(2).all(|w| w[0].1 >= w[1].1), "{census:?}");
+    // And the session still generates afterwards.
+    assert_eq!(s.generate_tokens(PROMPT, opts(3, SamplingConfig::default()), |_| true).unwrap().tokens.len(), 3);
+}

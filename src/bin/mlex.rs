@@ -1,8 +1,10 @@
 //! The `mlex` command line: generate, chat, template, convert, bench.
 //! Exit status: 0 success, 2 usage error (clap), 1 any other error (one line on stderr).
 use clap::{Args, Parser, Subcommand};
-use mlex::chat::{parse_messages_json, parse_tools_json, ToolCallFormat};
-use mlex::{ChatMessage, Device, Dtype, GenerateOptions, LoadOptions, SamplingConfig, Session, TokenKind};
+use mlex::chat::{parse_messages_json, parse_tools_json};
+use mlex::generate::Naming;
+use mlex::{ChatMessage, Device, Dtype, GenerateOptions, LoadOptions, Session, TokenKind};
+use serde_json::json;
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
@@ -84,24 +86,31 @@ struct ModelArgs {
     dtype: Option<String>,
 }
 
+/// A generation's options as flags: each is an option of the core schema (`GenerateOptions`,
+/// spelled in kebab-case) and is read through it, so its default and its checks are the schema's.
 #[derive(Args)]
 struct SamplingArgs {
-    /// Most tokens to generate.
-    #[arg(long, default_value_t = 512)]
-    max_tokens: usize,
-    /// 0 = greedy.
-    #[arg(long, default_value_t = 0.0)]
-    temperature: f32,
-    #[arg(long, default_value_t = 1.0)]
-    top_p: f32,
-    #[arg(long, default_value_t = 0)]
-    top_k: u32,
-    #[arg(long, default_value_t = 0.0)]
-    min_p: f32,
-    #[arg(long, default_value_t = 1.0)]
-    repetition_penalty: f32,
-    #[arg(long, default_value_t = 20)]
-    repetition_context_size: usize,
+    /// Most tokens to generate (default 512).
+    #[arg(long)]
+    max_tokens: Option<usize>,
+    /// 0 (the default) = greedy.
+    #[arg(long, allow_negative_numbers = true)]
+    temperature: Option<f32>,
+    /// Nucleus sampling (default 1 = off).
+    #[arg(long, allow_negative_numbers = true)]
+    top_p: Option<f32>,
+    /// Keep the k most likely tokens (default 0 = off).
+    #[arg(long)]
+    top_k: Option<u32>,
+    /// Drop tokens less likely than min-p × the top one's probability (default 0 = off).
+    #[arg(long, allow_negative_numbers = true)]
+    min_p: Option<f32>,
+    /// Penalty on recently generated tokens (default 1 = off).
+    #[arg(long, allow_negative_numbers = true)]
+    repetition_penalty: Option<f32>,
+    /// Recent tokens the repetition penalty looks at (default 20).
+    #[arg(long)]
+    repetition_context_size: Option<usize>,
     #[arg(long)]
     seed: Option<u64>,
     /// Stop before this string (repeatable).
@@ -110,6 +119,9 @@ struct SamplingArgs {
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
     ignore_eos: bool,
+    /// Prompt tokens per forward pass during prefill (default 512).
+    #[arg(long)]
+    prefill_step_size: Option<usize>,
 }
 
 #[derive(Args)]
@@ -139,12 +151,12 @@ struct ChatFeatureArgs {
     #[command(flatten)]
     think: ThinkArgs,
     /// Most reasoning tokens before the reasoning span is closed and the answer begins.
-    #[arg(long)]
-    reasoning_budget: Option<usize>,
+    #[arg(long, visible_alias = "reasoning-budget")]
+    reasoning_budget_tokens: Option<usize>,
     /// How the model writes tool calls: hermes, qwen3_coder, gemma4, gemma_tool_code,
     /// llama3_json, mistral (default: from the chat template).
-    #[arg(long)]
-    tool_format: Option<String>,
+    #[arg(long, visible_alias = "tool-format")]
+    tool_call_format: Option<String>,
 }
 
 #[derive(Args)]
@@ -309,28 +321,28 @@ fn bench(a: BenchArgs) -> mlex::Result<()> {
 }
 
 fn options(s: &SamplingArgs, c: &ChatFeatureArgs) -> mlex::Result<GenerateOptions> {
-    let tool_call_format = match &c.tool_format {
-        Some(f) => Some(f.parse::<ToolCallFormat>().map_err(|e| mlex::Error::InvalidArgument(format!("--tool-format: {e}")))?),
-        None => None,
+    // The flags given, by option name, read by the core schema (named back as flags in errors).
+    let mut o = serde_json::Map::new();
+    let mut set = |name: &str, v: serde_json::Value| {
+        if !v.is_null() {
+            o.insert(Naming::Kebab.spell(name), v);
+        }
     };
-    Ok(GenerateOptions {
-        enable_thinking: c.think.enable_thinking(),
-        reasoning_budget_tokens: c.reasoning_budget,
-        tool_call_format,
-        max_tokens: s.max_tokens,
-        sampling: SamplingConfig {
-            temperature: s.temperature,
-            top_p: s.top_p,
-            top_k: s.top_k,
-            min_p: s.min_p,
-            repetition_penalty: s.repetition_penalty,
-            repetition_context_size: s.repetition_context_size,
-            seed: s.seed,
-        },
-        stop: s.stop.clone(),
-        ignore_eos: s.ignore_eos,
-        ..Default::default()
-    })
+    set("max_tokens", json!(s.max_tokens));
+    set("temperature", json!(s.temperature));
+    set("top_p", json!(s.top_p));
+    set("top_k", json!(s.top_k));
+    set("min_p", json!(s.min_p));
+    set("repetition_penalty", json!(s.repetition_penalty));
+    set("repetition_context_size", json!(s.repetition_context_size));
+    set("seed", json!(s.seed));
+    set("stop", if s.stop.is_empty() { json!(null) } else { json!(s.stop) });
+    set("ignore_eos", if s.ignore_eos { json!(true) } else { json!(null) });
+    set("prefill_step_size", json!(s.prefill_step_size));
+    set("enable_thinking", json!(c.think.enable_thinking()));
+    set("reasoning_budget_tokens", json!(c.reasoning_budget_tokens));
+    set("tool_call_format", json!(c.tool_call_format));
+    GenerateOptions::from_json(&serde_json::Value::Object(o), Naming::Kebab).map_err(mlex::Error::InvalidArgument)
 }
 
 /// Streams a token: text to stdout, reasoning to stderr; tool-call markup is shown parsed at the end.
@@ -356,8 +368,8 @@ fn read(path: &PathBuf) -> mlex::Result<String> {
 }
 
 fn generate(a: GenerateArgs) -> mlex::Result<()> {
-    let session = load(&a.model)?;
     let opts = options(&a.sampling, &a.chat)?;
+    let session = load(&a.model)?;
     let tools = a.tools.as_ref().map(|p| read(p).and_then(|t| parse_tools_json(&t))).transpose()?;
     let json = a.json;
     let mut out = std::io::stdout();
@@ -412,9 +424,9 @@ fn generate(a: GenerateArgs) -> mlex::Result<()> {
 }
 
 fn chat(a: ChatArgs) -> mlex::Result<()> {
+    let opts = options(&a.sampling, &a.chat)?;
     let session = load(&a.model)?;
     let mut history: Vec<ChatMessage> = a.system.iter().map(ChatMessage::system).collect();
-    let opts = options(&a.sampling, &a.chat)?;
     let tools = a.tools.as_ref().map(|p| read(p).and_then(|t| parse_tools_json(&t))).transpose()?;
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();

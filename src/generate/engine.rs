@@ -66,6 +66,8 @@ pub struct GenerateJob {
 
 pub enum Command {
     Generate(GenerateJob),
+    /// The MLX operations one decode step builds, by primitive (`mlex bench --graph`).
+    Census(Sender<Result<Vec<(String, usize)>>>),
     Shutdown,
 }
 
@@ -142,6 +144,10 @@ pub fn run(spec: EngineSpec, ready: Sender<Result<LoadedFacts>>, commands: Recei
                 };
                 job.events.send(Event::Done(done));
             }
+            Command::Census(reply) => {
+                let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.decode_step_census()));
+                let _ = reply.send(res.unwrap_or_else(|p| Err(Error::Mlx(format!("internal error: {}", panic_message(&p))))));
+            }
             Command::Shutdown => break,
         }
     }
@@ -176,6 +182,18 @@ fn load(spec: &EngineSpec) -> Result<(Engine, LoadedFacts)> {
 }
 
 impl Engine {
+    /// The operations of one decode step after an 8-token prompt, counted by primitive, most
+    /// frequent first (what per-operation overhead scales with on a GPU).
+    fn decode_step_census(&self) -> Result<Vec<(String, usize)>> {
+        let mut caches = self.model.make_caches();
+        let prompt = mlx::Array::from_slice(&[1u32, 2, 3, 4, 5, 6, 7, 8], &[1, 8])?;
+        self.model.forward(&prompt, &mut caches)?;
+        mlx::eval(&caches.state())?;
+        let logits = self.model.forward(&mlx::Array::from_slice(&[9u32], &[1, 1])?, &mut caches)?;
+        let state: Vec<&mlx::Array> = std::iter::once(&logits).chain(caches.state()).collect();
+        mlx::graph_census(&state)
+    }
+
     /// The job's prompt as token ids (a chat transcript rendered and encoded here).
     fn prompt_ids(&self, job: &GenerateJob) -> Result<Vec<u32>> {
         let ids = match &job.prompt {

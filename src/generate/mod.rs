@@ -6,5 +6,5 @@ pub mod prompt_cache;
 pub mod sampler;
 pub mod text;
 
-pub use options::{FinishReason, GenerateOptions, GenerateReply, GeneratedToken, SamplingConfig, TokenKind, Usage};
+pub use options::{FinishReason, GenerateOptions, GenerateReply, GeneratedToken, Naming, SamplingConfig, TokenKind, Usage};
 pub use prompt_cache::PromptCacheConfig;

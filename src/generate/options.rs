@@ -1,6 +1,12 @@
 //! What a caller asks of one generation, and what comes back.
+//!
+//! [`GenerateOptions`] is the one schema of a generation's options: every surface reads them
+//! through [`GenerateOptions::from_json`] (the Node API with camelCase names, the CLI's flags in
+//! kebab-case, JSON bodies in snake_case), so the names, the defaults ([`Default`]) and the checks
+//! ([`GenerateOptions::validate`]) are stated once, here.
 use crate::chat::{ToolCall, ToolCallFormat};
 use serde::Serialize;
+use serde_json::Value;
 
 /// How the next token is chosen. The defaults are greedy decoding with no penalties.
 #[derive(Debug, Clone, PartialEq)]
@@ -99,6 +105,167 @@ impl Default for GenerateOptions {
     }
 }
 
+/// Refuses values that would only ever exhaust memory.
+pub const MAX_TOKENS_LIMIT: usize = 1 << 24;
+
+/// How a surface spells option names: Rust and JSON `max_tokens`, JavaScript `maxTokens`,
+/// command-line flags `--max-tokens`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Naming {
+    Snake,
+    Camel,
+    Kebab,
+}
+
+impl Naming {
+    /// `snake` (a snake_case option name) as this surface spells it.
+    pub fn spell(self, snake: &str) -> String {
+        match self {
+            Naming::Snake => snake.to_string(),
+            Naming::Kebab => format!("--{}", snake.replace('_', "-")),
+            Naming::Camel => {
+                let mut out = String::with_capacity(snake.len());
+                let mut upper = false;
+                for c in snake.chars() {
+                    if c == '_' {
+                        upper = true;
+                    } else if upper {
+                        out.extend(c.to_uppercase());
+                        upper = false;
+                    } else {
+                        out.push(c);
+                    }
+                }
+                out
+            }
+        }
+    }
+
+    /// The snake_case name of `name` as this surface spells it, if it is an option's.
+    fn option_named(self, name: &str) -> Option<&'static str> {
+        GenerateOptions::FIELDS.iter().copied().find(|f| self.spell(f) == name)
+    }
+
+    /// A message written with snake_case option names, in this surface's spelling (whole words only).
+    pub fn respell(self, msg: &str) -> String {
+        let mut out = String::with_capacity(msg.len());
+        let mut word = String::new();
+        let flush = |word: &mut String, out: &mut String| {
+            match GenerateOptions::FIELDS.iter().find(|f| **f == word.as_str()) {
+                Some(f) => out.push_str(&self.spell(f)),
+                None => out.push_str(word),
+            }
+            word.clear();
+        };
+        for c in msg.chars() {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                word.push(c);
+            } else {
+                flush(&mut word, &mut out);
+                out.push(c);
+            }
+        }
+        flush(&mut word, &mut out);
+        out
+    }
+}
+
+impl GenerateOptions {
+    /// Every option, by its snake_case name (sampling options at the top level).
+    pub const FIELDS: &'static [&'static str] = &[
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "repetition_context_size",
+        "seed",
+        "stop",
+        "enable_thinking",
+        "reasoning_budget_tokens",
+        "prompt_cache",
+        "tool_call_format",
+        "ignore_eos",
+        "prefill_step_size",
+    ];
+
+    /// Options from a JSON object whose keys are option names as `naming` spells them. Every
+    /// option may be left out (or `null`): the [`Default`] value. Unknown names and values of the
+    /// wrong type are refused, and the result is [validated](GenerateOptions::validate); every
+    /// message names the option as `naming` spells it.
+    pub fn from_json(v: &Value, naming: Naming) -> std::result::Result<GenerateOptions, String> {
+        let obj = match v {
+            Value::Null => return Ok(GenerateOptions::default()),
+            Value::Object(o) => o,
+            _ => return Err("options must be an object".into()),
+        };
+        let mut o = GenerateOptions::default();
+        for (key, value) in obj {
+            let Some(field) = naming.option_named(key) else {
+                let known: Vec<String> = Self::FIELDS.iter().map(|f| naming.spell(f)).collect();
+                return Err(format!("unknown option {key:?} (options: {})", known.join(", ")));
+            };
+            if value.is_null() {
+                continue;
+            }
+            let name = naming.spell(field);
+            let count = || -> std::result::Result<usize, String> {
+                value
+                    .as_u64()
+                    .filter(|&n| n <= 1 << 53)
+                    .map(|n| n as usize)
+                    .or_else(|| value.as_f64().filter(|x| *x >= 0.0 && x.fract() == 0.0 && *x <= 9.0e15).map(|x| x as usize))
+                    .ok_or_else(|| format!("{name} must be a non-negative integer, got {value}"))
+            };
+            let number = || -> std::result::Result<f32, String> {
+                value.as_f64().map(|x| x as f32).ok_or_else(|| format!("{name} must be a number, got {value}"))
+            };
+            let boolean = || value.as_bool().ok_or_else(|| format!("{name} must be true or false, got {value}"));
+            let s = &mut o.sampling;
+            match field {
+                "max_tokens" => o.max_tokens = count()?,
+                "temperature" => s.temperature = number()?,
+                "top_p" => s.top_p = number()?,
+                "top_k" => s.top_k = u32::try_from(count()?).map_err(|_| format!("{name} is too large: {value}"))?,
+                "min_p" => s.min_p = number()?,
+                "repetition_penalty" => s.repetition_penalty = number()?,
+                "repetition_context_size" => s.repetition_context_size = count()?,
+                "seed" => s.seed = Some(count()? as u64),
+                "stop" => {
+                    o.stop = value
+                        .as_array()
+                        .and_then(|a| a.iter().map(|x| x.as_str().map(str::to_string)).collect::<Option<Vec<_>>>())
+                        .ok_or_else(|| format!("{name} must be an array of strings, got {value}"))?
+                }
+                "enable_thinking" => o.enable_thinking = Some(boolean()?),
+                "reasoning_budget_tokens" => o.reasoning_budget_tokens = Some(count()?),
+                "prompt_cache" => o.prompt_cache = Some(boolean()?),
+                "tool_call_format" => {
+                    let f = value.as_str().ok_or_else(|| format!("{name} must be a string, got {value}"))?;
+                    o.tool_call_format = Some(f.parse::<ToolCallFormat>().map_err(|e| format!("{name}: {e}"))?);
+                }
+                "ignore_eos" => o.ignore_eos = boolean()?,
+                "prefill_step_size" => o.prefill_step_size = count()?,
+                other => unreachable!("option {other} has no reader"),
+            }
+        }
+        o.validate().map_err(|m| naming.respell(&m))?;
+        Ok(o)
+    }
+
+    /// Rejects values no generation could honour, naming the option (snake_case).
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if self.max_tokens > MAX_TOKENS_LIMIT {
+            return Err(format!("max_tokens = {} is beyond the limit of {MAX_TOKENS_LIMIT}", self.max_tokens));
+        }
+        if self.prefill_step_size == 0 {
+            return Err("prefill_step_size must be at least 1".into());
+        }
+        self.sampling.validate()
+    }
+}
+
 /// What kind of output a streamed token belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -178,4 +345,52 @@ pub struct GenerateReply {
     pub logprobs: Vec<f32>,
     pub finish_reason: FinishReason,
     pub usage: Usage,
+}
+
+#[cfg(test)]
+mod schema_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn names_are_spelled_per_surface() {
+        assert_eq!(Naming::Camel.spell("repetition_context_size"), "repetitionContextSize");
+        assert_eq!(Naming::Kebab.spell("top_p"), "--top-p");
+        assert_eq!(Naming::Camel.respell("top_p must be in (0, 1], got 0; stopped"), "topP must be in (0, 1], got 0; stopped");
+    }
+
+    #[test]
+    fn every_option_reads_from_json_and_defaults_hold() {
+        assert_eq!(format!("{:?}", GenerateOptions::from_json(&json!({}), Naming::Snake).unwrap()), format!("{:?}", GenerateOptions::default()));
+        let o = GenerateOptions::from_json(
+            &json!({"maxTokens": 7, "temperature": 0.5, "topP": 0.9, "topK": 4, "minP": 0.1, "repetitionPenalty": 1.1,
+                    "repetitionContextSize": 8, "seed": 3, "stop": ["x"], "enableThinking": false,
+                    "reasoningBudgetTokens": 5, "promptCache": false, "toolCallFormat": "hermes", "ignoreEos": true,
+                    "prefillStepSize": 64}),
+            Naming::Camel,
+        )
+        .unwrap();
+        assert_eq!((o.max_tokens, o.sampling.top_k, o.sampling.seed, o.stop.clone()), (7, 4, Some(3), vec!["x".to_string()]));
+        assert_eq!((o.enable_thinking, o.reasoning_budget_tokens, o.prompt_cache, o.ignore_eos, o.prefill_step_size), (Some(false), Some(5), Some(false), true, 64));
+        assert_eq!(o.tool_call_format, Some(ToolCallFormat::Hermes));
+        // Every field of FIELDS was set above (so each has a reader).
+        assert_eq!(GenerateOptions::FIELDS.len(), 15);
+    }
+
+    #[test]
+    fn bad_options_are_refused_in_the_callers_spelling() {
+        let err = |v: Value, n: Naming| match GenerateOptions::from_json(&v, n) {
+            Ok(o) => panic!("{v} accepted: {o:?}"),
+            Err(e) => e,
+        };
+        assert!(err(json!({"maxTokens": -1}), Naming::Camel).starts_with("maxTokens must be a non-negative integer"));
+        assert!(err(json!({"max_tokens": 1.5}), Naming::Snake).starts_with("max_tokens must be a non-negative integer"));
+        assert!(err(json!({"--top-p": 0}), Naming::Kebab).starts_with("--top-p must be in (0, 1]"));
+        assert!(err(json!({"topP": 0}), Naming::Camel).starts_with("topP must be in (0, 1]"));
+        assert!(err(json!({"stop": "x"}), Naming::Camel).starts_with("stop must be an array of strings"));
+        assert!(err(json!({"maxToken": 3}), Naming::Camel).contains("unknown option \"maxToken\""));
+        assert!(err(json!({"toolCallFormat": "nonsense"}), Naming::Camel).starts_with("toolCallFormat: "));
+        assert!(err(json!({"max_tokens": 1u64 << 30}), Naming::Snake).contains("beyond the limit"));
+        assert!(err(json!([1]), Naming::Snake).contains("must be an object"));
+    }
 }

@@ -18,7 +18,9 @@ use crate::chat::{
     parse_messages_json, parse_tools_json, ChatMessage as CoreMessage, Tool as CoreTool, ToolCall as CoreToolCall,
     ToolCallFormat,
 };
-use crate::generate::{GenerateOptions as CoreGenerateOptions, GenerateReply as CoreReply, GeneratedToken as CoreToken, TokenKind};
+use crate::generate::{
+    GenerateOptions as CoreGenerateOptions, GenerateReply as CoreReply, GeneratedToken as CoreToken, Naming, TokenKind,
+};
 use crate::{
     Device, Dtype, Error as CoreError, Event, LoadOptions as CoreLoadOptions, PromptCacheConfig, Request, Session as CoreSession,
     Sink,
@@ -127,14 +129,6 @@ fn count(name: &str, v: Option<f64>) -> Result<Option<usize>> {
     }
 }
 
-fn finite(name: &str, v: Option<f64>) -> Result<Option<f32>> {
-    match v {
-        None => Ok(None),
-        Some(x) if x.is_finite() => Ok(Some(x as f32)),
-        Some(x) => Err(invalid(format!("{name} must be a finite number, got {x}"))),
-    }
-}
-
 fn load_options(json: &str) -> Result<CoreLoadOptions> {
     let o: LoadOptions = parse_json(json, "options")?;
     let device = match o.device.as_deref() {
@@ -174,45 +168,29 @@ fn tools_of(v: Option<Value>) -> Result<Option<Vec<CoreTool>>> {
     }
 }
 
+/// A generation's options from the wrapper's JSON: `tools` taken out, the rest read by the core
+/// schema in camelCase ([`CoreGenerateOptions::from_json`]: names, defaults and checks are its).
 fn generate_options(json: &str) -> Result<(CoreGenerateOptions, Option<Vec<CoreTool>>)> {
-    let o: GenerateOptions = parse_json(json, "options")?;
-    let mut g = CoreGenerateOptions::default();
-    if let Some(n) = count("maxTokens", o.max_tokens)? {
-        g.max_tokens = n;
-    }
-    let s = &mut g.sampling;
-    if let Some(x) = finite("temperature", o.temperature)? {
-        s.temperature = x;
-    }
-    if let Some(x) = finite("topP", o.top_p)? {
-        s.top_p = x;
-    }
-    if let Some(n) = count("topK", o.top_k)? {
-        s.top_k = u32::try_from(n).map_err(|_| invalid(format!("topK is too large: {n}")))?;
-    }
-    if let Some(x) = finite("minP", o.min_p)? {
-        s.min_p = x;
-    }
-    if let Some(x) = finite("repetitionPenalty", o.repetition_penalty)? {
-        s.repetition_penalty = x;
-    }
-    if let Some(n) = count("repetitionContextSize", o.repetition_context_size)? {
-        s.repetition_context_size = n;
-    }
-    s.seed = count("seed", o.seed)?.map(|n| n as u64);
-    s.validate().map_err(|m| invalid(camel_case_names(&m)))?;
-    g.stop = o.stop.unwrap_or_default();
-    g.enable_thinking = o.enable_thinking;
-    g.reasoning_budget_tokens = count("reasoningBudgetTokens", o.reasoning_budget_tokens)?;
-    g.prompt_cache = o.prompt_cache;
-    g.tool_call_format = o.tool_call_format.as_deref().map(tool_call_format).transpose()?;
-    g.ignore_eos = o.ignore_eos.unwrap_or(false);
-    Ok((g, tools_of(o.tools)?))
+    let mut v: Value = if json.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(json).map_err(|e| invalid(format!("options: {}", serde_error(&e))))?
+    };
+    let tools = match &mut v {
+        Value::Object(o) => o.remove("tools"),
+        _ => None,
+    };
+    let options = CoreGenerateOptions::from_json(&v, Naming::Camel).map_err(|m| invalid(format!("options: {m}")))?;
+    Ok((options, tools_of(tools)?))
 }
 
-/// The core names options in snake_case; JS callers know them in camelCase.
-fn camel_case_names(msg: &str) -> String {
-    msg.replace("top_p", "topP").replace("min_p", "minP").replace("repetition_penalty", "repetitionPenalty")
+/// The option names of `generate`/`stream` (camelCase), from the core schema: the package's
+/// tests check `index.d.ts` declares exactly these.
+#[napi(js_name = "generateOptionNames")]
+pub fn generate_option_names() -> Vec<String> {
+    let mut names: Vec<String> = CoreGenerateOptions::FIELDS.iter().map(|f| Naming::Camel.spell(f)).collect();
+    names.push("tools".into());
+    names
 }
 
 /// Parses messages, accepting the camelCase spellings of the JS API (`toolCalls`, `toolCallId`).

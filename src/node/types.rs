@@ -140,10 +140,10 @@ pub struct ChatMessage {
     pub name: Option<String>,
 }
 
-/// Options of one generation (`generate` and `stream`).
+/// Options of one generation (`generate` and `stream`). The TypeScript shape only: the values
+/// are read, checked and defaulted by the core's schema (`GenerateOptions::from_json`), and a
+/// test checks that these fields are its options.
 #[napi(object, object_to_js = false)]
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
 pub struct GenerateOptions {
     /// Most tokens to generate (default 512).
     pub max_tokens: Option<f64>,
@@ -178,15 +178,15 @@ pub struct GenerateOptions {
     pub prompt_cache: Option<bool>,
     /// Keep generating past end-of-sequence tokens (benchmarks).
     pub ignore_eos: Option<bool>,
+    /// Prompt tokens processed per forward pass during prefill (default 512).
+    pub prefill_step_size: Option<f64>,
     /// Aborts the generation. Before it starts: the promise rejects with code `'ABORTED'`;
     /// while it runs: it resolves with `finishReason: 'abort'` and the text so far.
     #[napi(ts_type = "AbortSignal")]
-    #[serde(skip)]
     pub signal: Option<Value>,
     /// Sees every token as it is produced (on the JS thread). Returning `false` stops the
     /// generation (`finishReason: 'abort'`); throwing stops it and rejects with the thrown error.
     #[napi(ts_type = "(token: GeneratedToken) => boolean | void")]
-    #[serde(skip)]
     pub on_token: Option<Value>,
 }
 
