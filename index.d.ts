@@ -332,6 +332,8 @@ export interface Usage {
   cachedTokens: number
   /** Tokens generated. */
   completionTokens: number
+  /** Milliseconds the request waited in the session's queue behind earlier generations. */
+  queueMs: number
   /** Milliseconds from the request reaching the engine to the first token. */
   ttftMs: number
   /** Prompt processing speed. */

@@ -133,6 +133,51 @@ pub fn decode_step_census(shape: &str, bits: u32, group_size: u32) -> Result<Vec
     session.decode_step_census()
 }
 
+/// `concurrency` requests at once on one session (each its own random prompt of `prompt_len`
+/// tokens and `gen` new ones, from its own thread, started together), per run: the aggregate
+/// generated tok/s over the wall time of all of them, each stream's decode tok/s (median), and
+/// the time to first token each caller saw (queueing included), p50 and p95.
+pub fn run_concurrent(spec: &BenchSpec, concurrency: usize, mut report: impl FnMut(Value)) -> Result<()> {
+    if concurrency == 0 {
+        return Err(Error::InvalidArgument("--concurrency must be at least 1".into()));
+    }
+    let (session, label) = load(spec)?;
+    let vocab = session.info().vocab_size as u64;
+    let opts = |n| GenerateOptions { max_tokens: n, ignore_eos: true, prompt_cache: Some(false), ..Default::default() };
+    session.generate_tokens(&random_prompt(vocab, spec.prompt_len, 0), opts(4), |_| true)?; // warm-up
+    for run in 0..spec.runs {
+        let t0 = Instant::now();
+        let handles: Vec<_> = (0..concurrency)
+            .map(|i| {
+                let s = session.clone();
+                let prompt = random_prompt(vocab, spec.prompt_len, 1 + (run * concurrency + i) as u64);
+                let gen = spec.gen;
+                std::thread::spawn(move || s.generate_tokens(&prompt, opts(gen), |_| true))
+            })
+            .collect();
+        let mut replies = vec![];
+        for h in handles {
+            replies.push(h.join().map_err(|_| Error::Mlx("a benchmark stream panicked".into()))??);
+        }
+        let wall = t0.elapsed().as_secs_f64();
+        let generated: usize = replies.iter().map(|r| r.usage.completion_tokens).sum();
+        let mut ttft: Vec<f64> = replies.iter().map(|r| r.usage.queue_ms + r.usage.ttft_ms).collect();
+        ttft.sort_by(f64::total_cmp);
+        let mut per_stream: Vec<f64> = replies.iter().map(|r| r.usage.decode_tokens_per_second).collect();
+        per_stream.sort_by(f64::total_cmp);
+        let pct = |v: &[f64], p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
+        let r1 = |x: f64| (x * 10.0).round() / 10.0;
+        report(json!({
+            "engine": "mlex", "model": label, "bits": spec.bits, "run": run, "concurrency": concurrency,
+            "prompt_tokens": spec.prompt_len, "gen_tokens": spec.gen,
+            "aggregate_tok_s": r1(generated as f64 / wall), "per_stream_decode_tok_s": r1(pct(&per_stream, 0.5)),
+            "ttft_p50_ms": r1(pct(&ttft, 0.5)), "ttft_p95_ms": r1(pct(&ttft, 0.95)), "wall_s": r1(wall),
+            "device": session.info().device, "dtype": session.info().dtype,
+        }));
+    }
+    Ok(())
+}
+
 /// New tokens of the second turn (a user message) after the first turn and its reply.
 pub const SECOND_TURN_NEW_TOKENS: usize = 64;
 

@@ -230,7 +230,7 @@ impl Session {
                 (JobPrompt::Chat { messages, enable_thinking: options.enable_thinking }, tools)
             }
         };
-        let job = GenerateJob { prompt, options, tools, abort, events: sink };
+        let job = GenerateJob { prompt, options, tools, abort, events: sink, queued_at: std::time::Instant::now() };
         self.inner
             .commands
             .lock()

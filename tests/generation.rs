@@ -213,3 +213,104 @@ fn decode_step_census_runs_on_the_engine() {
     // And the session still generates afterwards.
     assert_eq!(s.generate_tokens(PROMPT, opts(3, SamplingConfig::default()), |_| true).unwrap().tokens.len(), 3);
 }
+
+/// 64 requests at once on one session, from 64 threads: random prompts and lengths, some aborted
+/// part-way (by callback or flag), some invalid. Every one settles as it should: invalid ones are
+/// refused before queueing, aborted ones end with `abort`, the rest equal the same request run
+/// alone; `queue_ms` shows the waiting; the session serves normally afterwards.
+#[test]
+fn sixty_four_concurrent_requests_with_aborts_and_invalid_ones_all_settle() {
+    let dir = tiny_llama_dir();
+    let s = Session::load(dir.path()).unwrap();
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    enum Kind {
+        Plain,
+        AbortByCallback(usize),
+        AbortByFlag,
+        Invalid,
+    }
+    let mut reqs = vec![];
+    for i in 0..64 {
+        let prompt: Vec<u32> = (0..1 + next(20)).map(|_| 1 + next(90) as u32).collect();
+        let max_tokens = 1 + next(24) as usize;
+        let kind = match i % 8 {
+            3 => Kind::AbortByCallback(1 + next(3) as usize),
+            5 => Kind::AbortByFlag,
+            7 => Kind::Invalid,
+            _ => Kind::Plain,
+        };
+        reqs.push((prompt, max_tokens, kind));
+    }
+    let handles: Vec<_> = reqs
+        .iter()
+        .enumerate()
+        .map(|(i, (prompt, max_tokens, kind))| {
+            let s = s.clone();
+            let (prompt, max_tokens) = (prompt.clone(), *max_tokens);
+            let (abort_after, flag_abort, invalid) = match kind {
+                Kind::AbortByCallback(n) => (Some(*n), false, false),
+                Kind::AbortByFlag => (None, true, false),
+                Kind::Invalid => (None, false, true),
+                Kind::Plain => (None, false, false),
+            };
+            std::thread::spawn(move || {
+                let mut o = opts(max_tokens, SamplingConfig::default());
+                let prompt = if invalid {
+                    match i % 3 {
+                        0 => vec![],
+                        1 => {
+                            o.sampling.top_p = 0.0;
+                            prompt
+                        }
+                        _ => {
+                            o.max_tokens = usize::MAX;
+                            prompt
+                        }
+                    }
+                } else {
+                    prompt
+                };
+                if flag_abort || abort_after.is_some() {
+                    o.max_tokens = 100_000; // they end by being aborted, not by length
+                }
+                let flag = Arc::new(AtomicBool::new(false));
+                let setter = flag.clone();
+                let mut seen = 0;
+                s.generate_tokens_with_abort(&prompt, o, flag, |_| {
+                    seen += 1;
+                    if flag_abort && seen == 2 {
+                        setter.store(true, Ordering::Relaxed);
+                    }
+                    abort_after.map_or(true, |n| seen < n)
+                })
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let mut waited = 0.0f64;
+    for ((prompt, max_tokens, kind), r) in reqs.iter().zip(results) {
+        match kind {
+            Kind::Invalid => assert_eq!(r.unwrap_err().code(), "INVALID_ARGUMENT"),
+            Kind::AbortByCallback(_) | Kind::AbortByFlag => {
+                let r = r.unwrap();
+                assert_eq!(r.finish_reason, FinishReason::Abort, "{prompt:?}");
+                waited = waited.max(r.usage.queue_ms);
+            }
+            Kind::Plain => {
+                let r = r.unwrap();
+                let alone = s.generate_tokens(prompt, opts(*max_tokens, SamplingConfig::default()), |_| true).unwrap();
+                assert_eq!(r.tokens, alone.tokens, "{prompt:?}");
+                assert_eq!(r.finish_reason, FinishReason::Length);
+                waited = waited.max(r.usage.queue_ms);
+            }
+        }
+    }
+    assert!(waited > 0.0, "somebody queued behind somebody");
+    assert_eq!(s.generate_tokens(PROMPT, opts(4, SamplingConfig::default()), |_| true).unwrap().tokens.len(), 4);
+}

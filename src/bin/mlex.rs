@@ -68,6 +68,10 @@ struct BenchArgs {
     /// Print the MLX operations one decode step of --shape builds (by primitive) instead of timing.
     #[arg(long)]
     graph: bool,
+    /// Run this many requests at once on one session (each its own prompt): aggregate and
+    /// per-stream tok/s, time to first token p50/p95.
+    #[arg(long)]
+    concurrency: Option<usize>,
     /// JSON lines only (default also prints a summary line per run to stderr).
     #[arg(long)]
     json: bool,
@@ -297,6 +301,17 @@ fn bench(a: BenchArgs) -> mlex::Result<()> {
         let total: usize = census.iter().map(|(_, c)| c).sum();
         println!("{}", serde_json::json!({"engine": "mlex", "model": shape, "bits": spec.bits, "ops": total, "by_primitive": census}));
         return Ok(());
+    }
+    if let Some(n) = a.concurrency {
+        return mlex::bench::run_concurrent(&spec, n, |v| {
+            println!("{v}");
+            if !json {
+                eprintln!(
+                    "run {}: {} streams: {} tok/s in all, {} tok/s per stream, ttft p50 {} ms p95 {} ms",
+                    v["run"], v["concurrency"], v["aggregate_tok_s"], v["per_stream_decode_tok_s"], v["ttft_p50_ms"], v["ttft_p95_ms"]
+                );
+            }
+        });
     }
     if a.prompt_cache {
         return mlex::bench::run_prompt_cache(&spec, |v| {

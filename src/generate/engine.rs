@@ -62,6 +62,8 @@ pub struct GenerateJob {
     pub tools: Option<Vec<Tool>>,
     pub abort: Arc<AtomicBool>,
     pub events: Sink,
+    /// When the caller queued it (`Usage::queue_ms`).
+    pub queued_at: Instant,
 }
 
 pub enum Command {
@@ -212,6 +214,7 @@ impl Engine {
     }
 
     fn generate(&self, job: &GenerateJob, pool: &mut PromptCachePool) -> Result<GenerateReply> {
+        let queue_ms = job.queued_at.elapsed().as_secs_f64() * 1e3;
         if job.abort.load(Ordering::Relaxed) {
             return Err(Error::Aborted);
         }
@@ -323,6 +326,7 @@ impl Engine {
             prompt_tokens: prompt.len(),
             cached_tokens: prompt.len() - stats.prefilled,
             completion_tokens: tokens.len(),
+            queue_ms,
             ttft_ms: stats.ttft_s * 1e3,
             prefill_tokens_per_second: if stats.ttft_s > 0.0 { stats.prefilled as f64 / stats.ttft_s } else { 0.0 },
             decode_tokens_per_second: if stats.decode_s > 0.0 && stats.generated > 1 {

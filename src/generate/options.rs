@@ -318,6 +318,9 @@ pub struct Usage {
     /// Prompt tokens whose KV state came from the prompt cache.
     pub cached_tokens: usize,
     pub completion_tokens: usize,
+    /// Time the request waited in the session's queue before the engine took it up (behind
+    /// the generations before it).
+    pub queue_ms: f64,
     /// Time from the request reaching the engine to the first generated token.
     pub ttft_ms: f64,
     pub prefill_tokens_per_second: f64,

@@ -266,6 +266,7 @@ fn reply_js(r: CoreReply) -> GenerateReply {
             prompt_tokens: u.prompt_tokens as u32,
             cached_tokens: u.cached_tokens as u32,
             completion_tokens: u.completion_tokens as u32,
+            queue_ms: u.queue_ms,
             ttft_ms: u.ttft_ms,
             prefill_tokens_per_second: u.prefill_tokens_per_second,
             decode_tokens_per_second: u.decode_tokens_per_second,

@@ -236,6 +236,8 @@ pub struct Usage {
     pub cached_tokens: u32,
     /// Tokens generated.
     pub completion_tokens: u32,
+    /// Milliseconds the request waited in the session's queue behind earlier generations.
+    pub queue_ms: f64,
     /// Milliseconds from the request reaching the engine to the first token.
     pub ttft_ms: f64,
     /// Prompt processing speed.
