@@ -26,6 +26,7 @@ pub mod loader;
 pub mod mlx;
 pub mod models;
 pub mod nn;
+pub mod schema;
 #[cfg(feature = "node")]
 mod node;
 mod session;

@@ -6,6 +6,7 @@ use crate::generate::engine::{self, Command, EngineSpec, Event, GenerateJob, Job
 use crate::generate::{GenerateOptions, GenerateReply, GeneratedToken, PromptCacheConfig};
 use crate::loader::{resolve_model_path, ModelConfig};
 use crate::mlx::{self, Device, Dtype};
+use crate::schema::{Fields, Naming};
 use crate::tokenizer::{TemplateOptions, Tokenizer};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,6 +23,46 @@ pub struct LoadOptions {
     pub dtype: Option<Dtype>,
     pub prompt_cache: PromptCacheConfig,
 }
+
+impl LoadOptions {
+    /// Every option, by its snake_case name (`prompt_cache` is an object of [`PROMPT_CACHE_FIELDS`]).
+    pub const FIELDS: &'static [&'static str] = &["device", "dtype", "prompt_cache"];
+
+    /// Load options from a JSON object, named as `naming` spells them (see [`crate::schema`]):
+    /// `device` `"gpu"`/`"cpu"`, `dtype` `"float32"`/`"bfloat16"`/`"float16"`, `prompt_cache`
+    /// `{max_entries, ttl_ms, min_cacheable_tokens, max_bytes}`. Absent or null: the defaults.
+    pub fn from_json(v: &serde_json::Value, naming: Naming) -> std::result::Result<LoadOptions, String> {
+        let f = Fields::new(v, naming, Self::FIELDS)?;
+        let device = match f.string("device")? {
+            None => None,
+            Some("gpu") => Some(Device::Gpu),
+            Some("cpu") => Some(Device::Cpu),
+            Some(other) => return Err(format!("{} must be 'gpu' or 'cpu', got {other:?}", f.name("device"))),
+        };
+        let dtype = match f.string("dtype")? {
+            None => None,
+            Some(name) => Some(Dtype::parse_float(name).ok_or_else(|| {
+                format!("{} must be 'float32', 'bfloat16' or 'float16', got {name:?}", f.name("dtype"))
+            })?),
+        };
+        let pc = f.nested("prompt_cache", PROMPT_CACHE_FIELDS)?;
+        let mut prompt_cache = PromptCacheConfig::default();
+        if let Some(n) = pc.count("max_entries")? {
+            prompt_cache.max_entries = n;
+        }
+        if let Some(ms) = pc.count("ttl_ms")? {
+            prompt_cache.ttl = std::time::Duration::from_millis(ms as u64);
+        }
+        if let Some(n) = pc.count("min_cacheable_tokens")? {
+            prompt_cache.min_cacheable_tokens = n;
+        }
+        prompt_cache.max_bytes = pc.count("max_bytes")?;
+        Ok(LoadOptions { device, dtype, prompt_cache })
+    }
+}
+
+/// The fields of [`LoadOptions`]' `prompt_cache` object.
+pub const PROMPT_CACHE_FIELDS: &[&str] = &["max_entries", "ttl_ms", "min_cacheable_tokens", "max_bytes"];
 
 /// What a loaded model is.
 #[derive(Debug, Clone)]
@@ -389,5 +430,25 @@ fn ids_of(v: Option<&serde_json::Value>) -> Vec<u32> {
         Some(serde_json::Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
         Some(serde_json::Value::Array(a)) => a.iter().filter_map(|x| x.as_u64().map(|x| x as u32)).collect(),
         _ => vec![],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn load_options_read_through_the_schema_in_each_spelling() {
+        let o = LoadOptions::from_json(&json!({"device": "cpu", "dtype": "bfloat16", "promptCache": {"maxEntries": 3, "ttlMs": 1500}}), Naming::Camel)
+            .unwrap();
+        assert_eq!((o.device, o.dtype), (Some(Device::Cpu), Some(Dtype::Bfloat16)));
+        assert_eq!((o.prompt_cache.max_entries, o.prompt_cache.ttl), (3, std::time::Duration::from_millis(1500)));
+        assert_eq!(o.prompt_cache.min_cacheable_tokens, PromptCacheConfig::default().min_cacheable_tokens);
+        let err = |v: serde_json::Value, n: Naming| LoadOptions::from_json(&v, n).unwrap_err();
+        assert!(err(json!({"promptCache": {"maxEntries": -1}}), Naming::Camel).starts_with("promptCache.maxEntries must be a non-negative integer"));
+        assert!(err(json!({"prompt_cache": {"ttl": 3}}), Naming::Snake).contains("unknown option prompt_cache.\"ttl\""));
+        assert!(err(json!({"--device": "tpu"}), Naming::Kebab).starts_with("--device must be 'gpu' or 'cpu'"));
+        assert!(err(json!({"promptCache": 5}), Naming::Camel).contains("promptCache must be an object"));
     }
 }

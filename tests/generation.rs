@@ -195,6 +195,19 @@ fn stream_yields_the_reply_tokens_and_a_dropped_stream_stops() {
     assert_eq!(ids, want.tokens);
     assert!(matches!(events.last(), Some(Err(Ok(t))) if *t == want.tokens));
 
+    // A sink that panics (on a token, or on the reply) only ends its own request.
+    for panic_on_done in [false, true] {
+        let sink = Sink::new(move |e| match e {
+            Event::Token(_) if !panic_on_done => panic!("a sink that fails"),
+            Event::Done(_) if panic_on_done => panic!("a sink that fails at the end"),
+            _ => true,
+        });
+        s.start(Request::Tokens(PROMPT.to_vec()), opts(10, SamplingConfig::default()), Arc::new(AtomicBool::new(false)), sink)
+            .unwrap();
+    }
+    let after = s.generate_tokens(PROMPT, opts(10, SamplingConfig::default()), |_| true).unwrap();
+    assert_eq!(after.tokens, want.tokens);
+
     // Bad arguments are refused before anything is queued.
     let e = s.stream(Request::Tokens(vec![]), opts(4, SamplingConfig::default())).err().unwrap();
     assert_eq!(e.code(), "INVALID_ARGUMENT");

@@ -3,7 +3,7 @@
 use clap::{Args, Parser, Subcommand};
 use mlex::chat::{parse_messages_json, parse_tools_json};
 use mlex::generate::Naming;
-use mlex::{ChatMessage, Device, Dtype, GenerateOptions, LoadOptions, Session, TokenKind};
+use mlex::{ChatMessage, GenerateOptions, LoadOptions, Session, TokenKind};
 use serde_json::json;
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -268,19 +268,13 @@ fn load(m: &ModelArgs) -> mlex::Result<Session> {
 }
 
 fn load_options(device: Option<&str>, dtype: Option<&str>) -> mlex::Result<LoadOptions> {
-    let device = match device {
-        None => None,
-        Some("cpu") => Some(Device::Cpu),
-        Some("gpu") => Some(Device::Gpu),
-        Some(other) => return Err(mlex::Error::InvalidArgument(format!("--device must be cpu or gpu, got '{other}'"))),
-    };
-    let dtype = match dtype {
-        None => None,
-        Some(s) => Some(Dtype::parse_float(s).ok_or_else(|| {
-            mlex::Error::InvalidArgument(format!("--dtype must be float32, bfloat16 or float16, got '{s}'"))
-        })?),
-    };
-    Ok(LoadOptions { device, dtype, ..Default::default() })
+    let mut o = serde_json::Map::new();
+    for (name, v) in [("device", device), ("dtype", dtype)] {
+        if let Some(v) = v {
+            o.insert(Naming::Kebab.spell(name), json!(v));
+        }
+    }
+    LoadOptions::from_json(&serde_json::Value::Object(o), Naming::Kebab).map_err(mlex::Error::InvalidArgument)
 }
 
 fn bench(a: BenchArgs) -> mlex::Result<()> {

@@ -40,9 +40,11 @@ impl Sink {
         (Sink::new(move |e| tx.send(e).is_ok()), rx)
     }
 
+    /// Hands `e` to the sink. A sink that panics counts as gone (the engine thread, serving
+    /// every other request, must not go down with it).
     pub fn send(&self, e: Event) -> bool {
         match self.0.lock() {
-            Ok(mut f) => f(e),
+            Ok(mut f) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(e))).unwrap_or(false),
             Err(_) => false,
         }
     }

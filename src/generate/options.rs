@@ -5,6 +5,8 @@
 //! kebab-case, JSON bodies in snake_case), so the names, the defaults ([`Default`]) and the checks
 //! ([`GenerateOptions::validate`]) are stated once, here.
 use crate::chat::{ToolCall, ToolCallFormat};
+pub use crate::schema::Naming;
+use crate::schema::Fields;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -108,68 +110,6 @@ impl Default for GenerateOptions {
 /// Refuses values that would only ever exhaust memory.
 pub const MAX_TOKENS_LIMIT: usize = 1 << 24;
 
-/// How a surface spells option names: Rust and JSON `max_tokens`, JavaScript `maxTokens`,
-/// command-line flags `--max-tokens`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Naming {
-    Snake,
-    Camel,
-    Kebab,
-}
-
-impl Naming {
-    /// `snake` (a snake_case option name) as this surface spells it.
-    pub fn spell(self, snake: &str) -> String {
-        match self {
-            Naming::Snake => snake.to_string(),
-            Naming::Kebab => format!("--{}", snake.replace('_', "-")),
-            Naming::Camel => {
-                let mut out = String::with_capacity(snake.len());
-                let mut upper = false;
-                for c in snake.chars() {
-                    if c == '_' {
-                        upper = true;
-                    } else if upper {
-                        out.extend(c.to_uppercase());
-                        upper = false;
-                    } else {
-                        out.push(c);
-                    }
-                }
-                out
-            }
-        }
-    }
-
-    /// The snake_case name of `name` as this surface spells it, if it is an option's.
-    fn option_named(self, name: &str) -> Option<&'static str> {
-        GenerateOptions::FIELDS.iter().copied().find(|f| self.spell(f) == name)
-    }
-
-    /// A message written with snake_case option names, in this surface's spelling (whole words only).
-    pub fn respell(self, msg: &str) -> String {
-        let mut out = String::with_capacity(msg.len());
-        let mut word = String::new();
-        let flush = |word: &mut String, out: &mut String| {
-            match GenerateOptions::FIELDS.iter().find(|f| **f == word.as_str()) {
-                Some(f) => out.push_str(&self.spell(f)),
-                None => out.push_str(word),
-            }
-            word.clear();
-        };
-        for c in msg.chars() {
-            if c.is_ascii_alphanumeric() || c == '_' {
-                word.push(c);
-            } else {
-                flush(&mut word, &mut out);
-                out.push(c);
-            }
-        }
-        flush(&mut word, &mut out);
-        out
-    }
-}
-
 impl GenerateOptions {
     /// Every option, by its snake_case name (sampling options at the top level).
     pub const FIELDS: &'static [&'static str] = &[
@@ -195,62 +135,36 @@ impl GenerateOptions {
     /// wrong type are refused, and the result is [validated](GenerateOptions::validate); every
     /// message names the option as `naming` spells it.
     pub fn from_json(v: &Value, naming: Naming) -> std::result::Result<GenerateOptions, String> {
-        let obj = match v {
-            Value::Null => return Ok(GenerateOptions::default()),
-            Value::Object(o) => o,
-            _ => return Err("options must be an object".into()),
-        };
+        let f = Fields::new(v, naming, Self::FIELDS)?;
         let mut o = GenerateOptions::default();
-        for (key, value) in obj {
-            let Some(field) = naming.option_named(key) else {
-                let known: Vec<String> = Self::FIELDS.iter().map(|f| naming.spell(f)).collect();
-                return Err(format!("unknown option {key:?} (options: {})", known.join(", ")));
-            };
-            if value.is_null() {
-                continue;
-            }
-            let name = naming.spell(field);
-            let count = || -> std::result::Result<usize, String> {
-                value
-                    .as_u64()
-                    .filter(|&n| n <= 1 << 53)
-                    .map(|n| n as usize)
-                    .or_else(|| value.as_f64().filter(|x| *x >= 0.0 && x.fract() == 0.0 && *x <= 9.0e15).map(|x| x as usize))
-                    .ok_or_else(|| format!("{name} must be a non-negative integer, got {value}"))
-            };
-            let number = || -> std::result::Result<f32, String> {
-                value.as_f64().map(|x| x as f32).ok_or_else(|| format!("{name} must be a number, got {value}"))
-            };
-            let boolean = || value.as_bool().ok_or_else(|| format!("{name} must be true or false, got {value}"));
-            let s = &mut o.sampling;
-            match field {
-                "max_tokens" => o.max_tokens = count()?,
-                "temperature" => s.temperature = number()?,
-                "top_p" => s.top_p = number()?,
-                "top_k" => s.top_k = u32::try_from(count()?).map_err(|_| format!("{name} is too large: {value}"))?,
-                "min_p" => s.min_p = number()?,
-                "repetition_penalty" => s.repetition_penalty = number()?,
-                "repetition_context_size" => s.repetition_context_size = count()?,
-                "seed" => s.seed = Some(count()? as u64),
-                "stop" => {
-                    o.stop = value
-                        .as_array()
-                        .and_then(|a| a.iter().map(|x| x.as_str().map(str::to_string)).collect::<Option<Vec<_>>>())
-                        .ok_or_else(|| format!("{name} must be an array of strings, got {value}"))?
+        let s = &mut o.sampling;
+        macro_rules! set {
+            ($target:expr, $read:ident, $name:literal) => {
+                if let Some(x) = f.$read($name)? {
+                    $target = x;
                 }
-                "enable_thinking" => o.enable_thinking = Some(boolean()?),
-                "reasoning_budget_tokens" => o.reasoning_budget_tokens = Some(count()?),
-                "prompt_cache" => o.prompt_cache = Some(boolean()?),
-                "tool_call_format" => {
-                    let f = value.as_str().ok_or_else(|| format!("{name} must be a string, got {value}"))?;
-                    o.tool_call_format = Some(f.parse::<ToolCallFormat>().map_err(|e| format!("{name}: {e}"))?);
-                }
-                "ignore_eos" => o.ignore_eos = boolean()?,
-                "prefill_step_size" => o.prefill_step_size = count()?,
-                other => unreachable!("option {other} has no reader"),
-            }
+            };
         }
-        o.validate().map_err(|m| naming.respell(&m))?;
+        set!(o.max_tokens, count, "max_tokens");
+        set!(s.temperature, number, "temperature");
+        set!(s.top_p, number, "top_p");
+        if let Some(k) = f.count("top_k")? {
+            s.top_k = u32::try_from(k).map_err(|_| format!("{} is too large: {k}", f.name("top_k")))?;
+        }
+        set!(s.min_p, number, "min_p");
+        set!(s.repetition_penalty, number, "repetition_penalty");
+        set!(s.repetition_context_size, count, "repetition_context_size");
+        s.seed = f.count("seed")?.map(|n| n as u64);
+        set!(o.stop, strings, "stop");
+        o.enable_thinking = f.boolean("enable_thinking")?;
+        o.reasoning_budget_tokens = f.count("reasoning_budget_tokens")?;
+        o.prompt_cache = f.boolean("prompt_cache")?;
+        if let Some(name) = f.string("tool_call_format")? {
+            o.tool_call_format = Some(name.parse::<ToolCallFormat>().map_err(|e| format!("{}: {e}", f.name("tool_call_format")))?);
+        }
+        set!(o.ignore_eos, boolean, "ignore_eos");
+        set!(o.prefill_step_size, count, "prefill_step_size");
+        o.validate().map_err(|m| naming.respell(&m, Self::FIELDS))?;
         Ok(o)
     }
 
@@ -359,7 +273,10 @@ mod schema_tests {
     fn names_are_spelled_per_surface() {
         assert_eq!(Naming::Camel.spell("repetition_context_size"), "repetitionContextSize");
         assert_eq!(Naming::Kebab.spell("top_p"), "--top-p");
-        assert_eq!(Naming::Camel.respell("top_p must be in (0, 1], got 0; stopped"), "topP must be in (0, 1], got 0; stopped");
+        assert_eq!(
+            Naming::Camel.respell("top_p must be in (0, 1], got 0; stopped", GenerateOptions::FIELDS),
+            "topP must be in (0, 1], got 0; stopped"
+        );
     }
 
     #[test]

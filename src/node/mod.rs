@@ -22,7 +22,7 @@ use crate::generate::{
     GenerateOptions as CoreGenerateOptions, GenerateReply as CoreReply, GeneratedToken as CoreToken, Naming, TokenKind,
 };
 use crate::{
-    Device, Dtype, Error as CoreError, Event, LoadOptions as CoreLoadOptions, PromptCacheConfig, Request, Session as CoreSession,
+    Error as CoreError, Event, LoadOptions as CoreLoadOptions, Request, Session as CoreSession,
     Sink,
 };
 use napi::bindgen_prelude::*;
@@ -120,44 +120,15 @@ fn serde_error(e: &serde_json::Error) -> String {
     }
 }
 
-/// Reads an optional non-negative integer option.
-fn count(name: &str, v: Option<f64>) -> Result<Option<usize>> {
-    match v {
-        None => Ok(None),
-        Some(x) if x.is_finite() && x >= 0.0 && x.fract() == 0.0 && x <= 9.0e15 => Ok(Some(x as usize)),
-        Some(x) => Err(invalid(format!("{name} must be a non-negative integer, got {x}"))),
-    }
-}
 
+/// Load options from the wrapper's JSON, read by the core schema in camelCase.
 fn load_options(json: &str) -> Result<CoreLoadOptions> {
-    let o: LoadOptions = parse_json(json, "options")?;
-    let device = match o.device.as_deref() {
-        None => None,
-        Some("gpu") => Some(Device::Gpu),
-        Some("cpu") => Some(Device::Cpu),
-        Some(other) => return Err(invalid(format!("device must be 'gpu' or 'cpu', got {other:?}"))),
+    let v: Value = if json.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(json).map_err(|e| invalid(format!("options: {}", serde_error(&e))))?
     };
-    let dtype = match o.dtype.as_deref() {
-        None => None,
-        Some(name) => match Dtype::parse_float(name) {
-            Some(d) => Some(d),
-            None => return Err(invalid(format!("dtype must be 'float32', 'bfloat16' or 'float16', got {name:?}"))),
-        },
-    };
-    let mut cache = PromptCacheConfig::default();
-    if let Some(pc) = o.prompt_cache {
-        if let Some(n) = count("promptCache.maxEntries", pc.max_entries)? {
-            cache.max_entries = n;
-        }
-        if let Some(ms) = count("promptCache.ttlMs", pc.ttl_ms)? {
-            cache.ttl = Duration::from_millis(ms as u64);
-        }
-        if let Some(n) = count("promptCache.minCacheableTokens", pc.min_cacheable_tokens)? {
-            cache.min_cacheable_tokens = n;
-        }
-        cache.max_bytes = count("promptCache.maxBytes", pc.max_bytes)?;
-    }
-    Ok(CoreLoadOptions { device, dtype, prompt_cache: cache })
+    CoreLoadOptions::from_json(&v, Naming::Camel).map_err(|m| invalid(format!("options: {m}")))
 }
 
 fn tools_of(v: Option<Value>) -> Result<Option<Vec<CoreTool>>> {
