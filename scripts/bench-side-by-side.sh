@@ -4,6 +4,7 @@
 #
 #   scripts/bench-side-by-side.sh --shape qwen3-0.6b --bits 4 [--prompt-len 512 --gen 256 --rounds 3]
 #   scripts/bench-side-by-side.sh --model DIR [...]
+#   ... --concurrency N: N requests at once (mlx-lm through its BatchGenerator)
 #   --warmup N: untimed runs of each engine first (default 1; 0 on a CPU where every run is slow)
 #
 # Env: MLEX (binary, default target/release/mlex), PYTHON (with mlx + mlx-lm; default the oracle
@@ -41,6 +42,9 @@ for r in rows:
     by.setdefault(r["engine"], []).append(r)
 keys = [("prefill_tok_s", "prefill tok/s", True), ("ttft_ms", "TTFT ms", False),
         ("decode_tok_s", "decode tok/s", True), ("peak_gib", "peak GiB", False)]
+if "aggregate_tok_s" in rows[0]:  # --concurrency N
+    keys = [("aggregate_tok_s", "aggregate tok/s", True), ("per_stream_decode_tok_s", "per-stream decode tok/s", True),
+            ("ttft_p50_ms", "TTFT p50 ms", False), ("ttft_p95_ms", "TTFT p95 ms", False)]
 med = {e: {k: statistics.median(r[k] for r in rs) for k, _, _ in keys} for e, rs in by.items()}
 m, o = med.get("mlex"), med.get("mlx-lm")
 print(f"model: {rows[0]['model']}  bits: {rows[0]['bits']}  device: mlex={by['mlex'][0]['device']} mlx-lm={by['mlx-lm'][0]['device']}"
@@ -49,5 +53,5 @@ print("| figure | mlex | mlx-lm | mlex vs mlx-lm |")
 print("|---|---|---|---|")
 for k, name, higher_better in keys:
     ratio = (m[k] / o[k]) if higher_better else (o[k] / m[k] if m[k] else float("nan"))
-    print(f"| {name} | {m[k]:g} | {o[k]:g} | {ratio:.2f}× {'faster' if k != 'peak_gib' else 'less'} |")
+    print(f"| {name} | {m[k]:g} | {o[k]:g} | {ratio:.2f}× {'less' if k == 'peak_gib' else 'faster'} |")
 PY
