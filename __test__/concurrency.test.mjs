@@ -32,7 +32,24 @@ test('concurrent generate and stream calls equal the same calls one by one', asy
   )
   const ms = performance.now() - t0
   for (const [i, r] of concurrent.entries()) assert.deepEqual(r.tokens, sequential[i].tokens, `request ${i}`)
+  // The generate() calls were batched with no change to the calling code.
+  const sizes = concurrent.filter((r) => r.usage).map((r) => r.usage.batchSize)
+  assert.ok(Math.max(...sizes) > 1, `batch sizes ${sizes}`)
+  assert.ok(concurrent.filter((r) => r.usage).every((r) => r.usage.batched === true))
+  assert.ok(sequential.every((r) => r.usage.batchSize === 1))
   t.diagnostic(`${prompts.length} concurrent requests (4 generate + 2 stream) on one session: all equal to sequential, ${ms.toFixed(0)} ms`)
+})
+
+test('maxBatch bounds how many requests decode together', async () => {
+  const small = await Session.load(modelDir(), { maxBatch: 2 })
+  try {
+    const replies = await Promise.all(prompts.map((p) => small.generate(user(p), { maxTokens: 8, ignoreEos: true })))
+    assert.ok(replies.every((r) => r.usage.batchSize <= 2), `${replies.map((r) => r.usage.batchSize)}`)
+    assert.ok(replies.some((r) => r.usage.batchSize === 2))
+  } finally {
+    await small.close()
+  }
+  await assert.rejects(Session.load(modelDir(), { maxBatch: 0 }), (e) => e.code === 'INVALID_ARGUMENT' && /maxBatch/.test(e.message))
 })
 
 test('two sessions in one process, generating at the same time', async () => {

@@ -172,6 +172,8 @@ pub fn run_concurrent(spec: &BenchSpec, concurrency: usize, mut report: impl FnM
             "prompt_tokens": spec.prompt_len, "gen_tokens": spec.gen,
             "aggregate_tok_s": r1(generated as f64 / wall), "per_stream_decode_tok_s": r1(pct(&per_stream, 0.5)),
             "ttft_p50_ms": r1(pct(&ttft, 0.5)), "ttft_p95_ms": r1(pct(&ttft, 0.95)), "wall_s": r1(wall),
+            "batch_size": replies.iter().map(|r| r.usage.batch_size).max().unwrap_or(1),
+            "batched": replies.iter().all(|r| r.usage.batched),
             "device": session.info().device, "dtype": session.info().dtype,
         }));
     }

@@ -35,6 +35,24 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// The same error again (for each of several requests one failure ends; `io::Error` does not
+    /// clone, so an I/O error's source is carried by its kind and message).
+    pub fn duplicate(&self) -> Error {
+        match self {
+            Error::ModelNotFound(s) => Error::ModelNotFound(s.clone()),
+            Error::InvalidCheckpoint { file, msg } => Error::InvalidCheckpoint { file: file.clone(), msg: msg.clone() },
+            Error::InvalidArgument(s) => Error::InvalidArgument(s.clone()),
+            Error::Mlx(s) => Error::Mlx(s.clone()),
+            Error::OutOfMemory(s) => Error::OutOfMemory(s.clone()),
+            Error::Tokenizer(s) => Error::Tokenizer(s.clone()),
+            Error::Aborted => Error::Aborted,
+            Error::SessionClosed => Error::SessionClosed,
+            Error::Io { context, source } => {
+                Error::Io { context: context.clone(), source: std::io::Error::new(source.kind(), source.to_string()) }
+            }
+        }
+    }
+
     /// The stable machine-readable code (used by the Node package as `err.code`).
     pub fn code(&self) -> &'static str {
         match self {

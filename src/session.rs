@@ -22,11 +22,17 @@ pub struct LoadOptions {
     /// than bfloat16 for quantized matmuls; the checkpoint's own dtype on GPU).
     pub dtype: Option<Dtype>,
     pub prompt_cache: PromptCacheConfig,
+    /// The most requests that decode together in one batch (default [`DEFAULT_MAX_BATCH`]);
+    /// more wait in the session's queue. Models whose caches cannot batch run one at a time.
+    pub max_batch: Option<usize>,
 }
+
+/// How many requests decode together unless [`LoadOptions::max_batch`] says otherwise.
+pub const DEFAULT_MAX_BATCH: usize = 16;
 
 impl LoadOptions {
     /// Every option, by its snake_case name (`prompt_cache` is an object of [`PROMPT_CACHE_FIELDS`]).
-    pub const FIELDS: &'static [&'static str] = &["device", "dtype", "prompt_cache"];
+    pub const FIELDS: &'static [&'static str] = &["device", "dtype", "prompt_cache", "max_batch"];
 
     /// Load options from a JSON object, named as `naming` spells them (see [`crate::schema`]):
     /// `device` `"gpu"`/`"cpu"`, `dtype` `"float32"`/`"bfloat16"`/`"float16"`, `prompt_cache`
@@ -57,7 +63,11 @@ impl LoadOptions {
             prompt_cache.min_cacheable_tokens = n;
         }
         prompt_cache.max_bytes = pc.count("max_bytes")?;
-        Ok(LoadOptions { device, dtype, prompt_cache })
+        let max_batch = f.count("max_batch")?;
+        if max_batch == Some(0) {
+            return Err(format!("{} must be at least 1", f.name("max_batch")));
+        }
+        Ok(LoadOptions { device, dtype, prompt_cache, max_batch })
     }
 }
 
@@ -172,6 +182,7 @@ impl Session {
             eos,
             synthetic_seed,
             prompt_cache: options.prompt_cache.clone(),
+            max_batch: options.max_batch.unwrap_or(DEFAULT_MAX_BATCH).max(1),
         };
         let (cmd_tx, cmd_rx) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::channel();

@@ -158,3 +158,23 @@ fn tools_pick_the_template_format_and_random_output_stays_text() {
     assert!(streamed.iter().all(|t| t.kind != TokenKind::ToolCall));
     assert_eq!(s.tokenizer().unwrap().tool_call_format(), ToolCallFormat::Hermes);
 }
+
+/// The reasoning budget inside a continuous batch: the row whose budget is spent steps out, is
+/// fed the closer alone, and joins again; every reply equals the same request run alone.
+#[test]
+fn budget_forcing_inside_a_batch_equals_alone() {
+    let dir = thinking_model();
+    let s = Session::load(dir.path()).unwrap();
+    let chat = |u: &str| mlex::Request::Chat { messages: vec![ChatMessage::user(u)], tools: None };
+    let reqs = [("Think about it.", opts(20, Some(3))), ("Quick.", opts(12, Some(0))), ("Free.", opts(16, None))];
+    let streams: Vec<_> = reqs.iter().map(|(u, o)| s.stream(chat(u), o.clone()).unwrap()).collect();
+    let batched: Vec<_> = streams.into_iter().map(|g| g.finish().unwrap()).collect();
+    for ((u, o), b) in reqs.iter().zip(&batched) {
+        let alone = run(&s, &[ChatMessage::user(*u)], o.clone()).1;
+        assert_eq!(b.tokens, alone.tokens, "{u}");
+        assert_eq!(b.text, alone.text, "{u}");
+        assert_eq!(b.reasoning, alone.reasoning, "{u}");
+    }
+    assert!(batched[0].tokens[3..7] == CLOSER, "{:?}", batched[0].tokens);
+    assert!(batched.iter().map(|r| r.usage.batch_size).max().unwrap() > 1);
+}

@@ -516,3 +516,42 @@ fn cuda_gated_delta_kernel_matches_ops_reference() {
         }
     }
 }
+
+/// Continuous batching's two ops: rope with each batch row at its own position, and attention
+/// over a left-padded batch (row b sees no key before key_start[b]), each equal to the same row
+/// computed alone. On the CPU they run our kernels; elsewhere MLX's rope with an offset array
+/// and its attention with a boolean mask.
+#[test]
+fn batched_rope_and_padded_attention_equal_each_row_alone() {
+    let row = |a: &Array, b: i32| a.slice_axis(0, b, b + 1).unwrap();
+    let offsets = [0i32, 5, 17];
+    let offs = Array::from_slice(&offsets, &[3]).unwrap();
+    for l in [1i32, 3] {
+        let x = arr(&rand_vec((3 * 2 * l * 16) as usize, 90 + l as u64), &[3, 2, l, 16]);
+        let freqs = arr(&(0..6).map(|i| 1.0 + i as f32 * 3.0).collect::<Vec<_>>(), &[6]);
+        for (dims, f) in [(16, None), (12, Some(&freqs))] {
+            let got = fast::rope_offsets(&x, dims, false, 10000.0, 1.0, &offs, f).unwrap();
+            for (b, &o) in offsets.iter().enumerate() {
+                let want = fast::rope(&row(&x, b as i32), dims, false, 10000.0, 1.0, o, f).unwrap();
+                within(&format!("rope row {b}, L {l}, dims {dims}"), &row(&got, b as i32), &want, 1e-6);
+            }
+        }
+    }
+    // Each row holds at least its own L new keys (a row never has fewer).
+    let starts = [0i32, 3, 7];
+    let key_start = Array::from_slice(&starts, &[3]).unwrap();
+    let s = 10;
+    for (l, causal) in [(1i32, false), (3, true)] {
+        let q = arr(&rand_vec((3 * 4 * l * 8) as usize, 95), &[3, 4, l, 8]);
+        let k = arr(&rand_vec((3 * 2 * s * 8) as usize, 96), &[3, 2, s, 8]);
+        let v = arr(&rand_vec((3 * 2 * s * 8) as usize, 97), &[3, 2, s, 8]);
+        let got = fast::scaled_dot_product_attention_padded(&q, &k, &v, 0.35, causal, &key_start).unwrap();
+        for (b, &st) in starts.iter().enumerate() {
+            let (bq, bk, bv) = (row(&q, b as i32), row(&k, b as i32), row(&v, b as i32));
+            let (bk, bv) = (bk.slice_axis(2, st, s).unwrap(), bv.slice_axis(2, st, s).unwrap());
+            let mask = if causal { fast::AttentionMask::Causal } else { fast::AttentionMask::None };
+            let want = fast::scaled_dot_product_attention(&bq, &bk, &bv, 0.35, mask).unwrap();
+            within(&format!("attention row {b}, L {l}"), &row(&got, b as i32), &want, 1e-5);
+        }
+    }
+}

@@ -72,6 +72,9 @@ struct BenchArgs {
     /// per-stream tok/s, time to first token p50/p95.
     #[arg(long)]
     concurrency: Option<usize>,
+    /// The most requests that decode together (default 16; set it to --concurrency to batch all).
+    #[arg(long)]
+    max_batch: Option<usize>,
     /// JSON lines only (default also prints a summary line per run to stderr).
     #[arg(long)]
     json: bool,
@@ -264,15 +267,18 @@ fn main() {
 }
 
 fn load(m: &ModelArgs) -> mlex::Result<Session> {
-    Session::load_with_options(&m.model, load_options(m.device.as_deref(), m.dtype.as_deref())?)
+    Session::load_with_options(&m.model, load_options(m.device.as_deref(), m.dtype.as_deref(), None)?)
 }
 
-fn load_options(device: Option<&str>, dtype: Option<&str>) -> mlex::Result<LoadOptions> {
+fn load_options(device: Option<&str>, dtype: Option<&str>, max_batch: Option<usize>) -> mlex::Result<LoadOptions> {
     let mut o = serde_json::Map::new();
     for (name, v) in [("device", device), ("dtype", dtype)] {
         if let Some(v) = v {
             o.insert(Naming::Kebab.spell(name), json!(v));
         }
+    }
+    if let Some(n) = max_batch {
+        o.insert(Naming::Kebab.spell("max_batch"), json!(n));
     }
     LoadOptions::from_json(&serde_json::Value::Object(o), Naming::Kebab).map_err(mlex::Error::InvalidArgument)
 }
@@ -283,7 +289,7 @@ fn bench(a: BenchArgs) -> mlex::Result<()> {
         shape: a.shape,
         bits: a.bits,
         group_size: a.group_size,
-        load: load_options(a.device.as_deref(), a.dtype.as_deref())?,
+        load: load_options(a.device.as_deref(), a.dtype.as_deref(), a.max_batch)?,
         prompt_len: a.prompt_len,
         gen: a.gen,
         runs: a.runs,

@@ -35,6 +35,11 @@ pub struct LoopStats {
     pub wait_s: f64,
     pub steps_scheduled: usize,
     pub peak_memory: usize,
+    /// The most requests decoding in one step with this one (1: alone).
+    pub batch_size: usize,
+    /// Whether it ran as a row of a continuous batch (false: the model's caches cannot batch,
+    /// requests run one after another).
+    pub batched: bool,
 }
 
 /// What to do after a token was handed to the caller.
@@ -50,21 +55,47 @@ pub enum Flow {
     Replace(Vec<u32>),
 }
 
-struct Stepper<'a> {
-    model: &'a dyn CausalLm,
+/// One request's sampling state: its sampler (and random key) and its recent tokens.
+pub(crate) struct Stepper {
     sampler: Sampler,
     /// The most recent tokens (lazy), for the repetition penalty.
     history: Option<Array>,
     history_len: usize,
+    temperature: f32,
 }
 
-impl Stepper<'_> {
-    /// Runs `input` `[1, L]` through the model and samples the next token: (token `[1]`, logprob `[1]`).
-    fn step(&mut self, input: &Array, caches: &mut LayerCaches) -> Result<(Array, Array)> {
-        let logits = self.model.forward(input, caches)?;
+impl Stepper {
+    /// The sampling state of a request on `prompt` (whose tail seeds the penalty's history).
+    pub(crate) fn new(opts: &GenerateOptions, prompt: &[u32]) -> Result<Self> {
+        let mut stepper = Stepper {
+            sampler: Sampler::new(&opts.sampling)?,
+            history: None,
+            history_len: if opts.sampling.repetition_penalty != 1.0 { opts.sampling.repetition_context_size } else { 0 },
+            temperature: opts.sampling.temperature,
+        };
+        if stepper.history_len > 0 {
+            let tail = &prompt[prompt.len().saturating_sub(stepper.history_len)..];
+            stepper.history = Some(Array::from_slice(tail, &[tail.len() as i32])?);
+        }
+        Ok(stepper)
+    }
+
+    /// Argmax without a penalty: rows like this in a batch are sampled together.
+    pub(crate) fn plain_greedy(&self) -> bool {
+        self.temperature == 0.0 && self.history_len == 0
+    }
+
+    /// Runs `input` `[1, L]` through `model` and samples the next token: (token `[1]`, logprob `[1]`).
+    pub(crate) fn step(&mut self, model: &dyn CausalLm, input: &Array, caches: &mut LayerCaches) -> Result<(Array, Array)> {
+        let logits = model.forward(input, caches)?;
         let l = logits.dim(1);
         let logits = logits.slice_axis(1, l - 1, l)?.reshape(&[1, -1])?;
-        let logits = self.sampler.penalize(&logits, self.history.as_ref())?;
+        self.sample(&logits)
+    }
+
+    /// Samples the next token from `logits` `[1, V]`: (token `[1]`, logprob `[1]`).
+    pub(crate) fn sample(&mut self, logits: &Array) -> Result<(Array, Array)> {
+        let logits = self.sampler.penalize(logits, self.history.as_ref())?;
         let logprobs = logits.subtract(&logits.logsumexp(&[-1], true)?)?;
         let token = self.sampler.sample(&logprobs)?;
         // Float32 in the graph, so reading it needs no conversion op: any op created after the
@@ -74,7 +105,8 @@ impl Stepper<'_> {
         Ok((token, lp))
     }
 
-    fn remember(&mut self, token: &Array) -> Result<()> {
+    /// Adds fed tokens to the penalty's history.
+    pub(crate) fn remember(&mut self, token: &Array) -> Result<()> {
         if self.history_len == 0 {
             return Ok(());
         }
@@ -88,6 +120,48 @@ impl Stepper<'_> {
         self.history = Some(if n > keep { h.slice_axis(0, n - keep, n)? } else { h });
         Ok(())
     }
+}
+
+/// Checks `prompt` and `opts`, and brings `caches` back to the longest prefix of `prompt` (but
+/// its last token) they can resume from; returns how many tokens that is.
+pub(crate) fn prepare(model: &dyn CausalLm, caches: &mut LayerCaches, prompt: &[u32], opts: &GenerateOptions) -> Result<usize> {
+    if prompt.is_empty() {
+        return Err(Error::InvalidArgument("the prompt is empty: at least one token is needed".into()));
+    }
+    let vocab = model.vocab_size() as u32;
+    if let Some(bad) = prompt.iter().find(|&&t| t >= vocab) {
+        return Err(Error::InvalidArgument(format!("prompt token id {bad} is outside the vocabulary (size {vocab})")));
+    }
+    opts.sampling.validate().map_err(Error::InvalidArgument)?;
+    let cached = caches.offset().min(prompt.len() - 1);
+    if caches.can_trim_to(cached) {
+        caches.trim_to(cached)?;
+        Ok(cached)
+    } else {
+        // A state that cannot go back (a sliding window past its slack): start over.
+        *caches = model.make_caches();
+        Ok(0)
+    }
+}
+
+/// Prefills the next chunk of `prompt` after its first `pos` tokens (everything but the last
+/// token, at most `prefill_step_size` at a time), evaluating the caches so the graph (and its
+/// memory) stays bounded; returns the new position.
+pub(crate) fn prefill_chunk(
+    model: &dyn CausalLm,
+    caches: &mut LayerCaches,
+    prompt: &[u32],
+    pos: usize,
+    opts: &GenerateOptions,
+) -> Result<usize> {
+    let n = (prompt.len() - 1 - pos).min(opts.prefill_step_size.max(1));
+    if n == 0 {
+        return Ok(pos);
+    }
+    let chunk = Array::from_slice(&prompt[pos..pos + n], &[1, n as i32])?;
+    model.forward(&chunk, caches)?;
+    eval(&caches.state())?;
+    Ok(pos + n)
 }
 
 /// Generates from `prompt`, of which the first `caches.offset()` tokens are already in `caches`.
@@ -104,46 +178,16 @@ pub fn run(
     snapshot: Option<&mut Option<LayerCaches>>,
     mut on_token: impl FnMut(TokenStep) -> Result<Flow>,
 ) -> Result<LoopStats> {
-    if prompt.is_empty() {
-        return Err(Error::InvalidArgument("the prompt is empty: at least one token is needed".into()));
-    }
+    let cached = prepare(model, caches, prompt, opts)?;
     let vocab = model.vocab_size() as u32;
-    if let Some(bad) = prompt.iter().find(|&&t| t >= vocab) {
-        return Err(Error::InvalidArgument(format!("prompt token id {bad} is outside the vocabulary (size {vocab})")));
-    }
-    opts.sampling.validate().map_err(Error::InvalidArgument)?;
-    let mut cached = caches.offset().min(prompt.len() - 1);
-    if caches.can_trim_to(cached) {
-        caches.trim_to(cached)?;
-    } else {
-        // A state that cannot go back (a sliding window past its slack): start over.
-        *caches = model.make_caches();
-        cached = 0;
-    }
 
     reset_peak_memory();
     let start = Instant::now();
-    let mut stepper = Stepper {
-        model,
-        sampler: Sampler::new(&opts.sampling)?,
-        history: None,
-        history_len: if opts.sampling.repetition_penalty != 1.0 { opts.sampling.repetition_context_size } else { 0 },
-    };
-    if stepper.history_len > 0 {
-        let tail = &prompt[prompt.len().saturating_sub(stepper.history_len)..];
-        stepper.history = Some(Array::from_slice(tail, &[tail.len() as i32])?);
-    }
+    let mut stepper = Stepper::new(opts, prompt)?;
 
-    // Prefill everything but the last prompt token in chunks, evaluating the cache after each so
-    // the graph (and its memory) stays bounded.
-    let step_size = opts.prefill_step_size.max(1);
     let mut pos = cached;
     while prompt.len() - pos > 1 {
-        let n = (prompt.len() - 1 - pos).min(step_size);
-        let chunk = Array::from_slice(&prompt[pos..pos + n], &[1, n as i32])?;
-        model.forward(&chunk, caches)?;
-        eval(&caches.state())?;
-        pos += n;
+        pos = prefill_chunk(model, caches, prompt, pos, opts)?;
     }
     if let Some(out) = snapshot {
         if pos > cached && caches.has_recurrent_state() {
@@ -153,10 +197,10 @@ pub fn run(
         }
     }
     let last = Array::from_slice(&prompt[pos..], &[1, (prompt.len() - pos) as i32])?;
-    let (mut y, mut lp) = stepper.step(&last, caches)?;
+    let (mut y, mut lp) = stepper.step(model, &last, caches)?;
     async_eval(&[&y, &lp])?;
 
-    let mut stats = LoopStats { prefilled: prompt.len() - cached, ..Default::default() };
+    let mut stats = LoopStats { prefilled: prompt.len() - cached, batch_size: 1, ..Default::default() };
     // Benchmark ablation only (src/ablation.rs): finish each token before building the next step.
     let no_pipelining = crate::ablation::get().pipelining;
     let mut decode_start = None;
@@ -168,7 +212,7 @@ pub fn run(
         let next = if n + 1 < opts.max_tokens {
             let t = Instant::now();
             stepper.remember(&y)?;
-            let (ny, nlp) = stepper.step(&y.reshape(&[1, 1])?, caches)?;
+            let (ny, nlp) = stepper.step(model, &y.reshape(&[1, 1])?, caches)?;
             let built = Instant::now();
             async_eval(&[&ny, &nlp])?;
             stats.submit_s += built.elapsed().as_secs_f64();
@@ -238,7 +282,7 @@ pub fn run(
         let input = Array::from_slice(&fed, &[1, fed.len() as i32])?;
         let t = Array::from_slice(&fed, &[fed.len() as i32])?;
         stepper.remember(&t)?;
-        let (ny, nlp) = stepper.step(&input, caches)?;
+        let (ny, nlp) = stepper.step(model, &input, caches)?;
         async_eval(&[&ny, &nlp])?;
         y = ny;
         lp = nlp;

@@ -1,8 +1,10 @@
 //! Generation: options and replies, the sampler, the token loop, streamed text, the engine thread.
+mod batch;
 pub mod engine;
 pub mod generator;
 pub mod options;
 pub mod prompt_cache;
+pub mod request;
 pub mod sampler;
 pub mod text;
 

@@ -249,6 +249,12 @@ pub struct Usage {
     /// host is the bottleneck.
     pub wait_ms_per_step: f64,
     pub peak_memory_bytes: u64,
+    /// The most requests that decoded together in one step with this one (1: alone).
+    pub batch_size: usize,
+    /// Whether it ran in the session's continuous batch; false when the model's caches cannot
+    /// batch yet (sliding windows, recurrent states, latent caches): requests then run one after
+    /// another.
+    pub batched: bool,
 }
 
 /// The result of a generation.

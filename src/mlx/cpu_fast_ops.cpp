@@ -57,21 +57,28 @@ class CpuRmsNorm : public CpuPrimitive {
 
 // Rotates pairs of the first `dims` features of `[..., L, D]` by (offset + l)·scale·inv_freq_i;
 // inv_freq_i = exp(-i·ln(base)/(dims/2)) or 1/freqs[i]; the rest of the features pass through.
+// With `offsets` (int32 `[B]`, a batch whose rows sit at different positions: continuous
+// batching), row b of the leading axis uses offsets[b] instead of `offset`.
 class CpuRope : public CpuPrimitive {
  public:
-  CpuRope(mx::Stream s, int dims, bool traditional, float base, float scale, int offset, bool has_freqs)
+  CpuRope(mx::Stream s, int dims, bool traditional, float base, float scale, int offset, bool has_freqs,
+          bool has_offsets)
       : CpuPrimitive(s), dims_(dims), traditional_(traditional), base_(base), scale_(scale), offset_(offset),
-        has_freqs_(has_freqs) {}
+        has_freqs_(has_freqs), has_offsets_(has_offsets) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const mx::array x = inputs[0];
     const std::optional<mx::array> freqs = has_freqs_ ? std::optional<mx::array>(inputs[1]) : std::nullopt;
+    const std::optional<mx::array> offsets = has_offsets_ ? std::optional<mx::array>(inputs.back()) : std::nullopt;
     const int dims = dims_, offset = offset_;
     const bool traditional = traditional_;
     const float base = base_, scale = scale_;
     dispatch(inputs, out, [=](float* o) {
       const int half = dims / 2;
       const int64_t d = x.shape(-1), len = x.shape(-2), rows = row_count(x), xs = x.strides().back();
+      // Positions: one table of `len` rows, or one per batch row with per-row offsets.
+      const int64_t batches = offsets ? x.shape(0) : 1;
+      const int64_t rows_per_batch = rows / batches;
       std::vector<float> inv(half);
       if (freqs) {
         const float* f = freqs->data<float>();
@@ -80,21 +87,25 @@ class CpuRope : public CpuPrimitive {
         const float step = std::log(base) / static_cast<float>(half);
         for (int i = 0; i < half; ++i) inv[i] = std::exp(static_cast<float>(-i) * step);
       }
-      std::vector<float> cs(static_cast<size_t>(len) * half), sn(cs.size());
-      for (int64_t l = 0; l < len; ++l) {
-        const float pos = (static_cast<float>(l) + static_cast<float>(offset)) * scale;
-        for (int i = 0; i < half; ++i) {
-          const float theta = pos * inv[i];
-          cs[l * half + i] = std::cos(theta);
-          sn[l * half + i] = std::sin(theta);
+      std::vector<float> cs(static_cast<size_t>(batches * len) * half), sn(cs.size());
+      for (int64_t b = 0; b < batches; ++b) {
+        const int64_t off = offsets ? offsets->data<int32_t>()[b * offsets->strides()[0]] : offset;
+        for (int64_t l = 0; l < len; ++l) {
+          const float pos = (static_cast<float>(l) + static_cast<float>(off)) * scale;
+          for (int i = 0; i < half; ++i) {
+            const float theta = pos * inv[i];
+            cs[(b * len + l) * half + i] = std::cos(theta);
+            sn[(b * len + l) * half + i] = std::sin(theta);
+          }
         }
       }
       const float* xp = x.data<float>();
       for (int64_t r = 0; r < rows; ++r) {
         const float* xr = xp + row_offset(x, r);
         float* orow = o + r * d;
-        const float* c = cs.data() + (r % len) * half;
-        const float* s = sn.data() + (r % len) * half;
+        const int64_t at = (r / rows_per_batch) * len + r % len;
+        const float* c = cs.data() + at * half;
+        const float* s = sn.data() + at * half;
         for (int i = 0; i < half; ++i) {
           const int64_t i1 = traditional ? 2 * i : i, i2 = traditional ? 2 * i + 1 : i + half;
           const float x1 = xr[i1 * xs], x2 = xr[i2 * xs];
@@ -109,7 +120,7 @@ class CpuRope : public CpuPrimitive {
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const CpuRope*>(&other);
     return o && o->dims_ == dims_ && o->traditional_ == traditional_ && o->base_ == base_ && o->scale_ == scale_ &&
-           o->offset_ == offset_ && o->has_freqs_ == has_freqs_;
+           o->offset_ == offset_ && o->has_freqs_ == has_freqs_ && o->has_offsets_ == has_offsets_;
   }
 
  private:
@@ -117,7 +128,7 @@ class CpuRope : public CpuPrimitive {
   bool traditional_;
   float base_, scale_;
   int offset_;
-  bool has_freqs_;
+  bool has_freqs_, has_offsets_;
 };
 
 
@@ -126,12 +137,16 @@ class CpuRope : public CpuPrimitive {
 // last L positions of the S keys) sees keys 0 … S-L+l, as MLX's causal mask does. Rows are spread
 // over the thread pool once there is enough work for it to pay (at 2,048 tokens of context,
 // attention is most of a CPU decode step, and all of a long prompt's prefill but the matmuls).
+// With `key_start` (int32 `[B]`: a left-padded batch, continuous batching) batch row b's queries
+// see no key before key_start[b].
 class CpuAttention : public CpuPrimitive {
  public:
-  CpuAttention(mx::Stream s, float scale, bool causal) : CpuPrimitive(s), scale_(scale), causal_(causal) {}
+  CpuAttention(mx::Stream s, float scale, bool causal, bool has_start)
+      : CpuPrimitive(s), scale_(scale), causal_(causal), has_start_(has_start) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const mx::array q = inputs[0], k = inputs[1], v = inputs[2];
+    const std::optional<mx::array> key_start = has_start_ ? std::optional<mx::array>(inputs[3]) : std::nullopt;
     const float scale = scale_;
     const bool causal = causal_;
     dispatch(inputs, out, [=](float* o) {
@@ -147,12 +162,15 @@ class CpuAttention : public CpuPrimitive {
         const int64_t l = bhl % L, bh = bhl / L, b = bh / hq, h = bh % hq, g = h / rep;
         // Keys this query sees: all of them without a mask, else up to its own position (L <= S,
         // so at least one).
-        const int64_t seen = causal ? S - L + l + 1 : S;
+        const int64_t end = causal ? S - L + l + 1 : S;
+        const int64_t first =
+            key_start ? std::clamp<int64_t>(key_start->data<int32_t>()[b * key_start->strides()[0]], 0, end - 1) : 0;
+        const int64_t seen = end - first;
         std::vector<float> qh(D), p(seen), acc(D, 0.f);
         const float* qr = qp + b * qs[0] + h * qs[1] + l * qs[2];
         for (int64_t i = 0; i < D; ++i) qh[i] = scale * qr[i * qs[3]];
-        const float* kb = kp + b * ks[0] + g * ks[1];
-        const float* vb = vp + b * vs[0] + g * vs[1];
+        const float* kb = kp + b * ks[0] + g * ks[1] + first * ks[2];
+        const float* vb = vp + b * vs[0] + g * vs[1] + first * vs[2];
         float top = -std::numeric_limits<float>::infinity();
         for (int64_t j = 0; j < seen; ++j) {
           const float* kr = kb + j * ks[2];
@@ -200,12 +218,12 @@ class CpuAttention : public CpuPrimitive {
   const char* name() const override { return "CpuAttention"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const CpuAttention*>(&other);
-    return o && o->scale_ == scale_ && o->causal_ == causal_;
+    return o && o->scale_ == scale_ && o->causal_ == causal_ && o->has_start_ == has_start_;
   }
 
  private:
   float scale_;
-  bool causal_;
+  bool causal_, has_start_;
 };
 
 // Benchmark ablation only (src/ablation.rs): MLX's reference graphs everywhere.
@@ -225,28 +243,36 @@ std::optional<mx::array> cpu_rms_norm(const mx::array& x, const std::optional<mx
 }
 
 std::optional<mx::array> cpu_rope(const mx::array& x, int dims, bool traditional, float base, float scale, int offset,
-                                  const std::optional<mx::array>& freqs) {
+                                  const std::optional<mx::array>& freqs, const std::optional<mx::array>& offsets) {
   if (ablated() || !on_cpu() || x.ndim() < 3 || x.dtype() != mx::float32 || dims % 2 != 0 || dims < 2 ||
-      dims > x.shape(-1) || (freqs && (freqs->ndim() != 1 || freqs->shape(0) != dims / 2))) {
+      dims > x.shape(-1) || (freqs && (freqs->ndim() != 1 || freqs->shape(0) != dims / 2)) ||
+      (offsets && (offsets->ndim() != 1 || offsets->shape(0) != x.shape(0)))) {
     return std::nullopt;
   }
   auto s = mx::to_stream({});
   std::vector<mx::array> inputs{x};
   if (freqs) inputs.push_back(mx::astype(*freqs, mx::float32, s));
+  if (offsets) inputs.push_back(mx::astype(*offsets, mx::int32, s));
   return mx::array(x.shape(), mx::float32,
-                   std::make_shared<CpuRope>(s, dims, traditional, base, scale, offset, freqs.has_value()), inputs);
+                   std::make_shared<CpuRope>(s, dims, traditional, base, scale, offset, freqs.has_value(),
+                                             offsets.has_value()),
+                   inputs);
 }
 
 std::optional<mx::array> cpu_attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
-                                       bool causal) {
+                                       bool causal, const std::optional<mx::array>& key_start) {
   if (ablated() || !on_cpu() || q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4 || q.dtype() != mx::float32 ||
       k.dtype() != mx::float32 || v.dtype() != mx::float32 || q.shape(2) == 0 || k.shape(0) != q.shape(0) ||
       v.shape(0) != q.shape(0) || k.shape(1) != v.shape(1) || k.shape(1) == 0 || q.shape(1) % k.shape(1) != 0 ||
-      k.shape(2) != v.shape(2) || k.shape(2) < q.shape(2) || k.shape(3) != q.shape(3) || v.shape(3) != q.shape(3)) {
+      k.shape(2) != v.shape(2) || k.shape(2) < q.shape(2) || k.shape(3) != q.shape(3) || v.shape(3) != q.shape(3) ||
+      (key_start && (key_start->ndim() != 1 || key_start->shape(0) != q.shape(0)))) {
     return std::nullopt;
   }
   auto s = mx::to_stream({});
-  return mx::array(q.shape(), mx::float32, std::make_shared<CpuAttention>(s, scale, causal), {q, k, v});
+  std::vector<mx::array> inputs{q, k, v};
+  if (key_start) inputs.push_back(mx::astype(*key_start, mx::int32, s));
+  return mx::array(q.shape(), mx::float32, std::make_shared<CpuAttention>(s, scale, causal, key_start.has_value()),
+                   inputs);
 }
 
 }  // namespace mlex

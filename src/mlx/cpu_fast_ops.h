@@ -17,13 +17,17 @@ namespace mlex {
 std::optional<mlx::core::array> cpu_rms_norm(const mlx::core::array& x, const std::optional<mlx::core::array>& weight,
                                              float eps);
 
-// `freqs` (per-pair wavelength divisors) replaces `base` when given, as in mx::fast::rope.
+// `freqs` (per-pair wavelength divisors) replaces `base` when given, as in mx::fast::rope;
+// `offsets` (`[B]`) replaces `offset` per row of the batch when given (continuous batching).
 std::optional<mlx::core::array> cpu_rope(const mlx::core::array& x, int dims, bool traditional, float base, float scale,
-                                         int offset, const std::optional<mlx::core::array>& freqs);
+                                         int offset, const std::optional<mlx::core::array>& freqs,
+                                         const std::optional<mlx::core::array>& offsets = std::nullopt);
 
 // softmax(q·kᵀ·scale)·v for q `[B, Hq, L, D]` and k/v `[B, Hkv, S, D]` (Hq a multiple of Hkv,
-// L <= S), without a mask or with MLX's causal one (the queries are the last L positions).
+// L <= S), without a mask or with MLX's causal one (the queries are the last L positions);
+// `key_start` (`[B]`) hides each batch row's first keys (a left-padded batch).
 std::optional<mlx::core::array> cpu_attention(const mlx::core::array& q, const mlx::core::array& k,
-                                              const mlx::core::array& v, float scale, bool causal);
+                                              const mlx::core::array& v, float scale, bool causal,
+                                              const std::optional<mlx::core::array>& key_start = std::nullopt);
 
 }  // namespace mlex

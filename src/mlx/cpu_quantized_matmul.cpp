@@ -102,6 +102,54 @@ __attribute__((target("avx2,fma"))) float row_q4_avx2(const uint32_t* wq, const 
   return hsum(total) + bias_total;
 }
 
+// 4-bit for R rows of x at once (a continuous batch's decode step): each word is unpacked once
+// and used for every row, so a batch reads and unpacks the weights once per step instead of once
+// per request. Per row the arithmetic and its order are row_q4_avx2's exactly (same two
+// accumulators, same FMA sequence), so each row's result is bit-identical to it.
+template <int R>
+__attribute__((target("avx2,fma"))) void rows_q4_avx2(const uint32_t* wq, const float* scales, const float* biases,
+                                                      const float* x, size_t x_stride, const float* xsum,
+                                                      size_t xsum_stride, int groups, int group_size, float* out,
+                                                      size_t out_stride) {
+  const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+  const __m256i mask = _mm256_set1_epi32(0xF);
+  const int words = group_size / 8;
+  __m256 total[R];
+  float bias_total[R];
+  _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) {
+    total[r] = _mm256_setzero_ps();
+    bias_total[r] = 0.f;
+  }
+  for (int g = 0; g < groups; ++g) {
+    const uint32_t* w = wq + g * words;
+    __m256 a0[R], a1[R];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 1 < words; i += 2) {
+      const __m256 q0 =
+          _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w[i])), shifts), mask));
+      const __m256 q1 = _mm256_cvtepi32_ps(
+          _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w[i + 1])), shifts), mask));
+      _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) {
+        const float* xg = x + r * x_stride + g * group_size;
+        a0[r] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(xg + 8 * i), a0[r]);
+        a1[r] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(xg + 8 * i + 8), a1[r]);
+      }
+    }
+    for (; i < words; ++i) {
+      const __m256 q =
+          _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w[i])), shifts), mask));
+      _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) a0[r] = _mm256_fmadd_ps(q, _mm256_loadu_ps(x + r * x_stride + g * group_size + 8 * i), a0[r]);
+    }
+    const __m256 sc = _mm256_set1_ps(scales[g]);
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) {
+      total[r] = _mm256_fmadd_ps(_mm256_add_ps(a0[r], a1[r]), sc, total[r]);
+      bias_total[r] += biases[g] * xsum[r * xsum_stride + g];
+    }
+  }
+  _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) out[r * out_stride] = hsum(total[r]) + bias_total[r];
+}
+
 // 8-bit: the bytes are the values in order; widen 8 at a time.
 __attribute__((target("avx2,fma"))) float row_q8_avx2(const uint32_t* wq, const float* scales, const float* biases,
                                                       const float* x, const float* xsum, int groups, int group_size) {
@@ -223,6 +271,34 @@ void compute(const Problem& p) {
   const double work = static_cast<double>(p.M) * p.N * p.K;
   const int tasks = work < (1 << 18) ? 1 : pool().size() * 4;
   const int chunk = (p.N + tasks - 1) / tasks;
+#ifdef MLEX_X86_64
+  // Several rows of x (a batch's decode step) share each unpacked 4-bit weight row.
+  if (p.bits == 4 && p.M > 1 && has_avx2_fma()) {
+    pool().run(tasks, [&](int t) {
+      const int lo = t * chunk, hi = std::min(p.N, lo + chunk);
+      for (int n = lo; n < hi; ++n) {
+        const uint32_t* wq = p.w + static_cast<size_t>(n) * words_per_row;
+        const float* s = p.scales + static_cast<size_t>(n) * groups;
+        const float* b = p.biases + static_cast<size_t>(n) * groups;
+        for (int m = 0; m < p.M;) {
+          const int r = std::min(4, p.M - m);
+          const float* x = p.x + static_cast<size_t>(m) * p.K;
+          const float* xs = xsum.data() + static_cast<size_t>(m) * groups;
+          float* o = p.out + static_cast<size_t>(m) * p.N + n;
+          const size_t xst = p.K, gst = groups, ost = p.N;
+          switch (r) {
+            case 4: rows_q4_avx2<4>(wq, s, b, x, xst, xs, gst, groups, p.group_size, o, ost); break;
+            case 3: rows_q4_avx2<3>(wq, s, b, x, xst, xs, gst, groups, p.group_size, o, ost); break;
+            case 2: rows_q4_avx2<2>(wq, s, b, x, xst, xs, gst, groups, p.group_size, o, ost); break;
+            default: rows_q4_avx2<1>(wq, s, b, x, xst, xs, gst, groups, p.group_size, o, ost); break;
+          }
+          m += r;
+        }
+      }
+    });
+    return;
+  }
+#endif
   pool().run(tasks, [&](int t) {
     const int lo = t * chunk, hi = std::min(p.N, lo + chunk);
     for (int n = lo; n < hi; ++n)

@@ -278,6 +278,37 @@ pub mod fast {
         })
     }
 
+    /// [`rope`] with each row of `x`'s leading (batch) axis at its own first position
+    /// (`offsets` int32 `[B]`: a continuous batch's rows).
+    pub fn rope_offsets(
+        x: &Array,
+        dims: i32,
+        traditional: bool,
+        base: f32,
+        scale: f32,
+        offsets: &Array,
+        freqs: Option<&Array>,
+    ) -> Result<Array> {
+        Array::try_from_op(|out| unsafe {
+            sys::mlex_fast_rope_offsets(x.raw(), dims, traditional, base, scale, offsets.raw(), raw_or_null(freqs), out)
+        })
+    }
+
+    /// [`scaled_dot_product_attention`] over a left-padded batch: row b's queries see no key
+    /// before `key_start[b]` (int32 `[B]`); `causal` as the causal mode on top of it.
+    pub fn scaled_dot_product_attention_padded(
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        scale: f32,
+        causal: bool,
+        key_start: &Array,
+    ) -> Result<Array> {
+        Array::try_from_op(|out| unsafe {
+            sys::mlex_fast_sdpa_padded(q.raw(), k.raw(), v.raw(), scale, causal, key_start.raw(), out)
+        })
+    }
+
     /// The gated delta rule recurrence through mlex's CPU kernel (`src/mlx/gated_delta.h`):
     /// q, k `[B, T, Hk, Dk]`, v `[B, T, Hv, Dv]`, g, beta `[B, T, Hv]`, state `[B, Hv, Dv, Dk]`
     /// float32 → (y `[B, T, Hv, Dv]` in q's dtype, the new state). `None` where it does not apply

@@ -457,6 +457,41 @@ int mlex_fast_rope(mlex_array x, int32_t dims, bool traditional, float base, flo
     *out = wrap(mx::fast::rope(unwrap(x), dims, traditional, b, scale, offset, opt(freqs)));
   });
 }
+int mlex_fast_rope_offsets(mlex_array x, int32_t dims, bool traditional, float base, float scale, mlex_array offsets,
+                           mlex_array freqs, mlex_array* out) {
+  return guard([&] {
+    const mx::array& off = unwrap(offsets);
+    if (auto fast = mlex::cpu_rope(unwrap(x), dims, traditional, base, scale, 0, opt(freqs), off)) {
+      *out = wrap(*fast);
+      return;
+    }
+    std::optional<float> b;
+    if (freqs == nullptr) b = base;
+    *out = wrap(mx::fast::rope(unwrap(x), dims, traditional, b, scale, mx::astype(off, mx::int32), opt(freqs)));
+  });
+}
+
+int mlex_fast_sdpa_padded(mlex_array q, mlex_array k, mlex_array v, float scale, bool causal, mlex_array key_start,
+                          mlex_array* out) {
+  return guard([&] {
+    const mx::array &qa = unwrap(q), &ka = unwrap(k), &start = unwrap(key_start);
+    if (auto fast = mlex::cpu_attention(qa, ka, unwrap(v), scale, causal, start)) {
+      *out = wrap(*fast);
+      return;
+    }
+    // Boolean mask [B, 1, L, S]: key j visible to query l of row b when j >= key_start[b] (and,
+    // causal, j <= S - L + l).
+    const int L = qa.shape(2), S = ka.shape(2);
+    auto cols = mx::reshape(mx::arange(S, mx::int32), {1, 1, 1, S});
+    auto mask = mx::greater_equal(cols, mx::reshape(mx::astype(start, mx::int32), {-1, 1, 1, 1}));
+    if (causal) {
+      auto rows = mx::reshape(mx::arange(S - L, S, mx::int32), {1, 1, L, 1});
+      mask = mx::logical_and(mask, mx::less_equal(cols, rows));
+    }
+    *out = wrap(mx::fast::scaled_dot_product_attention(qa, ka, unwrap(v), scale, "", mask));
+  });
+}
+
 int mlex_fast_sdpa(mlex_array q, mlex_array k, mlex_array v, float scale, const char* mask_mode,
                    mlex_array mask, mlex_array* out) {
   return guard([&] {

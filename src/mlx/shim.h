@@ -188,6 +188,14 @@ int mlex_fast_layer_norm(mlex_array x, mlex_array weight, mlex_array bias, float
 /* base is used when freqs is NULL; freqs (per-dimension frequencies) replaces it otherwise. */
 int mlex_fast_rope(mlex_array x, int32_t dims, bool traditional, float base, float scale, int32_t offset,
                    mlex_array freqs, mlex_array* out);
+/* As mlex_fast_rope with each row of x's leading (batch) axis at its own position: offsets [B]
+   int32 (continuous batching). */
+int mlex_fast_rope_offsets(mlex_array x, int32_t dims, bool traditional, float base, float scale, mlex_array offsets,
+                           mlex_array freqs, mlex_array* out);
+/* As mlex_fast_sdpa over a left-padded batch: batch row b's queries see no key before
+   key_start[b] ([B] int32); causal as mlex_fast_sdpa's "causal" mode on top of it. */
+int mlex_fast_sdpa_padded(mlex_array q, mlex_array k, mlex_array v, float scale, bool causal, mlex_array key_start,
+                          mlex_array* out);
 /* mask_mode: "" (none, or mask given), "causal"; mask may be NULL. */
 int mlex_fast_sdpa(mlex_array q, mlex_array k, mlex_array v, float scale, const char* mask_mode,
                    mlex_array mask, mlex_array* out);

@@ -579,7 +579,7 @@ impl MlaAttention {
                 let keys = Array::concatenate(&[&k_nope, &k_pe], -1)?;
                 let (keys, values, mask) = cache.update_and_fetch(&keys, &values)?;
                 let queries = Array::concatenate(&[&q_nope, &q_pe], -1)?;
-                fast::scaled_dot_product_attention(&queries, &keys, &values, self.scale, mask.as_attention())?
+                fast::scaled_dot_product_attention(&queries, &keys, &values, self.scale, mask.as_attention()?)?
             }
         };
         let out = out.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;

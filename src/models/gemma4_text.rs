@@ -539,7 +539,7 @@ impl G4Attention {
         };
         let kv = shared.or(own.as_ref()).expect("one of the two");
         let q = self.rope.forward(&q, kv.offset)?;
-        let o = fast::scaled_dot_product_attention(&q, &kv.keys, &kv.values, 1.0, kv.mask.as_attention())?;
+        let o = fast::scaled_dot_product_attention(&q, &kv.keys, &kv.values, 1.0, kv.mask.as_attention()?)?;
         let o = if l == 1 { o.reshape(&[b, 1, -1])? } else { o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])? };
         Ok((self.o_proj.forward(&o)?, own))
     }

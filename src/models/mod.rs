@@ -48,6 +48,13 @@ pub trait CausalLm: Params {
     /// Fresh, empty caches, one per layer, of the kind each layer needs.
     fn make_caches(&self) -> LayerCaches;
 
+    /// Whether several requests can decode together in one batch (continuous batching: every
+    /// layer a plain key/value cache and attention that takes per-row positions and padding).
+    /// The engine serves the others one step each in turn.
+    fn batchable(&self) -> bool {
+        false
+    }
+
     /// Rows of the output (the vocabulary size).
     fn vocab_size(&self) -> usize;
 

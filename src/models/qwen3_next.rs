@@ -482,7 +482,7 @@ impl GatedAttention {
         let k = self.rope.forward(&k, offset)?;
         let (k, v, mask) = cache.update_and_fetch(&k, &v)?;
         let scale = (self.head_dim as f64).powf(-0.5) as f32;
-        let o = fast::scaled_dot_product_attention(&q, &k, &v, scale, mask.as_attention())?;
+        let o = fast::scaled_dot_product_attention(&q, &k, &v, scale, mask.as_attention()?)?;
         let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
         self.o_proj.forward(&o.multiply(&gate.sigmoid()?)?)
     }

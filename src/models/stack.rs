@@ -12,6 +12,11 @@ use crate::nn::{Attention, Cache, Embedding, GatedMlp, LayerCaches, Params, RmsN
 /// A layer's token mixer: reads and extends its cache.
 pub trait Mixer: Params {
     fn forward(&self, x: &Array, cache: &mut dyn Cache) -> Result<Array>;
+
+    /// Whether it can run the rows of a continuous batch (see `nn::batch_kv_cache`).
+    fn batchable(&self) -> bool {
+        false
+    }
 }
 
 /// A layer's feed-forward part.
@@ -22,6 +27,10 @@ pub trait FeedForwardPart: Params {
 impl Mixer for Attention {
     fn forward(&self, x: &Array, cache: &mut dyn Cache) -> Result<Array> {
         Attention::forward(self, x, cache)
+    }
+
+    fn batchable(&self) -> bool {
+        Attention::batchable(self)
     }
 }
 
@@ -40,6 +49,11 @@ impl FeedForwardPart for SparseMoe {
 /// One decoder layer, as [`Stack`] runs it.
 pub trait Layer: Params {
     fn forward(&self, x: &Array, cache: &mut dyn Cache) -> Result<Array>;
+
+    /// Whether it can run the rows of a continuous batch.
+    fn batchable(&self) -> bool {
+        false
+    }
 }
 
 /// `h = x + self_attn(input_layernorm(x)); h + mlp(post_attention_layernorm(h))`.
@@ -67,6 +81,10 @@ impl<A: Mixer, F: FeedForwardPart> Layer for PreNormBlock<A, F> {
     fn forward(&self, x: &Array, cache: &mut dyn Cache) -> Result<Array> {
         let h = x.add(&self.self_attn.forward(&self.input_layernorm.forward(x)?, cache)?)?;
         h.add(&self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)
+    }
+
+    fn batchable(&self) -> bool {
+        self.self_attn.batchable()
     }
 }
 
@@ -123,6 +141,10 @@ impl<L: Layer> CausalLm for Stack<L> {
 
     fn make_caches(&self) -> LayerCaches {
         LayerCaches::for_windows(self.windows.iter().copied())
+    }
+
+    fn batchable(&self) -> bool {
+        self.windows.iter().all(|w| w.is_none()) && self.layers.iter().all(|l| l.batchable())
     }
 
     fn vocab_size(&self) -> usize {

@@ -251,6 +251,9 @@ macro_rules! decoder_newtype {
             fn make_caches(&self) -> $crate::nn::LayerCaches {
                 self.0.make_caches()
             }
+            fn batchable(&self) -> bool {
+                $crate::models::CausalLm::batchable(&self.0)
+            }
             fn vocab_size(&self) -> usize {
                 self.0.vocab_size
             }

@@ -2,7 +2,7 @@
 //! projection biases, per-head q/k RMSNorm (qwen3, gemma3), rotary positions or none (smollm3's
 //! no-rope layers), sliding windows (the layer's cache decides: see `nn::cache`), and learned
 //! attention sinks (gpt-oss).
-use super::cache::Cache;
+use super::cache::{Cache, Mask};
 use super::linear::{Linear, Projections};
 use super::module::Params;
 use super::norm::RmsNorm;
@@ -25,6 +25,12 @@ pub struct AttentionSpec {
     pub scale: f32,
     /// Learned per-head sink logits (`sinks` `[n_heads]`, gpt-oss).
     pub sinks: bool,
+}
+
+/// Where a step's new tokens sit: one offset for the whole batch, or one position per row.
+enum At {
+    Offset(usize),
+    Rows(Array),
 }
 
 pub struct Attention {
@@ -75,12 +81,19 @@ impl Attention {
     pub fn forward(&self, x: &Array, cache: &mut dyn Cache) -> Result<Array> {
         let s = x.shape();
         let (b, l) = (s[0], s[1]);
-        let offset = cache.offset();
-        let (q, k, v) = if l == 1 { self.decode_qkv(x, b, offset)? } else { self.prefill_qkv(x, b, l, offset)? };
+        // Rows of a continuous batch each sit at their own position.
+        let at = match cache.positions() {
+            Some(p) => At::Rows(p.clone()),
+            None => At::Offset(cache.offset()),
+        };
+        let (q, k, v) = if l == 1 { self.decode_qkv(x, b, &at)? } else { self.prefill_qkv(x, b, l, &at)? };
         let (k, v, mask) = cache.update_and_fetch(&k, &v)?;
-        let o = match &self.sinks {
-            Some(sinks) => fast::scaled_dot_product_attention_sinks(&q, &k, &v, self.scale, mask.as_attention(), sinks)?,
-            None => fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask.as_attention())?,
+        let o = match (&self.sinks, &mask) {
+            (None, Mask::Padded { key_start, causal }) => {
+                fast::scaled_dot_product_attention_padded(&q, &k, &v, self.scale, *causal, key_start)?
+            }
+            (Some(sinks), _) => fast::scaled_dot_product_attention_sinks(&q, &k, &v, self.scale, mask.as_attention()?, sinks)?,
+            (None, _) => fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask.as_attention()?)?,
         };
         // [B, H, L, D] → [B, L, H·D]; with one query the transpose is only a reshape.
         let o = if l == 1 { o.reshape(&[b, 1, -1])? } else { o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])? };
@@ -94,15 +107,22 @@ impl Attention {
         }
     }
 
-    fn rope(&self, x: Array, offset: usize) -> Result<Array> {
-        match &self.rope {
-            Some(r) => r.forward(&x, offset),
-            None => Ok(x),
+    fn rope(&self, x: Array, at: &At) -> Result<Array> {
+        match (&self.rope, at) {
+            (Some(r), At::Offset(offset)) => r.forward(&x, *offset),
+            (Some(r), At::Rows(positions)) => r.forward_rows(&x, positions),
+            (None, _) => Ok(x),
         }
     }
 
+    /// Whether this layer can run the rows of a continuous batch (each at its own position, a
+    /// left-padded cache): not with sinks, nor with a rope whose frequencies depend on the length.
+    pub fn batchable(&self) -> bool {
+        self.sinks.is_none() && self.rope.as_ref().is_none_or(|r| r.batchable())
+    }
+
     /// q, k, v as `[B, H, L, D]`, normed and rotated (any L).
-    fn prefill_qkv(&self, x: &Array, b: i32, l: i32, offset: usize) -> Result<(Array, Array, Array)> {
+    fn prefill_qkv(&self, x: &Array, b: i32, l: i32, offset: &At) -> Result<(Array, Array, Array)> {
         let qkv = self.qkv.forward(x)?;
         let heads = |y: &Array, n: usize, norm: Option<&RmsNorm>| -> Result<Array> {
             Self::norm(y.reshape(&[b, l, n as i32, -1])?, norm)?.transpose(&[0, 2, 1, 3])
@@ -116,7 +136,7 @@ impl Attention {
     /// The decode step (L = 1) with as few ops as possible, since per-op overhead is what a
     /// decode step costs: `[B, 1, H·D]` reshapes straight to `[B, H, 1, D]` (no transposes), and
     /// without q/k norms one rope rotates q and k together.
-    fn decode_qkv(&self, x: &Array, b: i32, offset: usize) -> Result<(Array, Array, Array)> {
+    fn decode_qkv(&self, x: &Array, b: i32, offset: &At) -> Result<(Array, Array, Array)> {
         let (hq, hkv) = (self.n_heads as i32, self.n_kv_heads as i32);
         match &self.qkv {
             Projections::Fused { linear, .. } => {

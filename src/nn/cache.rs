@@ -4,7 +4,7 @@
 //! `create_attention_mask` / `cache.make_mask`), since only the cache knows which keys it holds.
 use crate::error::{Error, Result};
 use crate::mlx::fast::AttentionMask;
-use super::{KvCache, RotatingKvCache, StateCache};
+use super::{BatchKvCache, KvCache, RotatingKvCache, StateCache};
 use crate::mlx::Array;
 
 /// The mask a layer's queries need over the keys its cache returned.
@@ -15,14 +15,19 @@ pub enum Mask {
     Causal,
     /// An explicit boolean `[L, S]` mask (sliding windows).
     Array(Array),
+    /// A left-padded batch (continuous batching): row b sees no key before `key_start[b]`
+    /// (int32 `[B]`), and with `causal` no key after its own position either.
+    Padded { key_start: Array, causal: bool },
 }
 
 impl Mask {
-    pub fn as_attention(&self) -> AttentionMask<'_> {
+    /// The mask as MLX's attention takes it (`Padded` has its own op: see `nn::attention`).
+    pub fn as_attention(&self) -> Result<AttentionMask<'_>> {
         match self {
-            Mask::None => AttentionMask::None,
-            Mask::Causal => AttentionMask::Causal,
-            Mask::Array(a) => AttentionMask::Array(a),
+            Mask::None => Ok(AttentionMask::None),
+            Mask::Causal => Ok(AttentionMask::Causal),
+            Mask::Array(a) => Ok(AttentionMask::Array(a)),
+            Mask::Padded { .. } => Err(Error::Mlx("a padded batch's mask needs the padded attention op".into())),
         }
     }
 }
@@ -45,6 +50,12 @@ pub trait Cache {
         Err(Error::Mlx("this layer's cache holds no keys/values".into()))
     }
 
+    /// The rope position of each row's first new token (int32 `[B]`) when the rows of a batch
+    /// stand at different positions (continuous batching); None: all at [`Cache::offset`].
+    fn positions(&self) -> Option<&Array> {
+        None
+    }
+
     /// The state arrays (evaluated alongside a step's output, counted for the pool's budget).
     fn state(&self) -> Vec<&Array>;
 
@@ -55,6 +66,16 @@ pub trait Cache {
 
     /// The recurrent state, for the layers that keep one (see [`StateCache`]).
     fn as_state(&mut self) -> Option<&mut StateCache> {
+        None
+    }
+
+    /// A plain growing key/value cache (the kind that can join a continuous batch).
+    fn as_kv(&self) -> Option<&KvCache> {
+        None
+    }
+
+    /// A continuous batch's cache (see `nn::batch_kv_cache`).
+    fn as_batch(&mut self) -> Option<&mut BatchKvCache> {
         None
     }
 
@@ -112,6 +133,11 @@ impl LayerCaches {
     /// Whether any layer keeps a recurrent state (a hybrid or state-space model).
     pub fn has_recurrent_state(&self) -> bool {
         self.0.iter().any(|c| c.is_recurrent())
+    }
+
+    /// Whether these caches can join a continuous batch (every layer a plain key/value cache).
+    pub fn batchable(&self) -> bool {
+        !self.0.is_empty() && self.0.iter().all(|c| c.as_kv().is_some())
     }
 
     pub fn trim_to(&mut self, n: usize) -> Result<()> {

@@ -42,6 +42,20 @@ impl KvCache {
         Self::default()
     }
 
+    /// A cache of its own holding `keys`/`values` (`[1, H, S, D]`, e.g. a view of a batch's
+    /// row): copied into buffers of the usual growth steps, so that it keeps nothing else alive
+    /// and is counted as any other cache is (the prompt cache's byte budget).
+    pub fn from_arrays(keys: &Array, values: &Array) -> Result<Self> {
+        let offset = keys.dim(2) as usize;
+        let own = |a: &Array| write(&grow(&None, a, 0, offset.max(1))?, a, 0);
+        Ok(KvCache { keys: Some(own(keys)?), values: Some(own(values)?), offset })
+    }
+
+    /// The key and value buffers (valid up to `offset`), once anything was stored.
+    pub fn arrays(&self) -> Option<(&Array, &Array)> {
+        Some((self.keys.as_ref()?, self.values.as_ref()?))
+    }
+
     /// Appends `[B, H, L, D]` keys/values and returns everything cached so far.
     pub fn append(&mut self, k: &Array, v: &Array) -> Result<(Array, Array)> {
         let prev = self.offset;
@@ -86,6 +100,10 @@ impl Cache for KvCache {
 
     fn state(&self) -> Vec<&Array> {
         self.keys.iter().chain(self.values.iter()).collect()
+    }
+
+    fn as_kv(&self) -> Option<&KvCache> {
+        Some(self)
     }
 
     fn boxed_clone(&self) -> Box<dyn Cache> {

@@ -1,5 +1,6 @@
 //! Layers shared by the architectures in `crate::models`.
 pub mod attention;
+pub mod batch_kv_cache;
 pub mod cache;
 pub mod embedding;
 pub mod gated_delta;
@@ -15,6 +16,7 @@ pub mod state_cache;
 pub mod switch;
 
 pub use attention::{Attention, AttentionSpec};
+pub use batch_kv_cache::{BatchCaches, BatchKvCache};
 pub use cache::{Cache, LayerCaches, Mask};
 pub use embedding::Embedding;
 pub use kv_cache::KvCache;

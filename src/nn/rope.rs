@@ -81,6 +81,22 @@ impl Rope {
         Ok(rope)
     }
 
+    /// Whether rows at different positions can share one call ([`Rope::forward_rows`]): not with
+    /// dynamic NTK, whose base depends on the sequence length.
+    pub fn batchable(&self) -> bool {
+        self.dynamic.is_none()
+    }
+
+    /// Rotates `x` (`[B, H, L, D]`) with row b at positions `positions[b]..positions[b]+L`
+    /// (int32 `[B]`: the rows of a continuous batch).
+    pub fn forward_rows(&self, x: &Array, positions: &Array) -> Result<Array> {
+        if self.dynamic.is_some() {
+            return Err(crate::error::Error::Mlx("dynamic NTK rope does not batch rows at different positions".into()));
+        }
+        let x = if self.mscale != 1.0 { x.multiply(&Array::scalar_f32(self.mscale, x.dtype())?)? } else { x.clone() };
+        fast::rope_offsets(&x, self.dims, self.traditional, self.base, self.scale, positions, self.freqs.as_ref())
+    }
+
     /// Rotates `x` (`[B, H, L, D]`) for positions `offset..offset+L`.
     pub fn forward(&self, x: &Array, offset: usize) -> Result<Array> {
         let mut x = x.clone();

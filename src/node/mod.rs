@@ -245,6 +245,8 @@ fn reply_js(r: CoreReply) -> GenerateReply {
             submit_ms_per_step: u.submit_ms_per_step,
             wait_ms_per_step: u.wait_ms_per_step,
             peak_memory_bytes: u.peak_memory_bytes as f64,
+            batch_size: u.batch_size as u32,
+            batched: u.batched,
         },
         tool_calls: r.tool_calls.iter().map(tool_call_js).collect(),
         finish_reason: r.finish_reason.as_str().to_string(),

@@ -52,6 +52,10 @@ pub struct LoadOptions {
     pub dtype: Option<String>,
     /// Settings of the automatic prompt cache.
     pub prompt_cache: Option<PromptCacheOptions>,
+    /// The most requests that decode together in one batch (default 16); more wait their turn.
+    /// Concurrent `generate()`/`stream()` calls on one session are batched with no change to
+    /// your code (models with sliding-window or recurrent caches run them one at a time).
+    pub max_batch: Option<u32>,
     /// Called as loading advances (on the JS thread).
     #[napi(ts_type = "(progress: LoadProgress) => void")]
     #[serde(skip)]
@@ -254,6 +258,12 @@ pub struct Usage {
     pub wait_ms_per_step: f64,
     /// Peak memory MLX used during the generation.
     pub peak_memory_bytes: f64,
+    /// The most requests that decoded together in one step with this one (1: alone).
+    pub batch_size: u32,
+    /// Whether it ran in the session's continuous batch; false when the model's caches cannot
+    /// batch yet (sliding windows, recurrent states, latent caches) and requests run one after
+    /// another.
+    pub batched: bool,
 }
 
 /// The result of a generation.

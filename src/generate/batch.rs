@@ -1,0 +1,441 @@
+//! Continuous batching: the engine thread's scheduler over every in-flight request of a session
+//! whose model can batch (`CausalLm::batchable`). Each tick advances one new request's prefill
+//! by one chunk (its own batch-1 caches, prompt-cache reuse as when alone), then runs one decode
+//! step for all decoding requests together: their tokens go through each weight matrix once,
+//! each row attending to its own cache rows (`nn::batch_kv_cache`) and sampled with its own
+//! sampler, seed and penalty. A finished or aborted request leaves at the next step; one whose
+//! reasoning budget forces tokens steps out, is fed them alone, and joins again. Steps are
+//! pipelined as in `generator::run`: step n+1 is scheduled before step n's tokens are read.
+use super::engine::{store_reply, Engine, Event, GenerateJob};
+use super::generator::{self, Flow, LoopStats, Stepper, TokenStep};
+use super::options::GenerateReply;
+use super::prompt_cache::PromptCachePool;
+use super::request::{self, Reply};
+use crate::error::{Error, Result};
+use crate::mlx::{self, async_eval, memory_stats, Array, Dtype};
+use crate::nn::{BatchCaches, LayerCaches};
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+/// One request inside the engine: prefilling alone, then a row of the batch.
+struct Row {
+    job: GenerateJob,
+    prompt: Vec<u32>,
+    reply: Reply,
+    stepper: Stepper,
+    stats: LoopStats,
+    queue_ms: f64,
+    use_pool: bool,
+    /// When its prefill began (TTFT counts from here).
+    start: Instant,
+    decode_start: Option<Instant>,
+    /// Tokens handed to `reply` (forced ones included), against `max_tokens`.
+    n: usize,
+}
+
+/// A request outside the batch with its own caches: prefilling (`next` None), or ready to join
+/// with its next token (lazy) not yet read.
+struct Solo {
+    row: Row,
+    caches: LayerCaches,
+    pos: usize,
+    next: Option<(Array, Array)>,
+}
+
+pub(super) struct Batch {
+    /// Taken from the session's queue, waiting for a place in the batch.
+    waiting: VecDeque<GenerateJob>,
+    /// Prefilling (one chunk per tick, oldest first), or ready to join.
+    solo: VecDeque<Solo>,
+    rows: Vec<Row>,
+    caches: Option<BatchCaches>,
+    /// Each row's token (and logprob) of the last scheduled step, not read yet: `[B]`.
+    pending: Option<(Array, Array)>,
+    max_batch: usize,
+}
+
+impl Batch {
+    pub(super) fn new(max_batch: usize) -> Self {
+        Batch {
+            waiting: VecDeque::new(),
+            solo: VecDeque::new(),
+            rows: vec![],
+            caches: None,
+            pending: None,
+            max_batch: max_batch.max(1),
+        }
+    }
+
+    /// Whether any request is in flight (the engine then polls its queue instead of waiting).
+    pub(super) fn busy(&self) -> bool {
+        !self.waiting.is_empty() || !self.solo.is_empty() || !self.rows.is_empty()
+    }
+
+    pub(super) fn admit(&mut self, job: GenerateJob) {
+        self.waiting.push_back(job);
+    }
+
+    /// One round of work: start waiting requests that fit, one prefill chunk, one decode step.
+    /// A panic fails every request in flight (the engine itself goes on).
+    pub(super) fn tick(&mut self, engine: &Engine, pool: &mut PromptCachePool) {
+        let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.tick_inner(engine, pool)));
+        let err = match res {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e,
+            Err(p) => Error::Mlx(format!("internal error: {}", super::engine::panic_message(&p))),
+        };
+        let _ = mlx::synchronize();
+        self.caches = None;
+        self.pending = None;
+        let rows = std::mem::take(&mut self.rows).into_iter().chain(std::mem::take(&mut self.solo).into_iter().map(|s| s.row));
+        for row in rows {
+            row.job.events.send(Event::Done(Err(err.duplicate())));
+        }
+    }
+
+    fn tick_inner(&mut self, engine: &Engine, pool: &mut PromptCachePool) -> Result<()> {
+        while self.rows.len() + self.solo.len() < self.max_batch {
+            let Some(job) = self.waiting.pop_front() else { break };
+            match start(engine, job, pool) {
+                Ok(solo) => self.solo.push_back(solo),
+                Err((job, e)) => {
+                    job.events.send(Event::Done(Err(e)));
+                }
+            }
+        }
+        self.prefill(engine)?;
+        if !self.rows.is_empty() {
+            self.step(engine, pool)?;
+        }
+        Ok(())
+    }
+
+    /// Advances the oldest prefilling request by one chunk (all of its chunks when nothing else
+    /// is decoding); requests whose prefill is done take their first step and join the batch.
+    fn prefill(&mut self, engine: &Engine) -> Result<()> {
+        let model = engine.model.as_ref();
+        let decoding = !self.rows.is_empty();
+        let mut i = 0;
+        let mut chunked = false;
+        while i < self.solo.len() {
+            let s = &mut self.solo[i];
+            if s.row.job.abort.load(Ordering::Relaxed) {
+                let s = self.solo.remove(i).expect("in range");
+                let _ = mlx::synchronize();
+                s.row.job.events.send(Event::Done(Err(Error::Aborted)));
+                continue;
+            }
+            if s.next.is_none() {
+                if chunked && decoding {
+                    i += 1;
+                    continue;
+                }
+                let r = (|| -> Result<()> {
+                    while s.row.prompt.len() - s.pos > 1 {
+                        s.pos = generator::prefill_chunk(model, &mut s.caches, &s.row.prompt, s.pos, &s.row.job.options)?;
+                        if decoding {
+                            break;
+                        }
+                    }
+                    if s.row.prompt.len() - s.pos == 1 {
+                        let last = Array::from_slice(&s.row.prompt[s.pos..], &[1, (s.row.prompt.len() - s.pos) as i32])?;
+                        let (y, lp) = s.row.stepper.step(model, &last, &mut s.caches)?;
+                        async_eval(&[&y, &lp])?;
+                        s.pos = s.row.prompt.len();
+                        s.next = Some((y, lp));
+                    }
+                    Ok(())
+                })();
+                chunked = true;
+                if let Err(e) = r {
+                    let s = self.solo.remove(i).expect("in range");
+                    let _ = mlx::synchronize();
+                    s.row.job.events.send(Event::Done(Err(e)));
+                    continue;
+                }
+            }
+            if self.solo[i].next.is_some() {
+                let s = self.solo.remove(i).expect("in range");
+                self.join(s)?;
+                continue;
+            }
+            i += 1;
+        }
+        Ok(())
+    }
+
+    /// Adds a request with its caches and unread next token as the batch's last row.
+    fn join(&mut self, s: Solo) -> Result<()> {
+        let (y, lp) = s.next.expect("joins with its next token");
+        match &mut self.caches {
+            Some(c) => c.join(&s.caches)?,
+            None => self.caches = Some(BatchCaches::new(&s.caches)?),
+        }
+        self.pending = Some(match self.pending.take() {
+            Some((ys, lps)) => (Array::concatenate(&[&ys, &y], 0)?, Array::concatenate(&[&lps, &lp], 0)?),
+            None => (y, lp),
+        });
+        self.rows.push(s.row);
+        Ok(())
+    }
+
+    /// Schedules the next step for every row, then reads and hands over this step's tokens.
+    fn step(&mut self, engine: &Engine, pool: &mut PromptCachePool) -> Result<()> {
+        let model = engine.model.as_ref();
+        let (ys, lps) = self.pending.take().expect("rows have unread tokens");
+        let b = self.rows.len();
+        let more = self.rows.iter().any(|r| r.n + 1 < r.job.options.max_tokens);
+        let t = Instant::now();
+        let next = if more {
+            let caches = self.caches.as_mut().expect("rows have caches").for_step()?;
+            for (i, row) in self.rows.iter_mut().enumerate() {
+                row.stepper.remember(&ys.slice_axis(0, i as i32, i as i32 + 1)?)?;
+            }
+            let logits = model.forward(&ys.reshape(&[b as i32, 1])?, caches)?.reshape(&[b as i32, -1])?;
+            let (ny, nlp) = sample(&mut self.rows, &logits)?;
+            let built = Instant::now();
+            async_eval(&[&ny, &nlp])?;
+            let (schedule, submit) = (t.elapsed().as_secs_f64(), built.elapsed().as_secs_f64());
+            for row in &mut self.rows {
+                row.stats.schedule_s += schedule;
+                row.stats.submit_s += submit;
+                row.stats.steps_scheduled += 1;
+            }
+            Some((ny, nlp))
+        } else {
+            None
+        };
+        let t = Instant::now();
+        let ids = ys.to_vec::<u32>()?;
+        let logprobs = lps.astype(Dtype::Float32)?.to_vec::<f32>()?;
+        let wait = t.elapsed().as_secs_f64();
+
+        // Each row's verdict on its token.
+        let mut keep = Vec::with_capacity(b);
+        let mut leaving = vec![];
+        let mut forcing = vec![];
+        for (i, row) in self.rows.iter_mut().enumerate() {
+            row.stats.batch_size = row.stats.batch_size.max(b);
+            if row.n == 0 {
+                row.stats.ttft_s = row.start.elapsed().as_secs_f64();
+                row.decode_start = Some(Instant::now());
+            } else {
+                row.stats.wait_s += wait;
+            }
+            row.n += 1;
+            let step = TokenStep { id: ids[i], logprob: logprobs[i], forced: false };
+            match row.reply.on_token(&row.job, step) {
+                Ok(Flow::Continue) if row.n < row.job.options.max_tokens && next.is_some() => keep.push(i),
+                Ok(Flow::Continue) | Ok(Flow::Stop) => leaving.push((i, Ok(()))),
+                Ok(Flow::Force(t)) => forcing.push((i, t, false)),
+                Ok(Flow::Replace(t)) => forcing.push((i, t, true)),
+                Err(e) => leaving.push((i, Err(e))),
+            }
+        }
+        if keep.len() == b {
+            self.pending = next;
+            return Ok(());
+        }
+
+        // Rows stepping out: cut their caches out before the batch lets go of them.
+        let caches = self.caches.as_ref().expect("rows have caches");
+        let mut out: Vec<(usize, LayerCaches)> = vec![];
+        for &(i, _) in &leaving {
+            if self.rows[i].use_pool {
+                out.push((i, caches.extract(i)?));
+            }
+        }
+        let mut forced_caches = vec![];
+        for (i, _, _) in &forcing {
+            forced_caches.push(caches.extract(*i)?);
+        }
+        let scheduled = next.is_some();
+        if keep.is_empty() {
+            self.caches = None;
+            self.pending = None;
+        } else {
+            self.caches.as_mut().expect("rows have caches").retain(&keep)?;
+            let (ny, nlp) = next.expect("kept rows have a next step");
+            let idx: Vec<i32> = keep.iter().map(|&i| i as i32).collect();
+            let idx = Array::from_slice(&idx, &[idx.len() as i32])?;
+            self.pending = Some((ny.take(&idx, 0)?, nlp.take(&idx, 0)?));
+        }
+        let mut rows: Vec<Option<Row>> = std::mem::take(&mut self.rows).into_iter().map(Some).collect();
+        self.rows = keep.iter().map(|&i| rows[i].take().expect("kept once")).collect();
+        // Nothing of a leaving request may outlive it (the host may exit once it has its reply).
+        if !leaving.is_empty() {
+            let _ = mlx::synchronize();
+        }
+        for (i, res) in leaving {
+            let row = rows[i].take().expect("leaves once");
+            let held = out.iter().position(|(j, _)| *j == i).map(|p| out.swap_remove(p).1);
+            finish(row, res.err(), held, pool);
+        }
+        for ((i, tokens, replace), caches) in forcing.into_iter().zip(forced_caches) {
+            let row = rows[i].take().expect("forced once");
+            if let Some(solo) = feed_forced(model, row, caches, tokens, replace, scheduled, pool)? {
+                self.solo.push_back(solo);
+            }
+        }
+        // Forced rows join again at once (their next token is scheduled).
+        let mut i = 0;
+        while i < self.solo.len() {
+            if self.solo[i].next.is_some() {
+                let s = self.solo.remove(i).expect("in range");
+                self.join(s)?;
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Ends a request: its reply (or `error`) to its sink; its caches (when kept) to the prompt cache.
+fn finish(mut row: Row, error: Option<Error>, caches: Option<LayerCaches>, pool: &mut PromptCachePool) {
+    if let Some(e) = error {
+        row.job.events.send(Event::Done(Err(e)));
+        return;
+    }
+    if let Some(c) = caches {
+        store_reply(pool, &row.prompt, &row.reply.sampled, c);
+    }
+    row.stats.generated = row.n;
+    row.stats.decode_s = row.decode_start.map_or(0.0, |t| t.elapsed().as_secs_f64());
+    row.stats.peak_memory = memory_stats().peak;
+    let usage = request::usage(row.prompt.len(), row.reply.completion_tokens(), row.queue_ms, &row.stats);
+    let job = row.job;
+    let reply: Result<GenerateReply> = row.reply.finish(&job, usage);
+    job.events.send(Event::Done(reply));
+}
+
+/// Picks up `job`: its prompt, the prompt cache's longest prefix, its sampler. The job comes
+/// back with the error when it cannot start.
+fn start(engine: &Engine, job: GenerateJob, pool: &mut PromptCachePool) -> std::result::Result<Solo, (GenerateJob, Error)> {
+    let queue_ms = job.queued_at.elapsed().as_secs_f64() * 1e3;
+    let r = (|| -> Result<(Vec<u32>, LayerCaches, usize, bool, Reply, Stepper)> {
+        if job.abort.load(Ordering::Relaxed) {
+            return Err(Error::Aborted);
+        }
+        let prompt = engine.prompt_ids(&job)?;
+        let opts = &job.options;
+        let use_pool = opts.prompt_cache != Some(false) && pool.cacheable(&prompt);
+        let reuse = if use_pool { pool.lookup(&prompt, Instant::now()) } else { None };
+        let mut caches = match reuse {
+            Some(r) => r.caches,
+            None => engine.model.make_caches(),
+        };
+        let cached = generator::prepare(engine.model.as_ref(), &mut caches, &prompt, opts)?;
+        let reply = Reply::new(engine.tokenizer.as_deref(), &engine.eos, &prompt, opts)?;
+        let stepper = Stepper::new(opts, &prompt)?;
+        Ok((prompt, caches, cached, use_pool, reply, stepper))
+    })();
+    match r {
+        Ok((prompt, caches, cached, use_pool, reply, stepper)) => {
+            let stats = LoopStats { prefilled: prompt.len() - cached, batched: true, ..Default::default() };
+            Ok(Solo {
+                row: Row {
+                    job,
+                    prompt,
+                    reply,
+                    stepper,
+                    stats,
+                    queue_ms,
+                    use_pool,
+                    start: Instant::now(),
+                    decode_start: None,
+                    n: 0,
+                },
+                caches,
+                pos: cached,
+                next: None,
+            })
+        }
+        Err(e) => Err((job, e)),
+    }
+}
+
+/// A row whose reply forces tokens (the reasoning budget's closer), stepped out of the batch
+/// with its own `caches` (holding its last token when the batch had `scheduled` a step after
+/// it): as `generator::run` does alone, the last token is dropped first with `replace`, the
+/// forced tokens are handed over and fed, and the row comes back ready to join with its next
+/// token; or it finishes here.
+fn feed_forced(
+    model: &dyn crate::models::CausalLm,
+    mut row: Row,
+    mut caches: LayerCaches,
+    forced: Vec<u32>,
+    replace: bool,
+    scheduled: bool,
+    pool: &mut PromptCachePool,
+) -> Result<Option<Solo>> {
+    let max = row.job.options.max_tokens;
+    let end = |row: Row, caches: LayerCaches, pool: &mut PromptCachePool| {
+        let _ = mlx::synchronize();
+        let held = if row.use_pool { Some(caches) } else { None };
+        finish(row, None, held, pool);
+        Ok(None)
+    };
+    if !scheduled && !replace {
+        return end(row, caches, pool);
+    }
+    if replace {
+        row.n -= 1;
+        if scheduled {
+            caches.trim_to(caches.offset().saturating_sub(1))?;
+        }
+    }
+    let mut fed = Vec::with_capacity(forced.len());
+    for &t in &forced {
+        if row.n >= max {
+            break;
+        }
+        row.n += 1;
+        fed.push(t);
+        match row.reply.on_token(&row.job, TokenStep { id: t, logprob: 0.0, forced: true }) {
+            Ok(Flow::Stop) => return end(row, caches, pool),
+            Ok(_) => {}
+            Err(e) => {
+                let _ = mlx::synchronize();
+                finish(row, Some(e), None, pool);
+                return Ok(None);
+            }
+        }
+    }
+    if fed.is_empty() || row.n >= max {
+        return end(row, caches, pool);
+    }
+    let vocab = model.vocab_size() as u32;
+    if let Some(bad) = fed.iter().find(|&&t| t >= vocab) {
+        let _ = mlx::synchronize();
+        let e = Error::InvalidArgument(format!("forced token id {bad} is outside the vocabulary (size {vocab})"));
+        finish(row, Some(e), None, pool);
+        return Ok(None);
+    }
+    row.stepper.remember(&Array::from_slice(&fed, &[fed.len() as i32])?)?;
+    let (y, lp) = row.stepper.step(model, &Array::from_slice(&fed, &[1, fed.len() as i32])?, &mut caches)?;
+    async_eval(&[&y, &lp])?;
+    let pos = row.prompt.len();
+    Ok(Some(Solo { row, caches, pos, next: Some((y, lp)) }))
+}
+
+/// Samples every row's next token from `logits` `[B, V]`: (tokens `[B]` uint32, logprobs `[B]`
+/// float32). Rows that take the plain argmax are sampled together; otherwise each row by its own
+/// sampler (its own key: seeded sampling does not depend on the rest of the batch).
+fn sample(rows: &mut [Row], logits: &Array) -> Result<(Array, Array)> {
+    if rows.iter().all(|r| r.stepper.plain_greedy()) {
+        let logprobs = logits.subtract(&logits.logsumexp(&[-1], true)?)?;
+        let y = logprobs.argmax(-1, false)?.astype(Dtype::Uint32)?;
+        let lp = logprobs.take_along_axis(&y.reshape(&[-1, 1])?, -1)?.reshape(&[-1])?.astype(Dtype::Float32)?;
+        return Ok((y, lp));
+    }
+    let mut ys = Vec::with_capacity(rows.len());
+    let mut lps = Vec::with_capacity(rows.len());
+    for (i, row) in rows.iter_mut().enumerate() {
+        let (y, lp) = row.stepper.sample(&logits.slice_axis(0, i as i32, i as i32 + 1)?)?;
+        ys.push(y);
+        lps.push(lp);
+    }
+    Ok((Array::concatenate(&ys.iter().collect::<Vec<_>>(), 0)?, Array::concatenate(&lps.iter().collect::<Vec<_>>(), 0)?))
+}
