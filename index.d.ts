@@ -203,6 +203,18 @@ export interface LoadOptions {
   dtype?: 'float32' | 'bfloat16' | 'float16'
   /** Settings of the automatic prompt cache. */
   promptCache?: PromptCacheOptions
+  /**
+   * The most requests that decode together in one batch (default 16); more wait their turn.
+   * Concurrent `generate()`/`stream()` calls on one session are batched with no change to
+   * your code (models with sliding-window or recurrent caches run them one at a time).
+   */
+  maxBatch?: number
+  /**
+   * Bytes of cache the requests decoding together may set aside (each its prompt and
+   * `maxTokens`): one that does not fit waits, one that never can is rejected with
+   * `OUT_OF_MEMORY`. Default: 90 % of what MLX may still allocate after loading.
+   */
+  kvBudgetBytes?: number
   /** Called as loading advances (on the JS thread). */
   onProgress?: (progress: LoadProgress) => void
   /** Aborts the load: the promise rejects with code `'ABORTED'`. */
@@ -354,4 +366,12 @@ export interface Usage {
   waitMsPerStep: number
   /** Peak memory MLX used during the generation. */
   peakMemoryBytes: number
+  /** The most requests that decoded together in one step with this one (1: alone). */
+  batchSize: number
+  /**
+   * Whether it ran in the session's continuous batch; false when the model's caches cannot
+   * batch yet (sliding windows, recurrent states, latent caches) and requests run one after
+   * another.
+   */
+  batched: boolean
 }

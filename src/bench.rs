@@ -4,6 +4,8 @@
 use crate::error::{Error, Result};
 use crate::{GenerateOptions, LoadOptions, Session};
 use serde_json::{json, Value};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Real model shapes (random weights), the same configs as the mlx-lm side uses.
@@ -136,7 +138,9 @@ pub fn decode_step_census(shape: &str, bits: u32, group_size: u32) -> Result<Vec
 /// `concurrency` requests at once on one session (each its own random prompt of `prompt_len`
 /// tokens and `gen` new ones, from its own thread, started together), per run: the aggregate
 /// generated tok/s over the wall time of all of them, each stream's decode tok/s (median), and
-/// the time to first token each caller saw (queueing included), p50 and p95.
+/// the time to first token each caller saw (queueing included), p50 and p95, and the time to
+/// first token of one more request arriving while all of them decode (`late_ttft_ms`; its two
+/// tokens are not in the aggregate, and it slows the streams a little while it prefills).
 pub fn run_concurrent(spec: &BenchSpec, concurrency: usize, mut report: impl FnMut(Value)) -> Result<()> {
     if concurrency == 0 {
         return Err(Error::InvalidArgument("--concurrency must be at least 1".into()));
@@ -147,14 +151,32 @@ pub fn run_concurrent(spec: &BenchSpec, concurrency: usize, mut report: impl FnM
     session.generate_tokens(&random_prompt(vocab, spec.prompt_len, 0), opts(4), |_| true)?; // warm-up
     for run in 0..spec.runs {
         let t0 = Instant::now();
+        let started = Arc::new(AtomicUsize::new(0));
         let handles: Vec<_> = (0..concurrency)
             .map(|i| {
                 let s = session.clone();
                 let prompt = random_prompt(vocab, spec.prompt_len, 1 + (run * concurrency + i) as u64);
                 let gen = spec.gen;
-                std::thread::spawn(move || s.generate_tokens(&prompt, opts(gen), |_| true))
+                let started = started.clone();
+                std::thread::spawn(move || {
+                    let mut first = true;
+                    s.generate_tokens(&prompt, opts(gen), |_| {
+                        if std::mem::take(&mut first) {
+                            started.fetch_add(1, Ordering::SeqCst);
+                        }
+                        true
+                    })
+                })
             })
             .collect();
+        // Once every stream is decoding, one more request of the same prompt length arrives:
+        // its time to first token while the others stream (continuous batching lets it in at
+        // the next step boundary instead of behind them).
+        while started.load(Ordering::SeqCst) < concurrency && handles.iter().any(|h| !h.is_finished()) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let late = session.generate_tokens(&random_prompt(vocab, spec.prompt_len, 7_777 + run as u64), opts(2), |_| true)?;
+        let late_ttft_ms = late.usage.queue_ms + late.usage.ttft_ms;
         let mut replies = vec![];
         for h in handles {
             replies.push(h.join().map_err(|_| Error::Mlx("a benchmark stream panicked".into()))??);
@@ -172,6 +194,7 @@ pub fn run_concurrent(spec: &BenchSpec, concurrency: usize, mut report: impl FnM
             "prompt_tokens": spec.prompt_len, "gen_tokens": spec.gen,
             "aggregate_tok_s": r1(generated as f64 / wall), "per_stream_decode_tok_s": r1(pct(&per_stream, 0.5)),
             "ttft_p50_ms": r1(pct(&ttft, 0.5)), "ttft_p95_ms": r1(pct(&ttft, 0.95)), "wall_s": r1(wall),
+            "late_ttft_ms": r1(late_ttft_ms),
             "batch_size": replies.iter().map(|r| r.usage.batch_size).max().unwrap_or(1),
             "batched": replies.iter().all(|r| r.usage.batched),
             "device": session.info().device, "dtype": session.info().dtype,

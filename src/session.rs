@@ -25,6 +25,11 @@ pub struct LoadOptions {
     /// The most requests that decode together in one batch (default [`DEFAULT_MAX_BATCH`]);
     /// more wait in the session's queue. Models whose caches cannot batch run one at a time.
     pub max_batch: Option<usize>,
+    /// Cache bytes the requests decoding together may set aside (each its prompt and
+    /// `max_tokens` new tokens): a request that does not fit waits; one that can never fit is
+    /// refused with `OUT_OF_MEMORY` before it starts. Default: 90 % of what MLX may still
+    /// allocate after loading (its memory limit less the weights).
+    pub kv_budget_bytes: Option<usize>,
 }
 
 /// How many requests decode together unless [`LoadOptions::max_batch`] says otherwise.
@@ -32,7 +37,7 @@ pub const DEFAULT_MAX_BATCH: usize = 16;
 
 impl LoadOptions {
     /// Every option, by its snake_case name (`prompt_cache` is an object of [`PROMPT_CACHE_FIELDS`]).
-    pub const FIELDS: &'static [&'static str] = &["device", "dtype", "prompt_cache", "max_batch"];
+    pub const FIELDS: &'static [&'static str] = &["device", "dtype", "prompt_cache", "max_batch", "kv_budget_bytes"];
 
     /// Load options from a JSON object, named as `naming` spells them (see [`crate::schema`]):
     /// `device` `"gpu"`/`"cpu"`, `dtype` `"float32"`/`"bfloat16"`/`"float16"`, `prompt_cache`
@@ -67,7 +72,8 @@ impl LoadOptions {
         if max_batch == Some(0) {
             return Err(format!("{} must be at least 1", f.name("max_batch")));
         }
-        Ok(LoadOptions { device, dtype, prompt_cache, max_batch })
+        let kv_budget_bytes = f.count("kv_budget_bytes")?;
+        Ok(LoadOptions { device, dtype, prompt_cache, max_batch, kv_budget_bytes })
     }
 }
 
@@ -183,6 +189,7 @@ impl Session {
             synthetic_seed,
             prompt_cache: options.prompt_cache.clone(),
             max_batch: options.max_batch.unwrap_or(DEFAULT_MAX_BATCH).max(1),
+            kv_budget: options.kv_budget_bytes,
         };
         let (cmd_tx, cmd_rx) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::channel();

@@ -169,3 +169,34 @@ fn an_abort_leaves_the_batch_at_once() {
     assert_eq!(rest[0].tokens, solo[0].tokens);
     assert_eq!(rest[1].tokens, solo[1].tokens);
 }
+
+/// The cache budget: requests in flight set aside their prompt and `max_tokens` of cache; one
+/// that does not fit beside the others waits, one that can never fit is refused with
+/// `OUT_OF_MEMORY` before it starts, and the others are unharmed.
+#[test]
+fn the_cache_budget_makes_requests_wait_or_refuses_one_that_never_fits() {
+    let dir = tiny_llama_dir();
+    // The tiny llama in float32: 2 layers × (keys + values) × 2 heads × 8 dims × 4 bytes a token.
+    let per_token = 2 * 2 * 2 * 8 * 4;
+    let budget = 60 * per_token;
+    let s = Session::load_with_options(
+        dir.path(),
+        LoadOptions { kv_budget_bytes: Some(budget), dtype: Some(mlex::Dtype::Float32), ..Default::default() },
+    )
+    .unwrap();
+    // 10 + 20 tokens each: two fit together, a third waits.
+    let reqs: Vec<_> = (0..4).map(|i| (prompt(10, i as u32), opts(20, SamplingConfig::default()))).collect();
+    let mut streams: Vec<_> =
+        reqs.iter().map(|(p, o)| s.stream(Request::Tokens(p.clone()), o.clone()).unwrap()).collect();
+    let too_big = s.stream(Request::Tokens(prompt(10, 9)), opts(60, SamplingConfig::default())).unwrap();
+    let e = too_big.finish().unwrap_err();
+    assert_eq!(e.code(), "OUT_OF_MEMORY", "{e}");
+    assert!(e.to_string().contains("kv_budget_bytes"), "{e}");
+    let replies: Vec<_> = streams.drain(..).map(|g| g.finish().unwrap()).collect();
+    let solo = alone(&s, &reqs);
+    for (b, a) in replies.iter().zip(&solo) {
+        assert_eq!(b.tokens, a.tokens);
+        assert!(b.usage.batch_size <= 2, "batch of {}", b.usage.batch_size);
+    }
+    assert!(replies.iter().any(|r| r.usage.batch_size == 2));
+}

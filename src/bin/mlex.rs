@@ -307,8 +307,9 @@ fn bench(a: BenchArgs) -> mlex::Result<()> {
             println!("{v}");
             if !json {
                 eprintln!(
-                    "run {}: {} streams: {} tok/s in all, {} tok/s per stream, ttft p50 {} ms p95 {} ms",
-                    v["run"], v["concurrency"], v["aggregate_tok_s"], v["per_stream_decode_tok_s"], v["ttft_p50_ms"], v["ttft_p95_ms"]
+                    "run {}: {} streams (batches of up to {}): {} tok/s in all, {} tok/s per stream, ttft p50 {} ms p95 {} ms, a request arriving while they stream: {} ms",
+                    v["run"], v["concurrency"], v["batch_size"], v["aggregate_tok_s"], v["per_stream_decode_tok_s"], v["ttft_p50_ms"],
+                    v["ttft_p95_ms"], v["late_ttft_ms"]
                 );
             }
         });

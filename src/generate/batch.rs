@@ -32,6 +32,8 @@ struct Row {
     decode_start: Option<Instant>,
     /// Tokens handed to `reply` (forced ones included), against `max_tokens`.
     n: usize,
+    /// Cache bytes set aside for it: its prompt and `max_tokens` new tokens.
+    reserve: usize,
 }
 
 /// A request outside the batch with its own caches: prefilling (`next` None), or ready to join
@@ -52,24 +54,82 @@ pub(super) struct Batch {
     caches: Option<BatchCaches>,
     /// Each row's token (and logprob) of the last scheduled step, not read yet: `[B]`.
     pending: Option<(Array, Array)>,
+    /// The oldest waiting request, started but not fitting yet (requests start in order).
+    held: Option<Solo>,
     max_batch: usize,
+    /// Cache bytes the requests in flight may set aside together.
+    kv_budget: usize,
+    /// Cache bytes one token takes (every layer's keys and values).
+    kv_per_token: usize,
 }
 
 impl Batch {
-    pub(super) fn new(max_batch: usize) -> Self {
+    pub(super) fn new(max_batch: usize, kv_budget: usize, kv_per_token: usize) -> Self {
         Batch {
             waiting: VecDeque::new(),
             solo: VecDeque::new(),
             rows: vec![],
             caches: None,
             pending: None,
+            held: None,
             max_batch: max_batch.max(1),
+            kv_budget,
+            kv_per_token,
         }
     }
 
     /// Whether any request is in flight (the engine then polls its queue instead of waiting).
     pub(super) fn busy(&self) -> bool {
-        !self.waiting.is_empty() || !self.solo.is_empty() || !self.rows.is_empty()
+        !self.waiting.is_empty() || !self.solo.is_empty() || !self.rows.is_empty() || self.held.is_some()
+    }
+
+    fn in_flight(&self) -> usize {
+        self.rows.len() + self.solo.len()
+    }
+
+    fn reserved(&self) -> usize {
+        self.rows.iter().map(|r| r.reserve).chain(self.solo.iter().map(|s| s.row.reserve)).sum()
+    }
+
+    /// Starts waiting requests in order while they fit: `max_batch` requests, and the cache
+    /// bytes each sets aside (its prompt and `max_tokens`) within the budget. One that can never
+    /// fit is refused (`OUT_OF_MEMORY`) before it starts; one that does not fit yet waits.
+    fn admit_waiting(&mut self, engine: &Engine, pool: &mut PromptCachePool) {
+        while self.in_flight() < self.max_batch {
+            let s = match self.held.take() {
+                Some(s) => s,
+                None => {
+                    let Some(job) = self.waiting.pop_front() else { break };
+                    match start(engine, job, pool, self.kv_per_token) {
+                        Ok(s) => s,
+                        Err((job, e)) => {
+                            job.events.send(Event::Done(Err(e)));
+                            continue;
+                        }
+                    }
+                }
+            };
+            if s.row.job.abort.load(Ordering::Relaxed) {
+                s.row.job.events.send(Event::Done(Err(Error::Aborted)));
+                continue;
+            }
+            if s.row.reserve > self.kv_budget {
+                let e = Error::OutOfMemory(format!(
+                    "the request needs {} MB of cache ({} prompt tokens + max_tokens {}), more than the session's budget of {} MB (kv_budget_bytes)",
+                    s.row.reserve >> 20,
+                    s.row.prompt.len(),
+                    s.row.job.options.max_tokens,
+                    self.kv_budget >> 20
+                ));
+                s.row.job.events.send(Event::Done(Err(e)));
+                continue;
+            }
+            if self.in_flight() > 0 && self.reserved() + s.row.reserve > self.kv_budget {
+                self.held = Some(s);
+                break;
+            }
+            self.solo.push_back(s);
+        }
     }
 
     pub(super) fn admit(&mut self, job: GenerateJob) {
@@ -88,22 +148,15 @@ impl Batch {
         let _ = mlx::synchronize();
         self.caches = None;
         self.pending = None;
-        let rows = std::mem::take(&mut self.rows).into_iter().chain(std::mem::take(&mut self.solo).into_iter().map(|s| s.row));
+        let solo = std::mem::take(&mut self.solo).into_iter().chain(self.held.take());
+        let rows = std::mem::take(&mut self.rows).into_iter().chain(solo.map(|s| s.row));
         for row in rows {
             row.job.events.send(Event::Done(Err(err.duplicate())));
         }
     }
 
     fn tick_inner(&mut self, engine: &Engine, pool: &mut PromptCachePool) -> Result<()> {
-        while self.rows.len() + self.solo.len() < self.max_batch {
-            let Some(job) = self.waiting.pop_front() else { break };
-            match start(engine, job, pool) {
-                Ok(solo) => self.solo.push_back(solo),
-                Err((job, e)) => {
-                    job.events.send(Event::Done(Err(e)));
-                }
-            }
-        }
+        self.admit_waiting(engine, pool);
         self.prefill(engine)?;
         if !self.rows.is_empty() {
             self.step(engine, pool)?;
@@ -312,7 +365,12 @@ fn finish(mut row: Row, error: Option<Error>, caches: Option<LayerCaches>, pool:
 
 /// Picks up `job`: its prompt, the prompt cache's longest prefix, its sampler. The job comes
 /// back with the error when it cannot start.
-fn start(engine: &Engine, job: GenerateJob, pool: &mut PromptCachePool) -> std::result::Result<Solo, (GenerateJob, Error)> {
+fn start(
+    engine: &Engine,
+    job: GenerateJob,
+    pool: &mut PromptCachePool,
+    kv_per_token: usize,
+) -> std::result::Result<Solo, (GenerateJob, Error)> {
     let queue_ms = job.queued_at.elapsed().as_secs_f64() * 1e3;
     let r = (|| -> Result<(Vec<u32>, LayerCaches, usize, bool, Reply, Stepper)> {
         if job.abort.load(Ordering::Relaxed) {
@@ -334,6 +392,7 @@ fn start(engine: &Engine, job: GenerateJob, pool: &mut PromptCachePool) -> std::
     match r {
         Ok((prompt, caches, cached, use_pool, reply, stepper)) => {
             let stats = LoopStats { prefilled: prompt.len() - cached, batched: true, ..Default::default() };
+            let reserve = prompt.len().saturating_add(job.options.max_tokens).saturating_mul(kv_per_token);
             Ok(Solo {
                 row: Row {
                     job,
@@ -346,6 +405,7 @@ fn start(engine: &Engine, job: GenerateJob, pool: &mut PromptCachePool) -> std::
                     start: Instant::now(),
                     decode_start: None,
                     n: 0,
+                    reserve,
                 },
                 caches,
                 pos: cached,

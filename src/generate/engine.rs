@@ -92,6 +92,8 @@ pub struct EngineSpec {
     pub prompt_cache: PromptCacheConfig,
     /// The most requests decoding together (continuous batching); more wait their turn.
     pub max_batch: usize,
+    /// Cache bytes the requests in flight may set aside together (None: from MLX's memory limit).
+    pub kv_budget: Option<usize>,
 }
 
 /// Facts about the loaded model reported back to the session.
@@ -125,7 +127,18 @@ pub fn run(spec: EngineSpec, ready: Sender<Result<LoadedFacts>>, commands: Recei
         }
     };
     let mut pool = PromptCachePool::new(spec.prompt_cache.clone());
-    let mut batch = engine.model.batchable().then(|| Batch::new(spec.max_batch));
+    // By default the requests in flight may set aside for their caches 90 % of what MLX may
+    // still allocate once the weights are in.
+    let facts_budget = mlx::memory_limit().saturating_sub(mlx::memory_stats().active) / 10 * 9;
+    let mut batch = if engine.model.batchable() {
+        match engine.kv_bytes_per_token() {
+            Ok(per_token) => Some(Batch::new(spec.max_batch, spec.kv_budget.unwrap_or(facts_budget), per_token)),
+            // Cannot happen for a model that loaded; serving one at a time still works.
+            Err(_) => None,
+        }
+    } else {
+        None
+    };
     let mut closing = false;
     loop {
         let busy = batch.as_ref().is_some_and(|b| b.busy());
@@ -238,6 +251,14 @@ impl Engine {
         let logits = self.model.forward(&mlx::Array::from_slice(&[9u32], &[1, 1])?, &mut caches)?;
         let state: Vec<&mlx::Array> = std::iter::once(&logits).chain(caches.state()).collect();
         mlx::graph_census(&state)
+    }
+
+    /// Cache bytes one more token takes in every layer (measured on a one-token step).
+    fn kv_bytes_per_token(&self) -> Result<usize> {
+        let mut caches = self.model.make_caches();
+        self.model.forward(&mlx::Array::from_slice(&[0u32], &[1, 1])?, &mut caches)?;
+        mlx::eval(&caches.state())?;
+        Ok(caches.nbytes().div_ceil(crate::nn::kv_cache::KV_STEP))
     }
 
     /// The job's prompt as token ids (a chat transcript rendered and encoded here).

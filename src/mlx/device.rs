@@ -65,6 +65,15 @@ pub fn memory_stats() -> MemoryStats {
     m
 }
 
+/// MLX's memory limit in bytes (allocations beyond it fail).
+pub fn memory_limit() -> usize {
+    let mut n = 0;
+    unsafe {
+        let _ = sys::mlex_memory_limit(&mut n);
+    }
+    n
+}
+
 pub fn reset_peak_memory() {
     unsafe {
         let _ = sys::mlex_memory_reset_peak();

@@ -251,6 +251,9 @@ int mlex_memory_cache(size_t* out) {
 int mlex_memory_reset_peak(void) {
   return guard([&] { mx::reset_peak_memory(); });
 }
+int mlex_memory_limit(size_t* out) {
+  return guard([&] { *out = mx::get_memory_limit(); });
+}
 int mlex_memory_clear_cache(void) {
   return guard([&] { mx::clear_cache(); });
 }

@@ -84,6 +84,8 @@ int mlex_memory_active(size_t* out);
 int mlex_memory_peak(size_t* out);
 int mlex_memory_cache(size_t* out);
 int mlex_memory_reset_peak(void);
+/* MLX's memory limit (bytes): allocations beyond it fail. */
+int mlex_memory_limit(size_t* out);
 int mlex_memory_clear_cache(void);
 int mlex_set_memory_limit(size_t limit, size_t* previous);
 int mlex_set_cache_limit(size_t limit, size_t* previous);

@@ -56,6 +56,10 @@ pub struct LoadOptions {
     /// Concurrent `generate()`/`stream()` calls on one session are batched with no change to
     /// your code (models with sliding-window or recurrent caches run them one at a time).
     pub max_batch: Option<u32>,
+    /// Bytes of cache the requests decoding together may set aside (each its prompt and
+    /// `maxTokens`): one that does not fit waits, one that never can is rejected with
+    /// `OUT_OF_MEMORY`. Default: 90 % of what MLX may still allocate after loading.
+    pub kv_budget_bytes: Option<f64>,
     /// Called as loading advances (on the JS thread).
     #[napi(ts_type = "(progress: LoadProgress) => void")]
     #[serde(skip)]
