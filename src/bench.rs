@@ -139,9 +139,9 @@ pub fn decode_step_census(shape: &str, bits: u32, group_size: u32) -> Result<Vec
 /// tokens and `gen` new ones, from its own thread, started together), per run: the aggregate
 /// generated tok/s over the wall time of all of them, each stream's decode tok/s (median), and
 /// the time to first token each caller saw (queueing included), p50 and p95, and the time to
-/// first token of one more request arriving while all of them decode (`late_ttft_ms`; its two
-/// tokens are not in the aggregate, and it slows the streams a little while it prefills).
-pub fn run_concurrent(spec: &BenchSpec, concurrency: usize, mut report: impl FnMut(Value)) -> Result<()> {
+/// first token of one more request arriving while all of them decode (`late`: `late_ttft_ms`;
+/// its two tokens are not in the aggregate, but its prefill delays the streams and the wall time).
+pub fn run_concurrent(spec: &BenchSpec, concurrency: usize, late: bool, mut report: impl FnMut(Value)) -> Result<()> {
     if concurrency == 0 {
         return Err(Error::InvalidArgument("--concurrency must be at least 1".into()));
     }
@@ -149,6 +149,7 @@ pub fn run_concurrent(spec: &BenchSpec, concurrency: usize, mut report: impl FnM
     let vocab = session.info().vocab_size as u64;
     let opts = |n| GenerateOptions { max_tokens: n, ignore_eos: true, prompt_cache: Some(false), ..Default::default() };
     session.generate_tokens(&random_prompt(vocab, spec.prompt_len, 0), opts(4), |_| true)?; // warm-up
+    let r1 = |x: f64| (x * 10.0).round() / 10.0;
     for run in 0..spec.runs {
         let t0 = Instant::now();
         let started = Arc::new(AtomicUsize::new(0));
@@ -172,11 +173,14 @@ pub fn run_concurrent(spec: &BenchSpec, concurrency: usize, mut report: impl FnM
         // Once every stream is decoding, one more request of the same prompt length arrives:
         // its time to first token while the others stream (continuous batching lets it in at
         // the next step boundary instead of behind them).
-        while started.load(Ordering::SeqCst) < concurrency && handles.iter().any(|h| !h.is_finished()) {
-            std::thread::sleep(std::time::Duration::from_millis(1));
+        let mut late_ttft_ms = None;
+        if late {
+            while started.load(Ordering::SeqCst) < concurrency && handles.iter().any(|h| !h.is_finished()) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            let r = session.generate_tokens(&random_prompt(vocab, spec.prompt_len, 7_777 + run as u64), opts(2), |_| true)?;
+            late_ttft_ms = Some(r1(r.usage.queue_ms + r.usage.ttft_ms));
         }
-        let late = session.generate_tokens(&random_prompt(vocab, spec.prompt_len, 7_777 + run as u64), opts(2), |_| true)?;
-        let late_ttft_ms = late.usage.queue_ms + late.usage.ttft_ms;
         let mut replies = vec![];
         for h in handles {
             replies.push(h.join().map_err(|_| Error::Mlx("a benchmark stream panicked".into()))??);
@@ -188,13 +192,12 @@ pub fn run_concurrent(spec: &BenchSpec, concurrency: usize, mut report: impl FnM
         let mut per_stream: Vec<f64> = replies.iter().map(|r| r.usage.decode_tokens_per_second).collect();
         per_stream.sort_by(f64::total_cmp);
         let pct = |v: &[f64], p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
-        let r1 = |x: f64| (x * 10.0).round() / 10.0;
         report(json!({
             "engine": "mlex", "model": label, "bits": spec.bits, "run": run, "concurrency": concurrency,
             "prompt_tokens": spec.prompt_len, "gen_tokens": spec.gen,
             "aggregate_tok_s": r1(generated as f64 / wall), "per_stream_decode_tok_s": r1(pct(&per_stream, 0.5)),
             "ttft_p50_ms": r1(pct(&ttft, 0.5)), "ttft_p95_ms": r1(pct(&ttft, 0.95)), "wall_s": r1(wall),
-            "late_ttft_ms": r1(late_ttft_ms),
+            "late_ttft_ms": late_ttft_ms,
             "batch_size": replies.iter().map(|r| r.usage.batch_size).max().unwrap_or(1),
             "batched": replies.iter().all(|r| r.usage.batched),
             "device": session.info().device, "dtype": session.info().dtype,

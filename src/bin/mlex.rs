@@ -72,6 +72,10 @@ struct BenchArgs {
     /// per-stream tok/s, time to first token p50/p95.
     #[arg(long)]
     concurrency: Option<usize>,
+    /// With --concurrency: once every stream decodes, time the first token of one more request
+    /// of the same prompt length (`late_ttft_ms`; its prefill is inside the run's wall time).
+    #[arg(long)]
+    late_request: bool,
     /// The most requests that decode together (default 16; set it to --concurrency to batch all).
     #[arg(long)]
     max_batch: Option<usize>,
@@ -303,7 +307,7 @@ fn bench(a: BenchArgs) -> mlex::Result<()> {
         return Ok(());
     }
     if let Some(n) = a.concurrency {
-        return mlex::bench::run_concurrent(&spec, n, |v| {
+        return mlex::bench::run_concurrent(&spec, n, a.late_request, |v| {
             println!("{v}");
             if !json {
                 eprintln!(
