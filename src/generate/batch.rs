@@ -128,6 +128,10 @@ impl Batch {
                 self.held = Some(s);
                 break;
             }
+            // Its wait for room counts as queueing, not as time to first token.
+            let mut s = s;
+            s.row.queue_ms = s.row.job.queued_at.elapsed().as_secs_f64() * 1e3;
+            s.row.start = Instant::now();
             self.solo.push_back(s);
         }
     }
@@ -242,7 +246,7 @@ impl Batch {
         let t = Instant::now();
         let next = if more {
             let caches = self.caches.as_mut().expect("rows have caches").for_step()?;
-            for (i, row) in self.rows.iter_mut().enumerate() {
+            for (i, row) in self.rows.iter_mut().enumerate().filter(|(_, r)| r.stepper.keeps_history()) {
                 row.stepper.remember(&ys.slice_axis(0, i as i32, i as i32 + 1)?)?;
             }
             let logits = model.forward(&ys.reshape(&[b as i32, 1])?, caches)?.reshape(&[b as i32, -1])?;

@@ -80,6 +80,11 @@ impl Stepper {
         Ok(stepper)
     }
 
+    /// Whether it keeps recent tokens (for the repetition penalty).
+    pub(crate) fn keeps_history(&self) -> bool {
+        self.history_len > 0
+    }
+
     /// Argmax without a penalty: rows like this in a batch are sampled together.
     pub(crate) fn plain_greedy(&self) -> bool {
         self.temperature == 0.0 && self.history_len == 0
