@@ -104,6 +104,11 @@ impl<'a> Fields<'a> {
         format!("{}{}", self.prefix, self.naming.spell(field))
     }
 
+    /// `field`'s value as given (an option whose value is itself free-form JSON).
+    pub fn raw(&self, field: &str) -> Option<&'a Value> {
+        self.get(field)
+    }
+
     fn get(&self, field: &str) -> Option<&'a Value> {
         self.obj?.get(&self.naming.spell(field)).filter(|v| !v.is_null())
     }

@@ -249,7 +249,18 @@ impl Batch {
             for (i, row) in self.rows.iter_mut().enumerate().filter(|(_, r)| r.stepper.keeps_history()) {
                 row.stepper.remember(&ys.slice_axis(0, i as i32, i as i32 + 1)?)?;
             }
-            let logits = model.forward(&ys.reshape(&[b as i32, 1])?, caches)?.reshape(&[b as i32, -1])?;
+            // Constrained rows need each token before the next mask: such a batch waits for the
+            // step before it (no pipelining while one is in it).
+            if self.rows.iter().any(|r| r.stepper.constrained()) {
+                let ids = ys.to_vec::<u32>()?;
+                for (row, id) in self.rows.iter_mut().zip(ids) {
+                    row.stepper.feed(&[id])?;
+                }
+            }
+            let mut logits = model.forward(&ys.reshape(&[b as i32, 1])?, caches)?.reshape(&[b as i32, -1])?;
+            if self.rows.iter().any(|r| r.stepper.constrained()) {
+                logits = masked(&mut self.rows, logits)?;
+            }
             let (ny, nlp) = sample(&mut self.rows, &logits)?;
             let built = Instant::now();
             async_eval(&[&ny, &nlp])?;
@@ -331,7 +342,7 @@ impl Batch {
         }
         for ((i, tokens, replace), caches) in forcing.into_iter().zip(forced_caches) {
             let row = rows[i].take().expect("forced once");
-            if let Some(solo) = feed_forced(model, row, caches, tokens, replace, scheduled, pool)? {
+            if let Some(solo) = feed_forced(model, row, caches, tokens, replace, scheduled, pool) {
                 self.solo.push_back(solo);
             }
         }
@@ -390,7 +401,7 @@ fn start(
         };
         let cached = generator::prepare(engine.model.as_ref(), &mut caches, &prompt, opts)?;
         let reply = Reply::new(engine.tokenizer.as_deref(), &engine.eos, &prompt, opts)?;
-        let stepper = Stepper::new(opts, &prompt)?;
+        let stepper = Stepper::new(opts, &prompt, engine.constraint(&prompt, opts)?)?;
         Ok((prompt, caches, cached, use_pool, reply, stepper))
     })();
     match r {
@@ -433,21 +444,23 @@ fn feed_forced(
     replace: bool,
     scheduled: bool,
     pool: &mut PromptCachePool,
-) -> Result<Option<Solo>> {
+) -> Option<Solo> {
     let max = row.job.options.max_tokens;
-    let end = |row: Row, caches: LayerCaches, pool: &mut PromptCachePool| {
+    let end = |row: Row, caches: Option<LayerCaches>, error: Option<Error>, pool: &mut PromptCachePool| {
         let _ = mlx::synchronize();
-        let held = if row.use_pool { Some(caches) } else { None };
-        finish(row, None, held, pool);
-        Ok(None)
+        let held = if row.use_pool && error.is_none() { caches } else { None };
+        finish(row, error, held, pool);
+        None
     };
     if !scheduled && !replace {
-        return end(row, caches, pool);
+        return end(row, Some(caches), None, pool);
     }
     if replace {
         row.n -= 1;
         if scheduled {
-            caches.trim_to(caches.offset().saturating_sub(1))?;
+            if let Err(e) = caches.trim_to(caches.offset().saturating_sub(1)) {
+                return end(row, None, Some(e), pool);
+            }
         }
     }
     let mut fed = Vec::with_capacity(forced.len());
@@ -458,30 +471,51 @@ fn feed_forced(
         row.n += 1;
         fed.push(t);
         match row.reply.on_token(&row.job, TokenStep { id: t, logprob: 0.0, forced: true }) {
-            Ok(Flow::Stop) => return end(row, caches, pool),
+            Ok(Flow::Stop) => return end(row, Some(caches), None, pool),
             Ok(_) => {}
-            Err(e) => {
-                let _ = mlx::synchronize();
-                finish(row, Some(e), None, pool);
-                return Ok(None);
-            }
+            Err(e) => return end(row, None, Some(e), pool),
         }
     }
     if fed.is_empty() || row.n >= max {
-        return end(row, caches, pool);
+        return end(row, Some(caches), None, pool);
     }
     let vocab = model.vocab_size() as u32;
     if let Some(bad) = fed.iter().find(|&&t| t >= vocab) {
-        let _ = mlx::synchronize();
         let e = Error::InvalidArgument(format!("forced token id {bad} is outside the vocabulary (size {vocab})"));
-        finish(row, Some(e), None, pool);
-        return Ok(None);
+        return end(row, None, Some(e), pool);
     }
-    row.stepper.remember(&Array::from_slice(&fed, &[fed.len() as i32])?)?;
-    let (y, lp) = row.stepper.step(model, &Array::from_slice(&fed, &[1, fed.len() as i32])?, &mut caches)?;
-    async_eval(&[&y, &lp])?;
-    let pos = row.prompt.len();
-    Ok(Some(Solo { row, caches, pos, next: Some((y, lp)) }))
+    let next = (|| -> Result<(Array, Array)> {
+        row.stepper.remember(&Array::from_slice(&fed, &[fed.len() as i32])?)?;
+        let (y, lp) = row.stepper.step(model, &Array::from_slice(&fed, &[1, fed.len() as i32])?, &mut caches)?;
+        async_eval(&[&y, &lp])?;
+        Ok((y, lp))
+    })();
+    match next {
+        Ok(next) => {
+            let pos = row.prompt.len();
+            Some(Solo { row, caches, pos, next: Some(next) })
+        }
+        Err(e) => end(row, None, Some(e), pool),
+    }
+}
+
+/// `logits` `[B, V]` with each constrained row's mask added, computed on the host while the
+/// device runs the forward pass.
+fn masked(rows: &mut [Row], logits: Array) -> Result<Array> {
+    async_eval(&[&logits])?;
+    let v = logits.dim(-1) as usize;
+    let mut all = vec![0f32; rows.len() * v];
+    let mut any = false;
+    for (row, out) in rows.iter_mut().zip(all.chunks_mut(v)) {
+        if let Some(m) = row.stepper.mask(v)? {
+            out.copy_from_slice(&m);
+            any = true;
+        }
+    }
+    if !any {
+        return Ok(logits);
+    }
+    logits.add(&Array::from_slice(&all, &[rows.len() as i32, v as i32])?.astype(logits.dtype())?)
 }
 
 /// Samples every row's next token from `logits` `[B, V]`: (tokens `[B]` uint32, logprobs `[B]`

@@ -4,6 +4,7 @@
 //! each job's events into the job's own sink (the mistral.rs pattern): a channel for the Rust
 //! API, straight into a Node stream's queue for the addon, with no relay thread in between.
 use super::batch::Batch;
+use super::constraint::{reasoning_gate, Constraint, Grammars};
 use super::generator::{self, TokenStep};
 use super::options::{GenerateOptions, GenerateReply, GeneratedToken};
 use super::prompt_cache::{PromptCacheConfig, PromptCachePool};
@@ -108,6 +109,8 @@ pub(super) struct Engine {
     pub(super) model: Box<dyn CausalLm>,
     pub(super) tokenizer: Option<Arc<Tokenizer>>,
     pub(super) eos: Vec<u32>,
+    /// The grammar compiler over this model's vocabulary, built by the first constrained request.
+    grammars: std::cell::OnceCell<std::result::Result<Grammars, String>>,
 }
 
 /// Entry point of the engine thread: load, report, serve until Shutdown or all senders drop.
@@ -237,7 +240,8 @@ fn load(spec: &EngineSpec) -> Result<(Engine, LoadedFacts)> {
     let dtype = model.dtype();
     drop(params);
     let facts = LoadedFacts { dtype, device: spec.device, weights_bytes };
-    Ok((Engine { model, tokenizer: spec.tokenizer.clone(), eos: spec.eos.clone() }, facts))
+    let engine = Engine { model, tokenizer: spec.tokenizer.clone(), eos: spec.eos.clone(), grammars: Default::default() };
+    Ok((engine, facts))
 }
 
 impl Engine {
@@ -251,6 +255,20 @@ impl Engine {
         let logits = self.model.forward(&mlx::Array::from_slice(&[9u32], &[1, 1])?, &mut caches)?;
         let state: Vec<&mlx::Array> = std::iter::once(&logits).chain(caches.state()).collect();
         mlx::graph_census(&state)
+    }
+
+    /// The constraint of a request on `prompt` asking for `opts.response_format`, if any.
+    pub(super) fn constraint(&self, prompt: &[u32], opts: &GenerateOptions) -> Result<Option<Constraint>> {
+        let Some(format) = &opts.response_format else { return Ok(None) };
+        let tok = self.tokenizer.as_deref().ok_or_else(|| {
+            Error::InvalidArgument("response_format needs the model's tokenizer.json, which this model has none of".into())
+        })?;
+        let grammars = self.grammars.get_or_init(|| {
+            let eos = self.eos.first().copied().or_else(|| tok.eos_token_ids().first().copied()).unwrap_or(0);
+            Grammars::new(tok, self.model.vocab_size(), eos).map_err(|e| e.to_string())
+        });
+        let grammars = grammars.as_ref().map_err(|e| Error::Tokenizer(e.clone()))?;
+        Ok(Some(grammars.constraint(format, reasoning_gate(Some(tok), prompt)?)?))
     }
 
     /// Cache bytes one more token takes in every layer (measured on a one-token step).
@@ -298,7 +316,8 @@ impl Engine {
         // turn whose history re-renders this reply differently still resumes from the prompt.
         let mut snapshot = None;
         let snap = if use_pool { Some(&mut snapshot) } else { None };
-        let run = generator::run(self.model.as_ref(), &mut caches, prompt, opts, snap, |step: TokenStep| {
+        let constraint = self.constraint(prompt, opts)?;
+        let run = generator::run(self.model.as_ref(), &mut caches, prompt, opts, snap, constraint, |step: TokenStep| {
             reply.on_token(job, step)
         });
         // The pipelined step after the last token may still be running on MLX's stream thread:

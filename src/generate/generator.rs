@@ -1,6 +1,7 @@
 //! The token loop: chunked prefill, then decode with the next step's graph built and scheduled
 //! (async_eval) before the current token is read, so host work overlaps device work — the
 //! pipelining of mlx-lm's `generate_step`.
+use super::constraint::Constraint;
 use super::options::GenerateOptions;
 use super::sampler::Sampler;
 use crate::error::{Error, Result};
@@ -55,23 +56,29 @@ pub enum Flow {
     Replace(Vec<u32>),
 }
 
-/// One request's sampling state: its sampler (and random key) and its recent tokens.
+/// One request's sampling state: its sampler (and random key), its recent tokens, and its
+/// output constraint.
 pub(crate) struct Stepper {
     sampler: Sampler,
     /// The most recent tokens (lazy), for the repetition penalty.
     history: Option<Array>,
     history_len: usize,
     temperature: f32,
+    constraint: Option<Constraint>,
+    /// The prompt has been fed (later inputs are generated tokens, which the constraint takes).
+    started: bool,
 }
 
 impl Stepper {
     /// The sampling state of a request on `prompt` (whose tail seeds the penalty's history).
-    pub(crate) fn new(opts: &GenerateOptions, prompt: &[u32]) -> Result<Self> {
+    pub(crate) fn new(opts: &GenerateOptions, prompt: &[u32], constraint: Option<Constraint>) -> Result<Self> {
         let mut stepper = Stepper {
             sampler: Sampler::new(&opts.sampling)?,
             history: None,
             history_len: if opts.sampling.repetition_penalty != 1.0 { opts.sampling.repetition_context_size } else { 0 },
             temperature: opts.sampling.temperature,
+            constraint,
+            started: false,
         };
         if stepper.history_len > 0 {
             let tail = &prompt[prompt.len().saturating_sub(stepper.history_len)..];
@@ -90,11 +97,49 @@ impl Stepper {
         self.temperature == 0.0 && self.history_len == 0
     }
 
+    /// Whether its output is constrained (then each step waits for the token before it: the
+    /// next mask depends on it).
+    pub(crate) fn constrained(&self) -> bool {
+        self.constraint.is_some()
+    }
+
+    /// Hands generated tokens (as they are fed back) to the constraint.
+    pub(crate) fn feed(&mut self, ids: &[u32]) -> Result<()> {
+        match &mut self.constraint {
+            Some(c) => c.feed(ids),
+            None => Ok(()),
+        }
+    }
+
+    /// The next token's additive mask (`vocab` long), when the constraint is active.
+    pub(crate) fn mask(&mut self, vocab: usize) -> Result<Option<Vec<f32>>> {
+        match self.constraint.as_mut().filter(|c| c.active()) {
+            Some(c) => {
+                let mut m = c.mask()?;
+                m.resize(vocab, f32::NEG_INFINITY);
+                Ok(Some(m))
+            }
+            None => Ok(None),
+        }
+    }
+
     /// Runs `input` `[1, L]` through `model` and samples the next token: (token `[1]`, logprob `[1]`).
     pub(crate) fn step(&mut self, model: &dyn CausalLm, input: &Array, caches: &mut LayerCaches) -> Result<(Array, Array)> {
+        if self.constraint.is_some() && self.started {
+            self.feed(&input.to_vec::<u32>()?)?;
+        }
+        self.started = true;
         let logits = model.forward(input, caches)?;
         let l = logits.dim(1);
-        let logits = logits.slice_axis(1, l - 1, l)?.reshape(&[1, -1])?;
+        let mut logits = logits.slice_axis(1, l - 1, l)?.reshape(&[1, -1])?;
+        if self.constraint.as_ref().is_some_and(|c| c.active()) {
+            // The mask is computed on the host while the device runs the forward pass.
+            async_eval(&[&logits])?;
+            let v = logits.dim(-1);
+            if let Some(m) = self.mask(v as usize)? {
+                logits = logits.add(&Array::from_slice(&m, &[1, v])?.astype(logits.dtype())?)?;
+            }
+        }
         self.sample(&logits)
     }
 
@@ -181,6 +226,7 @@ pub fn run(
     prompt: &[u32],
     opts: &GenerateOptions,
     snapshot: Option<&mut Option<LayerCaches>>,
+    constraint: Option<Constraint>,
     mut on_token: impl FnMut(TokenStep) -> Result<Flow>,
 ) -> Result<LoopStats> {
     let cached = prepare(model, caches, prompt, opts)?;
@@ -188,7 +234,7 @@ pub fn run(
 
     reset_peak_memory();
     let start = Instant::now();
-    let mut stepper = Stepper::new(opts, prompt)?;
+    let mut stepper = Stepper::new(opts, prompt, constraint)?;
 
     let mut pos = cached;
     while prompt.len() - pos > 1 {

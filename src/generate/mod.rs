@@ -1,5 +1,6 @@
 //! Generation: options and replies, the sampler, the token loop, streamed text, the engine thread.
 mod batch;
+pub mod constraint;
 pub mod engine;
 pub mod generator;
 pub mod options;
@@ -10,3 +11,4 @@ pub mod text;
 
 pub use options::{FinishReason, GenerateOptions, GenerateReply, GeneratedToken, Naming, SamplingConfig, TokenKind, Usage};
 pub use prompt_cache::PromptCacheConfig;
+pub use constraint::ResponseFormat;

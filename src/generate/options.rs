@@ -4,6 +4,7 @@
 //! through [`GenerateOptions::from_json`] (the Node API with camelCase names, the CLI's flags in
 //! kebab-case, JSON bodies in snake_case), so the names, the defaults ([`Default`]) and the checks
 //! ([`GenerateOptions::validate`]) are stated once, here.
+use super::constraint::ResponseFormat;
 use crate::chat::{ToolCall, ToolCallFormat};
 pub use crate::schema::Naming;
 use crate::schema::Fields;
@@ -89,6 +90,9 @@ pub struct GenerateOptions {
     pub ignore_eos: bool,
     /// Prompt tokens processed per forward pass during prefill.
     pub prefill_step_size: usize,
+    /// Hold the reply to a JSON Schema, a regex or a Lark grammar (constrained decoding; a
+    /// reasoning span the prompt opens stays free). None: free text.
+    pub response_format: Option<ResponseFormat>,
 }
 
 impl Default for GenerateOptions {
@@ -103,6 +107,7 @@ impl Default for GenerateOptions {
             tool_call_format: None,
             ignore_eos: false,
             prefill_step_size: 512,
+            response_format: None,
         }
     }
 }
@@ -128,6 +133,7 @@ impl GenerateOptions {
         "tool_call_format",
         "ignore_eos",
         "prefill_step_size",
+        "response_format",
     ];
 
     /// Options from a JSON object whose keys are option names as `naming` spells them. Every
@@ -164,6 +170,9 @@ impl GenerateOptions {
         }
         set!(o.ignore_eos, boolean, "ignore_eos");
         set!(o.prefill_step_size, count, "prefill_step_size");
+        if let Some(v) = f.raw("response_format") {
+            o.response_format = ResponseFormat::from_json(v, &f.name("response_format"))?;
+        }
         o.validate().map_err(|m| naming.respell(&m, Self::FIELDS))?;
         Ok(o)
     }

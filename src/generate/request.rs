@@ -37,7 +37,8 @@ impl Reply {
             finish: FinishReason::Length,
             stop_string_hit: false,
             eos: eos.to_vec(),
-            ignore_eos: opts.ignore_eos,
+            // A constrained reply ends at EOS once its grammar is complete (only EOS is allowed then).
+            ignore_eos: opts.ignore_eos && opts.response_format.is_none(),
         })
     }
 
