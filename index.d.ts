@@ -154,6 +154,13 @@ export interface GenerateOptions {
   /** Prompt tokens processed per forward pass during prefill (default 512). */
   prefillStepSize?: number
   /**
+   * Hold the reply to a JSON Schema, any JSON object, a regular expression or a Lark grammar
+   * (constrained decoding; a reasoning span the prompt opens stays free text). A schema or
+   * grammar that cannot be compiled rejects with `INVALID_ARGUMENT`; a reply that runs out of
+   * `maxTokens` first ends with `finishReason: 'length'`.
+   */
+  responseFormat?: { type: 'json_schema'; schema: object } | { type: 'json_schema'; json_schema: { name?: string; strict?: boolean; schema: object } } | { type: 'json_object' } | { type: 'regex'; pattern: string } | { type: 'grammar'; lark: string } | { type: 'text' }
+  /**
    * Aborts the generation. Before it starts: the promise rejects with code `'ABORTED'`;
    * while it runs: it resolves with `finishReason: 'abort'` and the text so far.
    */

@@ -127,3 +127,31 @@ test('tools with an explicit toolCallFormat generate; a bad format rejects', asy
   assert.equal(reply.finishReason, 'length')
   await rejectsWithCode(assert, () => plain.generate(user('x'), { tools, toolCallFormat: 'nope' }), 'INVALID_ARGUMENT', /toolCallFormat/)
 })
+
+test('responseFormat holds the reply to a JSON Schema, a regex; bad ones reject with INVALID_ARGUMENT', async () => {
+  const schema = {
+    type: 'object',
+    properties: { city: { type: 'string', maxLength: 10 }, sunny: { type: 'boolean' } },
+    required: ['city', 'sunny'],
+    additionalProperties: false,
+  }
+  const replies = await Promise.all([
+    plain.generate(user('Weather?'), { maxTokens: 80, responseFormat: { type: 'json_schema', schema } }),
+    plain.generate(user('Weather again?'), {
+      maxTokens: 80,
+      responseFormat: { type: 'json_schema', json_schema: { name: 'weather', strict: true, schema } },
+    }),
+    plain.generate(user('A code'), { maxTokens: 20, responseFormat: { type: 'regex', pattern: '[A-Z]{2}-[0-9]{3}' } }),
+  ])
+  for (const r of replies.slice(0, 2)) {
+    assert.equal(r.finishReason, 'stop', r.text)
+    const v = JSON.parse(r.text)
+    assert.deepEqual(Object.keys(v).sort(), ['city', 'sunny'])
+    assert.equal(typeof v.city, 'string')
+    assert.ok(v.city.length <= 10)
+    assert.equal(typeof v.sunny, 'boolean')
+  }
+  assert.match(replies[2].text, /^[A-Z]{2}-[0-9]{3}$/)
+  await rejectsWithCode(assert, () => plain.generate(user('x'), { responseFormat: { type: 'xml' } }), 'INVALID_ARGUMENT', /responseFormat\.type/)
+  await rejectsWithCode(assert, () => plain.generate(user('x'), { responseFormat: { type: 'regex', pattern: '([a-z' } }), 'INVALID_ARGUMENT', /response_format/)
+})

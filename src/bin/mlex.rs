@@ -168,6 +168,38 @@ struct ChatFeatureArgs {
     /// llama3_json, mistral (default: from the chat template).
     #[arg(long, visible_alias = "tool-format")]
     tool_call_format: Option<String>,
+    /// Hold the answer to the JSON Schema in this file (constrained decoding).
+    #[arg(long, group = "format")]
+    json_schema: Option<PathBuf>,
+    /// Hold the answer to any JSON object.
+    #[arg(long, group = "format")]
+    json_object: bool,
+    /// Hold the answer to a whole match of this regular expression.
+    #[arg(long, group = "format")]
+    regex: Option<String>,
+    /// Hold the answer to the Lark grammar in this file.
+    #[arg(long, group = "format")]
+    grammar: Option<PathBuf>,
+}
+
+impl ChatFeatureArgs {
+    /// The response_format object of the format flag given (files read here; null: none).
+    fn response_format(&self) -> mlex::Result<serde_json::Value> {
+        let read = |p: &PathBuf| std::fs::read_to_string(p).map_err(|e| mlex::Error::io(format!("reading {}", p.display()), e));
+        Ok(if let Some(p) = &self.json_schema {
+            let schema: serde_json::Value = serde_json::from_str(&read(p)?)
+                .map_err(|e| mlex::Error::InvalidArgument(format!("--json-schema {}: not JSON: {e}", p.display())))?;
+            json!({"type": "json_schema", "schema": schema})
+        } else if self.json_object {
+            json!({"type": "json_object"})
+        } else if let Some(r) = &self.regex {
+            json!({"type": "regex", "pattern": r})
+        } else if let Some(p) = &self.grammar {
+            json!({"type": "grammar", "lark": read(p)?})
+        } else {
+            serde_json::Value::Null
+        })
+    }
 }
 
 #[derive(Args)]
@@ -362,6 +394,7 @@ fn options(s: &SamplingArgs, c: &ChatFeatureArgs) -> mlex::Result<GenerateOption
     set("enable_thinking", json!(c.think.enable_thinking()));
     set("reasoning_budget_tokens", json!(c.reasoning_budget_tokens));
     set("tool_call_format", json!(c.tool_call_format));
+    set("response_format", c.response_format()?);
     GenerateOptions::from_json(&serde_json::Value::Object(o), Naming::Kebab).map_err(mlex::Error::InvalidArgument)
 }
 
