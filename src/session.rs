@@ -1,9 +1,10 @@
 //! [`Session`]: the Rust API. A session owns one engine thread holding one model; every method
 //! can be called from any thread, and concurrent generations are served in order (FIFO).
-use crate::chat::{ChatMessage, Tool};
+use crate::chat::tool_choice::call_grammar;
+use crate::chat::{ChatMessage, Tool, ToolChoice};
 use crate::error::{Error, Result};
 use crate::generate::engine::{self, Command, EngineSpec, Event, GenerateJob, JobPrompt, LoadedFacts, Sink};
-use crate::generate::{GenerateOptions, GenerateReply, GeneratedToken, PromptCacheConfig};
+use crate::generate::{GenerateOptions, GenerateReply, GeneratedToken, PromptCacheConfig, ResponseFormat};
 use crate::loader::{resolve_model_path, ModelConfig};
 use crate::mlx::{self, Device, Dtype};
 use crate::schema::{Fields, Naming};
@@ -276,15 +277,34 @@ impl Session {
                 if ids.is_empty() {
                     return Err(Error::InvalidArgument("the prompt is empty: at least one token is needed".into()));
                 }
+                if matches!(options.tool_choice, Some(ToolChoice::Required | ToolChoice::Named(_))) {
+                    return Err(Error::InvalidArgument("tool_choice demands a tool call, but no tools were given".into()));
+                }
                 (JobPrompt::Tokens(ids), None)
             }
             Request::Chat { messages, tools } => {
                 if messages.is_empty() {
                     return Err(Error::InvalidArgument("messages is empty".into()));
                 }
-                let tools = tools.filter(|t| !t.is_empty());
+                let mut tools = tools.filter(|t| !t.is_empty());
+                if options.tool_choice == Some(ToolChoice::None) {
+                    // Answer in text: the model is not shown the tools.
+                    tools = None;
+                }
                 if tools.is_some() && options.tool_call_format.is_none() {
                     options.tool_call_format = Some(self.tokenizer()?.tool_call_format());
+                }
+                if let (Some(choice), Some(format)) = (&options.tool_choice, options.tool_call_format) {
+                    if let Some(lark) = call_grammar(choice, tools.as_deref().unwrap_or(&[]), format).map_err(Error::InvalidArgument)? {
+                        if options.response_format.is_some() {
+                            return Err(Error::InvalidArgument(
+                                "tool_choice demands a tool call and response_format a reply format: give one of them".into(),
+                            ));
+                        }
+                        options.response_format = Some(ResponseFormat::Grammar(lark));
+                    }
+                } else if matches!(options.tool_choice, Some(ToolChoice::Required | ToolChoice::Named(_))) {
+                    return Err(Error::InvalidArgument("tool_choice demands a tool call, but no tools were given".into()));
                 }
                 (JobPrompt::Chat { messages, enable_thinking: options.enable_thinking }, tools)
             }

@@ -178,3 +178,47 @@ fn budget_forcing_inside_a_batch_equals_alone() {
     assert!(batched[0].tokens[3..7] == CLOSER, "{:?}", batched[0].tokens);
     assert!(batched.iter().map(|r| r.usage.batch_size).max().unwrap() > 1);
 }
+
+/// `tool_choice`: a required or named call is held to the tools' schemas in the template's call
+/// format, so even a random model produces calls that parse into `tool_calls` with valid
+/// arguments (thinking first, free); `none` hides the tools; bad choices are refused.
+#[test]
+fn tool_choice_required_and_named_produce_valid_calls() {
+    use mlex::chat::ToolChoice;
+    let dir = thinking_model();
+    let s = Session::load(dir.path()).unwrap();
+    let tools = parse_tools_json(
+        r#"[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string","maxLength":8}},"required":["city"],"additionalProperties":false}}},
+            {"type":"function","function":{"name":"add","parameters":{"type":"object","properties":{"a":{"type":"integer","minimum":0,"maximum":99},"b":{"type":"integer","minimum":0,"maximum":99}},"required":["a","b"],"additionalProperties":false}}}]"#,
+    )
+    .unwrap();
+    let msgs = [ChatMessage::user("Use a tool.")];
+    let with = |choice: ToolChoice| GenerateOptions { tool_choice: Some(choice), ..opts(120, Some(3)) };
+    let named = s.generate_cached(&msgs, Some(&tools), with(ToolChoice::Named("add".into())), |_| true).unwrap();
+    assert_eq!(named.finish_reason, FinishReason::ToolCalls, "{named:?}");
+    assert_eq!(named.tool_calls.len(), 1);
+    assert_eq!(named.tool_calls[0].name, "add");
+    let args = &named.tool_calls[0].arguments;
+    assert!(args["a"].as_i64().is_some_and(|a| (0..=99).contains(&a)) && args["b"].is_i64(), "{args}");
+    // Required: one call or several (parallel calls); a random model may go on calling until
+    // it runs out of tokens, but every call it completed parses and names a given tool.
+    let required = s.generate_cached(&msgs, Some(&tools), with(ToolChoice::Required), |_| true).unwrap();
+    assert!(matches!(required.finish_reason, FinishReason::ToolCalls | FinishReason::Length), "{required:?}");
+    assert!(!required.tool_calls.is_empty(), "{required:?}");
+    assert!(required.tool_calls.iter().all(|c| c.name == "add" || c.name == "get_weather"));
+    // none: answered as text, nothing parsed as a call.
+    let none = s.generate_cached(&msgs, Some(&tools), with(ToolChoice::None), |_| true).unwrap();
+    assert!(none.tool_calls.is_empty());
+    for (choice, tools_given, says) in [
+        (ToolChoice::Named("nope".into()), true, "not among the tools"),
+        (ToolChoice::Required, false, "no tools"),
+    ] {
+        let t = if tools_given { Some(&tools[..]) } else { None };
+        let e = s.generate_cached(&msgs, t, with(choice), |_| true).unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGUMENT");
+        assert!(e.to_string().contains(says), "{e}");
+    }
+    let o = GenerateOptions { tool_call_format: Some(ToolCallFormat::Gemma4), ..with(ToolChoice::Required) };
+    let e = s.generate_cached(&msgs, Some(&tools), o, |_| true).unwrap_err();
+    assert!(e.to_string().contains("gemma4"), "{e}");
+}

@@ -168,6 +168,10 @@ struct ChatFeatureArgs {
     /// llama3_json, mistral (default: from the chat template).
     #[arg(long, visible_alias = "tool-format")]
     tool_call_format: Option<String>,
+    /// auto (default), none (the tools are not shown), required (a call, held to the tools'
+    /// schemas), or a tool's name (a call of that tool).
+    #[arg(long)]
+    tool_choice: Option<String>,
     /// Hold the answer to the JSON Schema in this file (constrained decoding).
     #[arg(long, group = "format")]
     json_schema: Option<PathBuf>,
@@ -395,6 +399,14 @@ fn options(s: &SamplingArgs, c: &ChatFeatureArgs) -> mlex::Result<GenerateOption
     set("reasoning_budget_tokens", json!(c.reasoning_budget_tokens));
     set("tool_call_format", json!(c.tool_call_format));
     set("response_format", c.response_format()?);
+    set(
+        "tool_choice",
+        match c.tool_choice.as_deref() {
+            None => json!(null),
+            Some(k @ ("auto" | "none" | "required")) => json!(k),
+            Some(name) => json!({"name": name}),
+        },
+    );
     GenerateOptions::from_json(&serde_json::Value::Object(o), Naming::Kebab).map_err(mlex::Error::InvalidArgument)
 }
 

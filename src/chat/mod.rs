@@ -6,6 +6,7 @@ mod messages;
 pub mod parse;
 pub mod reasoning;
 pub mod stream;
+pub mod tool_choice;
 pub mod tools;
 
 pub use messages::{
@@ -14,4 +15,5 @@ pub use messages::{
 pub use parse::{parse_tool_calls, parse_tool_calls_any, parse_tool_calls_with_tools, split_reasoning, ParsedToolCalls, SplitReasoning};
 pub use reasoning::ReasoningFormat;
 pub use stream::{ClassifiedOutput, OutputClassifier, Segment, SpanKind};
+pub use tool_choice::ToolChoice;
 pub use tools::ToolCallFormat;

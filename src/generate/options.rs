@@ -5,7 +5,7 @@
 //! kebab-case, JSON bodies in snake_case), so the names, the defaults ([`Default`]) and the checks
 //! ([`GenerateOptions::validate`]) are stated once, here.
 use super::constraint::ResponseFormat;
-use crate::chat::{ToolCall, ToolCallFormat};
+use crate::chat::{ToolCall, ToolCallFormat, ToolChoice};
 pub use crate::schema::Naming;
 use crate::schema::Fields;
 use serde::Serialize;
@@ -93,6 +93,10 @@ pub struct GenerateOptions {
     /// Hold the reply to a JSON Schema, a regex or a Lark grammar (constrained decoding; a
     /// reasoning span the prompt opens stays free). None: free text.
     pub response_format: Option<ResponseFormat>,
+    /// Whether the model may (auto, the default), must (required, or one tool by name) or must
+    /// not (none: the tools are not shown) call the tools offered. A call it must make is held
+    /// to the tools' parameter schemas in its call format.
+    pub tool_choice: Option<ToolChoice>,
 }
 
 impl Default for GenerateOptions {
@@ -108,6 +112,7 @@ impl Default for GenerateOptions {
             ignore_eos: false,
             prefill_step_size: 512,
             response_format: None,
+            tool_choice: None,
         }
     }
 }
@@ -134,6 +139,7 @@ impl GenerateOptions {
         "ignore_eos",
         "prefill_step_size",
         "response_format",
+        "tool_choice",
     ];
 
     /// Options from a JSON object whose keys are option names as `naming` spells them. Every
@@ -172,6 +178,9 @@ impl GenerateOptions {
         set!(o.prefill_step_size, count, "prefill_step_size");
         if let Some(v) = f.raw("response_format") {
             o.response_format = ResponseFormat::from_json(v, &f.name("response_format"))?;
+        }
+        if let Some(v) = f.raw("tool_choice") {
+            o.tool_choice = Some(ToolChoice::from_json(v, &f.name("tool_choice"))?);
         }
         o.validate().map_err(|m| naming.respell(&m, Self::FIELDS))?;
         Ok(o)
