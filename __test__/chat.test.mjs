@@ -155,3 +155,17 @@ test('responseFormat holds the reply to a JSON Schema, a regex; bad ones reject 
   await rejectsWithCode(assert, () => plain.generate(user('x'), { responseFormat: { type: 'xml' } }), 'INVALID_ARGUMENT', /responseFormat\.type/)
   await rejectsWithCode(assert, () => plain.generate(user('x'), { responseFormat: { type: 'regex', pattern: '([a-z' } }), 'INVALID_ARGUMENT', /response_format/)
 })
+
+test('toolChoice by name makes a call that parses with arguments inside the schema', async () => {
+  const tools = [
+    { type: 'function', function: { name: 'add', parameters: { type: 'object', properties: { a: { type: 'integer', minimum: 0, maximum: 9 }, b: { type: 'integer', minimum: 0, maximum: 9 } }, required: ['a', 'b'], additionalProperties: false } } },
+    { type: 'function', function: { name: 'noop', parameters: { type: 'object' } } },
+  ]
+  const reply = await plain.generate(user('Add two numbers'), { maxTokens: 80, tools, toolCallFormat: 'hermes', toolChoice: { type: 'function', function: { name: 'add' } } })
+  assert.equal(reply.finishReason, 'tool_calls')
+  assert.equal(reply.toolCalls.length, 1)
+  assert.equal(reply.toolCalls[0].function.name, 'add')
+  const args = JSON.parse(reply.toolCalls[0].function.arguments)
+  assert.ok(Number.isInteger(args.a) && args.a >= 0 && args.a <= 9 && Number.isInteger(args.b), JSON.stringify(args))
+  await rejectsWithCode(assert, () => plain.generate(user('x'), { tools, toolChoice: { name: 'nope' } }), 'INVALID_ARGUMENT', /not among the tools/)
+})

@@ -310,15 +310,17 @@ mod schema_tests {
             &json!({"maxTokens": 7, "temperature": 0.5, "topP": 0.9, "topK": 4, "minP": 0.1, "repetitionPenalty": 1.1,
                     "repetitionContextSize": 8, "seed": 3, "stop": ["x"], "enableThinking": false,
                     "reasoningBudgetTokens": 5, "promptCache": false, "toolCallFormat": "hermes", "ignoreEos": true,
-                    "prefillStepSize": 64}),
+                    "prefillStepSize": 64, "responseFormat": {"type": "regex", "pattern": "a+"}, "toolChoice": "required"}),
             Naming::Camel,
         )
         .unwrap();
         assert_eq!((o.max_tokens, o.sampling.top_k, o.sampling.seed, o.stop.clone()), (7, 4, Some(3), vec!["x".to_string()]));
         assert_eq!((o.enable_thinking, o.reasoning_budget_tokens, o.prompt_cache, o.ignore_eos, o.prefill_step_size), (Some(false), Some(5), Some(false), true, 64));
         assert_eq!(o.tool_call_format, Some(ToolCallFormat::Hermes));
+        assert_eq!(o.response_format, Some(ResponseFormat::Regex("a+".into())));
+        assert_eq!(o.tool_choice, Some(ToolChoice::Required));
         // Every field of FIELDS was set above (so each has a reader).
-        assert_eq!(GenerateOptions::FIELDS.len(), 15);
+        assert_eq!(GenerateOptions::FIELDS.len(), 17);
     }
 
     #[test]
