@@ -161,6 +161,13 @@ export interface GenerateOptions {
    */
   responseFormat?: { type: 'json_schema'; schema: object } | { type: 'json_schema'; json_schema: { name?: string; strict?: boolean; schema: object } } | { type: 'json_object' } | { type: 'regex'; pattern: string } | { type: 'grammar'; lark: string } | { type: 'text' }
   /**
+   * Whether the model may (`'auto'`, the default), must (`'required'`, or one tool by name)
+   * or must not (`'none'`: the tools are not shown) call the tools given. A call it must make
+   * is held to the tools' parameter schemas in its own call format (Hermes and Llama 3 JSON
+   * formats so far; others reject with `INVALID_ARGUMENT`).
+   */
+  toolChoice?: 'auto' | 'none' | 'required' | { name: string } | { type: 'function'; function: { name: string } }
+  /**
    * Aborts the generation. Before it starts: the promise rejects with code `'ABORTED'`;
    * while it runs: it resolves with `finishReason: 'abort'` and the text so far.
    */

@@ -40,7 +40,7 @@ esac
 
 node_file="$root/mlex.linux-x64-gnu.node"
 if [ "$build" = 1 ]; then
-  flags=(--platform --features node)
+  flags=(--platform --no-default-features --features node)
   [ "$release" = 1 ] && flags+=(--release)
   MLEX_BACKEND=cpu npx napi build "${flags[@]}" -- --lib
 fi

@@ -27,6 +27,8 @@ pub mod mlx;
 pub mod models;
 pub mod nn;
 pub mod schema;
+#[cfg(feature = "serve")]
+pub mod serve;
 #[cfg(feature = "node")]
 mod node;
 mod session;

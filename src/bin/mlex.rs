@@ -33,6 +33,67 @@ enum Command {
     Convert(ConvertArgs),
     /// Measure load, prefill, time to first token, decode speed and peak memory.
     Bench(BenchArgs),
+    /// Serve models over HTTP in the OpenAI format (/v1/chat/completions, /v1/completions,
+    /// /v1/models, /health); concurrent requests to a model are batched.
+    #[cfg(feature = "serve")]
+    Serve(ServeArgs),
+}
+
+#[cfg(feature = "serve")]
+#[derive(Args)]
+struct ServeArgs {
+    /// A model to serve (repeatable): DIR, or ID=DIR to choose the id clients send as `model`
+    /// (default: the directory's name).
+    #[arg(long, required = true)]
+    model: Vec<String>,
+    /// Address to bind (default 127.0.0.1: this machine only).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port (0 picks a free one; the address is printed).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Require this key of every request (Authorization: Bearer KEY, or x-api-key: KEY).
+    #[arg(long, env = "MLEX_API_KEY")]
+    api_key: Option<String>,
+    /// Largest request body accepted.
+    #[arg(long, default_value_t = 16 << 20)]
+    max_body_bytes: usize,
+    /// cpu or gpu (default: gpu when available).
+    #[arg(long)]
+    device: Option<String>,
+    /// Compute dtype: float32, bfloat16 or float16.
+    #[arg(long)]
+    dtype: Option<String>,
+    /// The most requests of one model that decode together (default 16).
+    #[arg(long)]
+    max_batch: Option<usize>,
+}
+
+#[cfg(feature = "serve")]
+fn serve(a: ServeArgs) -> mlex::Result<()> {
+    let mut models = vec![];
+    for m in &a.model {
+        let (id, path) = match m.split_once('=') {
+            Some((id, path)) if !id.is_empty() && !id.contains('/') => (id.to_string(), path.to_string()),
+            _ => {
+                let id = std::path::Path::new(m.trim_end_matches('/')).file_name().map_or(m.clone(), |n| n.to_string_lossy().into_owned());
+                (id, m.clone())
+            }
+        };
+        if models.iter().any(|(other, _)| *other == id) {
+            return Err(mlex::Error::InvalidArgument(format!("two models share the id {id:?}: name them with ID=DIR")));
+        }
+        eprintln!("loading {id} from {path}");
+        let session = Session::load_with_options(&path, load_options(a.device.as_deref(), a.dtype.as_deref(), a.max_batch)?)?;
+        models.push((id, session));
+    }
+    mlex::serve::run(mlex::serve::ServeConfig {
+        models,
+        host: a.host,
+        port: a.port,
+        api_key: a.api_key,
+        max_body_bytes: a.max_body_bytes,
+    })
 }
 
 #[derive(Args)]
@@ -298,6 +359,8 @@ fn main() {
         Command::Template(a) => template(a),
         Command::Convert(a) => convert(a),
         Command::Bench(a) => bench(a),
+        #[cfg(feature = "serve")]
+        Command::Serve(a) => serve(a),
     };
     if let Err(e) = result {
         let _ = std::io::stdout().flush();
