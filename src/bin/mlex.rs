@@ -64,9 +64,8 @@ struct ServeArgs {
     /// Compute dtype: float32, bfloat16 or float16.
     #[arg(long)]
     dtype: Option<String>,
-    /// The most requests of one model that decode together (default 16).
-    #[arg(long)]
-    max_batch: Option<usize>,
+    #[command(flatten)]
+    batch: BatchArgs,
 }
 
 #[cfg(feature = "serve")]
@@ -84,7 +83,7 @@ fn serve(a: ServeArgs) -> mlex::Result<()> {
             return Err(mlex::Error::InvalidArgument(format!("two models share the id {id:?}: name them with ID=DIR")));
         }
         eprintln!("loading {id} from {path}");
-        let session = Session::load_with_options(&path, load_options(a.device.as_deref(), a.dtype.as_deref(), a.max_batch)?)?;
+        let session = Session::load_with_options(&path, load_options(a.device.as_deref(), a.dtype.as_deref(), &a.batch)?)?;
         models.push((id, session));
     }
     mlex::serve::run(mlex::serve::ServeConfig {
@@ -137,9 +136,9 @@ struct BenchArgs {
     /// of the same prompt length (`late_ttft_ms`; its prefill is inside the run's wall time).
     #[arg(long)]
     late_request: bool,
-    /// The most requests that decode together (default 16; set it to --concurrency to batch all).
-    #[arg(long)]
-    max_batch: Option<usize>,
+    /// With --concurrency, --max-batch up to --concurrency batches all streams (default 16).
+    #[command(flatten)]
+    batch: BatchArgs,
     /// JSON lines only (default also prints a summary line per run to stderr).
     #[arg(long)]
     json: bool,
@@ -370,18 +369,32 @@ fn main() {
 }
 
 fn load(m: &ModelArgs) -> mlex::Result<Session> {
-    Session::load_with_options(&m.model, load_options(m.device.as_deref(), m.dtype.as_deref(), None)?)
+    Session::load_with_options(&m.model, load_options(m.device.as_deref(), m.dtype.as_deref(), &BatchArgs::default())?)
 }
 
-fn load_options(device: Option<&str>, dtype: Option<&str>, max_batch: Option<usize>) -> mlex::Result<LoadOptions> {
+/// How many requests decode together, and the cache bytes they may set aside (LoadOptions).
+#[derive(Args, Default)]
+struct BatchArgs {
+    /// The most requests that decode together (default 16).
+    #[arg(long)]
+    max_batch: Option<usize>,
+    /// Cache bytes the requests decoding together may set aside, each its prompt + max tokens
+    /// (default: 90 % of what MLX may still allocate after loading).
+    #[arg(long)]
+    kv_budget_bytes: Option<usize>,
+}
+
+fn load_options(device: Option<&str>, dtype: Option<&str>, batch: &BatchArgs) -> mlex::Result<LoadOptions> {
     let mut o = serde_json::Map::new();
     for (name, v) in [("device", device), ("dtype", dtype)] {
         if let Some(v) = v {
             o.insert(Naming::Kebab.spell(name), json!(v));
         }
     }
-    if let Some(n) = max_batch {
-        o.insert(Naming::Kebab.spell("max_batch"), json!(n));
+    for (name, v) in [("max_batch", batch.max_batch), ("kv_budget_bytes", batch.kv_budget_bytes)] {
+        if let Some(n) = v {
+            o.insert(Naming::Kebab.spell(name), json!(n));
+        }
     }
     LoadOptions::from_json(&serde_json::Value::Object(o), Naming::Kebab).map_err(mlex::Error::InvalidArgument)
 }
@@ -392,7 +405,7 @@ fn bench(a: BenchArgs) -> mlex::Result<()> {
         shape: a.shape,
         bits: a.bits,
         group_size: a.group_size,
-        load: load_options(a.device.as_deref(), a.dtype.as_deref(), a.max_batch)?,
+        load: load_options(a.device.as_deref(), a.dtype.as_deref(), &a.batch)?,
         prompt_len: a.prompt_len,
         gen: a.gen,
         runs: a.runs,

@@ -244,16 +244,17 @@ impl Batch {
         let b = self.rows.len();
         let more = self.rows.iter().any(|r| r.n + 1 < r.job.options.max_tokens);
         let t = Instant::now();
+        // Constrained rows need each token before the next mask: such a batch reads this step's
+        // tokens before scheduling the next (no pipelining while one is in it).
+        let mut read: Option<Vec<u32>> = None;
         let next = if more {
             let caches = self.caches.as_mut().expect("rows have caches").for_step()?;
             for (i, row) in self.rows.iter_mut().enumerate().filter(|(_, r)| r.stepper.keeps_history()) {
                 row.stepper.remember(&ys.slice_axis(0, i as i32, i as i32 + 1)?)?;
             }
-            // Constrained rows need each token before the next mask: such a batch waits for the
-            // step before it (no pipelining while one is in it).
             if self.rows.iter().any(|r| r.stepper.constrained()) {
-                let ids = ys.to_vec::<u32>()?;
-                for (row, id) in self.rows.iter_mut().zip(ids) {
+                let ids = read.insert(ys.to_vec::<u32>()?);
+                for (row, &id) in self.rows.iter_mut().zip(ids.iter()) {
                     row.stepper.feed(&[id])?;
                 }
             }
@@ -275,7 +276,10 @@ impl Batch {
             None
         };
         let t = Instant::now();
-        let ids = ys.to_vec::<u32>()?;
+        let ids = match read {
+            Some(ids) => ids,
+            None => ys.to_vec::<u32>()?,
+        };
         let logprobs = lps.astype(Dtype::Float32)?.to_vec::<f32>()?;
         let wait = t.elapsed().as_secs_f64();
 

@@ -209,11 +209,8 @@ impl Constraint {
 /// The token ids that close the reasoning span `prompt` opens, if it opens one (the constraint
 /// waits for them).
 pub fn reasoning_gate(tokenizer: Option<&Tokenizer>, prompt: &[u32]) -> Result<Option<Vec<u32>>> {
-    let Some(t) = tokenizer else { return Ok(None) };
-    let Some(f) = t.reasoning_format() else { return Ok(None) };
-    let tail = t.decode(&prompt[prompt.len().saturating_sub(16)..], false)?;
-    if !f.prompt_opens_reasoning(&tail) {
-        return Ok(None);
+    match (tokenizer, super::request::prompt_opens_reasoning(tokenizer, prompt)?) {
+        (Some(t), Some(f)) => Ok(Some(t.encode(f.close(), false)?)),
+        _ => Ok(None),
     }
-    Ok(Some(t.encode(f.close(), false)?))
 }

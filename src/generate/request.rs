@@ -121,6 +121,14 @@ impl Reply {
     }
 }
 
+/// The reasoning format whose span `prompt` leaves open (its generation prompt began the
+/// reasoning), if any: the reply starts inside it.
+pub fn prompt_opens_reasoning(tokenizer: Option<&Tokenizer>, prompt: &[u32]) -> Result<Option<crate::chat::ReasoningFormat>> {
+    let (Some(t), Some(f)) = (tokenizer, tokenizer.and_then(|t| t.reasoning_format())) else { return Ok(None) };
+    let tail = t.decode(&prompt[prompt.len().saturating_sub(16)..], false)?;
+    Ok(f.prompt_opens_reasoning(&tail).then_some(f))
+}
+
 /// A request's usage from its loop's figures.
 pub fn usage(prompt_tokens: usize, completion_tokens: usize, queue_ms: f64, stats: &LoopStats) -> Usage {
     let per_step = |s: f64| if stats.steps_scheduled > 0 { s * 1e3 / stats.steps_scheduled as f64 } else { 0.0 };
@@ -177,13 +185,7 @@ struct OutputStream {
 impl OutputStream {
     fn new(tokenizer: Option<&Tokenizer>, prompt: &[u32], opts: &GenerateOptions) -> Result<Self> {
         let reasoning = tokenizer.and_then(|t| t.reasoning_format());
-        let starts_inside = match (reasoning, tokenizer) {
-            (Some(f), Some(t)) => {
-                let tail = t.decode(&prompt[prompt.len().saturating_sub(16)..], false)?;
-                f.prompt_opens_reasoning(&tail)
-            }
-            _ => false,
-        };
+        let starts_inside = prompt_opens_reasoning(tokenizer, prompt)?.is_some();
         let forced_close = match (reasoning, tokenizer, opts.reasoning_budget_tokens) {
             (Some(f), Some(t), Some(_)) => t.encode(f.forced_close(), false)?,
             _ => vec![],
