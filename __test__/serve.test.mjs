@@ -1,13 +1,17 @@
 // `mlex serve` against the official `openai` client (no mocks): the CLI binary the Rust tests
 // built serves the tiny model; whole and streamed chat completions, completions, models, JSON
-// Schema output, a forced tool call, concurrency, and the errors each in OpenAI's shape.
+// Schema output, a forced tool call, concurrency, the errors each in OpenAI's shape; and the
+// server's own behaviour: /metrics, CORS only with --cors, 429 with Retry-After past
+// --max-queue, --request-timeout in each API's shape, 1,000 rapid connect/disconnects.
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { spawn, execFileSync } from 'node:child_process'
 import { existsSync } from 'node:fs'
+import { connect } from 'node:net'
 import { join, dirname } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import OpenAI from 'openai'
+import Anthropic from '@anthropic-ai/sdk'
 import { modelDir } from './helpers.mjs'
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..')
@@ -15,30 +19,37 @@ const host = execFileSync('rustc', ['-vV']).toString().match(/^host: (.+)$/m)[1]
 const bin = [join(root, 'target', host, 'debug', 'mlex'), join(root, 'target', host, 'release', 'mlex')].find(existsSync)
 const KEY = 'test-key'
 
-let server
-let base
-let client
-before(async () => {
+/** Starts `mlex serve` on the tiny model with `args`; resolves to { proc, base, stop() }. */
+async function startServer(args) {
   assert.ok(bin, `the mlex binary (cargo build --target ${host}) is needed`)
-  server = spawn(bin, ['serve', '--model', `tiny=${modelDir()}`, '--port', '0', '--api-key', KEY, '--max-body-bytes', '65536'], {
-    stdio: ['ignore', 'pipe', 'pipe'],
-  })
-  base = await new Promise((resolve, reject) => {
+  const proc = spawn(bin, ['serve', '--model', `tiny=${modelDir()}`, '--port', '0', '--api-key', KEY, ...args], { stdio: ['ignore', 'pipe', 'pipe'] })
+  const base = await new Promise((resolve, reject) => {
     let out = ''
-    server.stdout.on('data', (d) => {
+    proc.stdout.on('data', (d) => {
       out += d
       const m = out.match(/listening on (http:\/\/\S+)/)
       if (m) resolve(m[1])
     })
-    server.on('exit', (code) => reject(new Error(`mlex serve exited with ${code}`)))
+    proc.on('exit', (code) => reject(new Error(`mlex serve exited with ${code}`)))
   })
+  const stop = async () => {
+    const exited = new Promise((resolve) => proc.on('exit', resolve))
+    proc.kill('SIGTERM')
+    assert.equal(await exited, 0, 'SIGTERM ends the server cleanly')
+  }
+  return { proc, base, stop }
+}
+
+let main
+let base
+let client
+before(async () => {
+  main = await startServer(['--max-body-bytes', '65536'])
+  base = main.base
   client = new OpenAI({ baseURL: `${base}/v1`, apiKey: KEY, maxRetries: 0 })
 })
 after(async () => {
-  if (!server) return
-  const exited = new Promise((resolve) => server.on('exit', resolve))
-  server.kill('SIGTERM')
-  assert.equal(await exited, 0, 'SIGTERM ends the server cleanly')
+  if (main) await main.stop()
 })
 
 const msgs = [{ role: 'user', content: 'Say something.' }]
@@ -122,7 +133,13 @@ test('errors come in OpenAI shape and the server keeps serving', async () => {
     const r = await fetch(`${base}/v1/chat/completions`, { method: 'POST', headers: { authorization: `Bearer ${KEY}`, 'content-type': 'application/json', ...headers }, body })
     return { status: r.status, body: await r.json() }
   }
-  for (const [body, status] of [['{not json', 400], ['[1, 2]', 400], [Buffer.from([0x7b, 0xff, 0xfe, 0x7d]), 400], ['x'.repeat(70000), 413], [JSON.stringify({ model: 'tiny' }), 400]]) {
+  for (const [body, status] of [
+    ['{not json', 400], ['[1, 2]', 400], [Buffer.from([0x7b, 0xff, 0xfe, 0x7d]), 400], ['x'.repeat(70000), 413], [JSON.stringify({ model: 'tiny' }), 400],
+    [JSON.stringify({ model: 'tiny', messages: 'hi' }), 400], [JSON.stringify({ model: 'tiny', messages: msgs, max_tokens: 'many' }), 400],
+    [JSON.stringify({ model: ['tiny'], messages: msgs }), 400],
+    // A schema llguidance rejects.
+    [JSON.stringify({ model: 'tiny', messages: msgs, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object', properties: { a: { type: 'no-such-type' } } } } } }), 400],
+  ]) {
     const r = await raw(body)
     assert.equal(r.status, status, JSON.stringify(r.body))
     assert.equal(typeof r.body.error.message, 'string')
@@ -134,4 +151,156 @@ test('errors come in OpenAI shape and the server keeps serving', async () => {
   for await (const _ of s) if (++n === 3) break
   const after = await client.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 4 })
   assert.ok(after.usage.completion_tokens > 0)
+})
+
+/** The value of a metric line `name{labels}` in Prometheus text (undefined when absent). */
+const metric = (text, series) => {
+  const line = text.split('\n').find((l) => l.startsWith(series + ' '))
+  return line === undefined ? undefined : Number(line.slice(series.length + 1))
+}
+
+test('/metrics: Prometheus text with requests, tokens, queue depth and batch size; behind the key', async () => {
+  await client.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 3 })
+  const r = await fetch(`${base}/metrics`, { headers: { authorization: `Bearer ${KEY}` } })
+  assert.equal(r.status, 200)
+  assert.match(r.headers.get('content-type'), /^text\/plain; version=0\.0\.4/)
+  const text = await r.text()
+  assert.ok(metric(text, 'mlex_requests_total{route="/v1/chat/completions",status="200"}') >= 1, text)
+  assert.ok(metric(text, 'mlex_requests_total{route="/v1/chat/completions",status="404"}') >= 1)
+  assert.ok(metric(text, 'mlex_generated_tokens_total{model="tiny"}') >= 3)
+  assert.ok(metric(text, 'mlex_prompt_tokens_total{model="tiny"}') > 0)
+  assert.equal(metric(text, 'mlex_requests_in_flight{model="tiny"}'), 0)
+  assert.equal(metric(text, 'mlex_requests_queued{model="tiny"}'), 0)
+  assert.ok(metric(text, 'mlex_batch_size_last{model="tiny"}') >= 1)
+  assert.ok(metric(text, 'mlex_batch_size_average{model="tiny"}') >= 1)
+  assert.ok(metric(text, 'mlex_generation_duration_seconds_count{model="tiny"}') >= 1)
+  assert.ok(text.split('\n').every((l) => l === '' || l.startsWith('# HELP ') || l.startsWith('# TYPE ') || /^mlex_\w+(\{[^}]*\})? \S+$/.test(l)), 'every line parses')
+  assert.equal((await fetch(`${base}/metrics`)).status, 401)
+  assert.equal((await fetch(`${base}/health`)).status, 200)
+})
+
+test('CORS: no headers without --cors; with it, preflights answered and allowed origins echoed', async () => {
+  const origin = 'http://app.example'
+  const plain = await fetch(`${base}/v1/models`, { headers: { origin, authorization: `Bearer ${KEY}` } })
+  assert.equal(plain.status, 200)
+  assert.equal(plain.headers.get('access-control-allow-origin'), null)
+  const plainPre = await fetch(`${base}/v1/chat/completions`, { method: 'OPTIONS', headers: { origin, 'access-control-request-method': 'POST' } })
+  assert.equal(plainPre.headers.get('access-control-allow-origin'), null)
+
+  const s = await startServer(['--cors', `${origin},http://other.example`])
+  try {
+    const pre = await fetch(`${s.base}/v1/messages`, {
+      method: 'OPTIONS', headers: { origin, 'access-control-request-method': 'POST', 'access-control-request-headers': 'x-api-key, anthropic-version, content-type' },
+    })
+    assert.equal(pre.status, 204)
+    assert.equal(pre.headers.get('access-control-allow-origin'), origin)
+    assert.match(pre.headers.get('access-control-allow-methods'), /POST/)
+    assert.match(pre.headers.get('access-control-allow-headers'), /x-api-key/)
+    const ok = await fetch(`${s.base}/v1/models`, { headers: { origin, authorization: `Bearer ${KEY}` } })
+    assert.equal(ok.headers.get('access-control-allow-origin'), origin)
+    // Errors carry it too, so the page can read them.
+    const denied = await fetch(`${s.base}/v1/models`, { headers: { origin } })
+    assert.equal(denied.status, 401)
+    assert.equal(denied.headers.get('access-control-allow-origin'), origin)
+    const stranger = await fetch(`${s.base}/v1/models`, { headers: { origin: 'http://evil.example', authorization: `Bearer ${KEY}` } })
+    assert.equal(stranger.headers.get('access-control-allow-origin'), null)
+    const strangerPre = await fetch(`${s.base}/v1/models`, { method: 'OPTIONS', headers: { origin: 'http://evil.example', 'access-control-request-method': 'GET' } })
+    assert.equal(strangerPre.status, 403)
+    assert.equal(strangerPre.headers.get('access-control-allow-origin'), null)
+  } finally {
+    await s.stop()
+  }
+})
+
+test('429 with Retry-After once a model holds --max-batch + --max-queue requests, in each API\'s shape', async () => {
+  const s = await startServer(['--max-batch', '1', '--max-queue', '1'])
+  try {
+    const oa = new OpenAI({ baseURL: `${s.base}/v1`, apiKey: KEY, maxRetries: 0 })
+    // Two long streams: one decoding, one queued behind it (each admitted once its headers come).
+    // ignore_eos (mlex's option): they run until their clients go.
+    const long = () => oa.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 100000, ignore_eos: true, stream: true })
+    const streams = [await long(), await long()]
+    const m = await (await fetch(`${s.base}/metrics`, { headers: { authorization: `Bearer ${KEY}` } })).text()
+    assert.equal(metric(m, 'mlex_requests_in_flight{model="tiny"}'), 2)
+    assert.equal(metric(m, 'mlex_requests_queued{model="tiny"}'), 1)
+    await assert.rejects(oa.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 2 }), (e) => {
+      assert.equal(e.status, 429)
+      assert.equal(e.code, 'rate_limit_exceeded')
+      assert.equal(e.headers.get('retry-after'), '1')
+      return true
+    })
+    const an = new Anthropic({ baseURL: s.base, apiKey: KEY, maxRetries: 0 })
+    await assert.rejects(an.messages.create({ model: 'tiny', max_tokens: 2, messages: msgs }), (e) => e.status === 429 && e.type === 'rate_limit_error')
+    await assert.rejects(oa.responses.create({ model: 'tiny', input: 'x', max_output_tokens: 2 }), (e) => e.status === 429)
+    // The clients go away: their places come back, and requests are served again.
+    for (const st of streams) st.controller.abort()
+    const deadline = Date.now() + 10000
+    for (;;) {
+      const t = await (await fetch(`${s.base}/metrics`, { headers: { authorization: `Bearer ${KEY}` } })).text()
+      if (metric(t, 'mlex_requests_in_flight{model="tiny"}') === 0) {
+        assert.equal(metric(t, 'mlex_generations_total{model="tiny",outcome="disconnected"}'), 2)
+        break
+      }
+      assert.ok(Date.now() < deadline, 'aborted streams free their places')
+      await new Promise((r) => setTimeout(r, 20))
+    }
+    const r = await oa.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 2 })
+    assert.ok(r.usage.completion_tokens > 0)
+  } finally {
+    await s.stop()
+  }
+})
+
+test('--request-timeout: whole replies get 504 in their API\'s shape, streams end with an error event', async () => {
+  const s = await startServer(['--request-timeout', '0.3'])
+  try {
+    const oa = new OpenAI({ baseURL: `${s.base}/v1`, apiKey: KEY, maxRetries: 0 })
+    const an = new Anthropic({ baseURL: s.base, apiKey: KEY, maxRetries: 0 })
+    // ignore_eos (mlex's option): each would run for minutes.
+    const long = { model: 'tiny', messages: msgs, max_tokens: 100000, ignore_eos: true }
+    const longResponse = { model: 'tiny', input: 'x', max_output_tokens: 100000, ignore_eos: true }
+    await Promise.all([
+      assert.rejects(oa.chat.completions.create(long), (e) => e.status === 504 && e.code === 'timeout'),
+      // (Anthropic's client refuses whole requests whose max_tokens could take over 10 minutes.)
+      assert.rejects(an.messages.create({ ...long, max_tokens: 20000 }), (e) => e.status === 504 && e.type === 'timeout_error'),
+      assert.rejects(oa.responses.create(longResponse), (e) => e.status === 504),
+      // A chat stream: an error chunk, which the client raises.
+      assert.rejects(async () => {
+        for await (const _ of await oa.chat.completions.create({ ...long, stream: true }));
+      }, (e) => e.code === 'timeout'),
+      // An Anthropic stream: an `error` event, which the client raises.
+      assert.rejects(async () => {
+        for await (const _ of await an.messages.create({ ...long, stream: true }));
+      }, (e) => e.type === 'timeout_error'),
+      // A Responses stream: `error`, then `response.failed`.
+      (async () => {
+        const types = []
+        for await (const e of await oa.responses.create({ ...longResponse, stream: true })) types.push(e.type)
+        assert.deepEqual(types.slice(-2), ['error', 'response.failed'])
+      })(),
+    ])
+    const m = await (await fetch(`${s.base}/metrics`, { headers: { authorization: `Bearer ${KEY}` } })).text()
+    assert.equal(metric(m, 'mlex_generations_total{model="tiny",outcome="timeout"}'), 6)
+    const r = await oa.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 2 })
+    assert.ok(r.usage.completion_tokens > 0)
+  } finally {
+    await s.stop()
+  }
+})
+
+test('1,000 rapid connect/disconnects (some mid-request) leave the server serving', async () => {
+  const { hostname, port } = new URL(base)
+  const once = (i) => new Promise((resolve) => {
+    const sock = connect({ host: hostname, port: Number(port) }, () => {
+      if (i % 3 === 1) sock.write('POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{"mod')
+      else if (i % 3 === 2) sock.write('GET /v1/mo')
+      sock.destroy()
+    })
+    sock.on('close', resolve)
+    sock.on('error', resolve)
+  })
+  for (let i = 0; i < 1000; i += 50) await Promise.all(Array.from({ length: 50 }, (_, j) => once(i + j)))
+  const r = await client.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 3 })
+  assert.ok(r.usage.completion_tokens > 0)
+  assert.equal((await fetch(`${base}/health`)).status, 200)
 })

@@ -123,6 +123,7 @@ pub struct Session {
     tokenizer: Option<Arc<Tokenizer>>,
     info: Arc<ModelInfo>,
     cache_config: PromptCacheConfig,
+    max_batch: usize,
 }
 
 
@@ -192,6 +193,7 @@ impl Session {
             max_batch: options.max_batch.unwrap_or(DEFAULT_MAX_BATCH).max(1),
             kv_budget: options.kv_budget_bytes,
         };
+        let max_batch = spec.max_batch;
         let (cmd_tx, cmd_rx) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::channel();
         let thread = std::thread::Builder::new()
@@ -223,6 +225,7 @@ impl Session {
             tokenizer,
             info: Arc::new(info),
             cache_config: options.prompt_cache,
+            max_batch,
         })
     }
 
@@ -232,6 +235,12 @@ impl Session {
 
     pub fn prompt_cache_config(&self) -> &PromptCacheConfig {
         &self.cache_config
+    }
+
+    /// The most requests this session decodes together ([`LoadOptions::max_batch`]); requests
+    /// beyond it wait in its queue (`mlex serve` bounds that queue with `--max-queue`).
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
     }
 
     /// The model's tokenizer, when its directory has one.

@@ -33,8 +33,9 @@ enum Command {
     Convert(ConvertArgs),
     /// Measure load, prefill, time to first token, decode speed and peak memory.
     Bench(BenchArgs),
-    /// Serve models over HTTP in the OpenAI format (/v1/chat/completions, /v1/completions,
-    /// /v1/models, /health); concurrent requests to a model are batched.
+    /// Serve models over HTTP in OpenAI's and Anthropic's formats (/v1/chat/completions,
+    /// /v1/completions, /v1/responses, /v1/messages, /v1/models, /health, /metrics); concurrent
+    /// requests to a model are batched.
     #[cfg(feature = "serve")]
     Serve(ServeArgs),
 }
@@ -58,6 +59,18 @@ struct ServeArgs {
     /// Largest request body accepted.
     #[arg(long, default_value_t = 16 << 20)]
     max_body_bytes: usize,
+    /// Let browsers on this origin call the server (repeatable or comma-separated; * for any).
+    /// Without it no CORS headers are sent.
+    #[arg(long, value_name = "ORIGIN", value_delimiter = ',')]
+    cors: Vec<String>,
+    /// Stop a request that runs longer than this many seconds (whole replies get 504, streams
+    /// an error event); 0: no limit.
+    #[arg(long, value_name = "SECS", default_value_t = 0.0)]
+    request_timeout: f64,
+    /// Requests a model may hold waiting beyond its batch (--max-batch); more get 429 with
+    /// Retry-After.
+    #[arg(long, value_name = "N", default_value_t = mlex::serve::DEFAULT_MAX_QUEUE)]
+    max_queue: usize,
     /// cpu or gpu (default: gpu when available).
     #[arg(long)]
     device: Option<String>,
@@ -92,7 +105,18 @@ fn serve(a: ServeArgs) -> mlex::Result<()> {
         port: a.port,
         api_key: a.api_key,
         max_body_bytes: a.max_body_bytes,
+        cors: a.cors.iter().map(|o| o.trim().to_string()).filter(|o| !o.is_empty()).collect(),
+        request_timeout: request_timeout(a.request_timeout)?,
+        max_queue: a.max_queue,
     })
+}
+
+#[cfg(feature = "serve")]
+fn request_timeout(secs: f64) -> mlex::Result<Option<std::time::Duration>> {
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(mlex::Error::InvalidArgument(format!("--request-timeout must be a number of seconds >= 0, got {secs}")));
+    }
+    Ok((secs > 0.0).then(|| std::time::Duration::from_secs_f64(secs)))
 }
 
 #[derive(Args)]

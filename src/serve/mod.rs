@@ -1,21 +1,33 @@
-//! `mlex serve`: an HTTP server (axum on tokio) in front of one or more sessions, speaking the
-//! OpenAI wire format (`openai.rs`), so that any OpenAI client reaches a local model. Requests
-//! to one model are batched by its session's engine (continuous batching); a client that goes
-//! away mid-stream drops its channel, which aborts its request at the next step. Binds
-//! 127.0.0.1 unless told otherwise; `--api-key` requires `Authorization: Bearer` or `x-api-key`;
-//! SIGINT/SIGTERM stop accepting and let in-flight replies finish.
+//! `mlex serve`: an HTTP server (axum on tokio) in front of one or more sessions, speaking
+//! OpenAI's wire format (`openai.rs`: chat completions and completions; `responses.rs`: the
+//! Responses API) and Anthropic's (`anthropic.rs`: the Messages API), so that either vendor's
+//! clients reach a local model. Requests to one model are batched by its session's engine
+//! (continuous batching); each is admitted, timed and counted by `generation.rs` (429 when the
+//! model's queue is full, `--request-timeout`, `/metrics`); a client that goes away aborts its
+//! request at the next step. Binds 127.0.0.1 unless told otherwise; `--api-key`, `--cors`
+//! (`layers.rs`); SIGINT/SIGTERM stop accepting and let in-flight replies finish.
+mod anthropic;
+mod error;
+mod generation;
+mod layers;
+mod metrics;
+mod models;
 mod openai;
+mod responses;
+mod wire;
 
 use crate::error::{Error, Result};
 use crate::Session;
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::middleware::{self, Next};
+use axum::http::StatusCode;
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use error::{ApiError, Dialect};
 use serde_json::json;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// What `mlex serve` runs.
 pub struct ServeConfig {
@@ -23,16 +35,45 @@ pub struct ServeConfig {
     pub models: Vec<(String, Session)>,
     pub host: String,
     pub port: u16,
-    /// Required of every request when set.
+    /// Required of every request but /health when set.
     pub api_key: Option<String>,
     /// Largest request body accepted (bytes).
     pub max_body_bytes: usize,
+    /// Origins browsers may call from (`*`: any); empty: no CORS headers at all.
+    pub cors: Vec<String>,
+    /// A request running longer is stopped (whole replies get 504, streams an error event).
+    pub request_timeout: Option<Duration>,
+    /// Requests a model may hold waiting beyond its batch (`Session::max_batch`) before the
+    /// server answers 429 with `Retry-After`.
+    pub max_queue: usize,
 }
+
+impl ServeConfig {
+    /// `models` on 127.0.0.1:8080 with the defaults: no key, 16 MiB bodies, no CORS, no
+    /// timeout, a queue of [`DEFAULT_MAX_QUEUE`].
+    pub fn new(models: Vec<(String, Session)>) -> Self {
+        ServeConfig {
+            models,
+            host: "127.0.0.1".into(),
+            port: 8080,
+            api_key: None,
+            max_body_bytes: 16 << 20,
+            cors: vec![],
+            request_timeout: None,
+            max_queue: DEFAULT_MAX_QUEUE,
+        }
+    }
+}
+
+/// Requests a model may queue beyond its batch unless `--max-queue` says otherwise.
+pub const DEFAULT_MAX_QUEUE: usize = 256;
 
 struct App {
     models: Vec<(String, Session)>,
     api_key: Option<String>,
     started: u64,
+    metrics: Arc<metrics::Metrics>,
+    request_timeout: Option<Duration>,
 }
 
 impl App {
@@ -45,96 +86,53 @@ impl App {
     }
 }
 
-/// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
-#[derive(Debug)]
-pub(crate) struct ApiError {
-    status: StatusCode,
-    code: &'static str,
-    message: String,
-    param: Option<&'static str>,
-}
-
-impl ApiError {
-    pub(crate) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        ApiError { status, code, message: message.into(), param: None }
-    }
-
-    pub(crate) fn bad(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
-    }
-
-    fn param(mut self, p: &'static str) -> Self {
-        self.param = Some(p);
-        self
-    }
-}
-
-impl From<Error> for ApiError {
-    fn from(e: Error) -> Self {
-        let (status, code) = match e.code() {
-            "INVALID_ARGUMENT" => (StatusCode::BAD_REQUEST, "invalid_request_error"),
-            "OUT_OF_MEMORY" => (StatusCode::SERVICE_UNAVAILABLE, "out_of_memory"),
-            "ABORTED" => (StatusCode::BAD_REQUEST, "aborted"),
-            "SESSION_CLOSED" => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
-            _ => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
-        };
-        ApiError::new(status, code, e.to_string())
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let kind = if self.status.is_client_error() { "invalid_request_error" } else { "server_error" };
-        let body = json!({"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}});
-        (self.status, Json(body)).into_response()
-    }
-}
-
-/// Every route but /health needs the key, when one is set.
-async fn auth(State(app): State<Arc<App>>, headers: HeaderMap, req: Request, next: Next) -> Response {
-    if let Some(key) = &app.api_key {
-        let bearer = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-        let x = headers.get("x-api-key").and_then(|v| v.to_str().ok());
-        if bearer != Some(key.as_str()) && x != Some(key.as_str()) && req.uri().path() != "/health" {
-            return ApiError::new(StatusCode::UNAUTHORIZED, "invalid_api_key", "missing or wrong API key (Authorization: Bearer … or x-api-key)")
-                .into_response();
-        }
-    }
-    next.run(req).await
-}
-
 async fn health(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
     let ids: Vec<&str> = app.models.iter().map(|(m, _)| m.as_str()).collect();
     Json(json!({"status": "ok", "models": ids}))
 }
 
-async fn models(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
-    let data: Vec<_> = app
-        .models
-        .iter()
-        .map(|(id, s)| json!({"id": id, "object": "model", "created": app.started, "owned_by": "mlex",
-                              "model_type": s.info().model_type, "device": s.info().device}))
-        .collect();
-    Json(json!({"object": "list", "data": data}))
+async fn metrics_text(State(app): State<Arc<App>>) -> Response {
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], app.metrics.render()).into_response()
 }
 
-async fn not_found() -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route (POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health)")
+const ROUTES: &str = "POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, POST /v1/messages, \
+                      POST /v1/messages/count_tokens, GET /v1/models, GET /v1/models/{id}, GET /health, GET /metrics";
+
+async fn not_found(req: Request) -> Response {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no such route ({ROUTES})")).response(Dialect::of(req.uri().path(), req.headers()))
 }
 
-/// The server's routes over `models`.
-fn router(cfg_models: Vec<(String, Session)>, api_key: Option<String>, max_body: usize) -> Router {
-    let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let app = Arc::new(App { models: cfg_models, api_key, started });
-    Router::new()
+async fn wrong_method(req: Request) -> Response {
+    let msg = format!("{} is not allowed on {} ({ROUTES})", req.method(), req.uri().path());
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", msg).response(Dialect::of(req.uri().path(), req.headers()))
+}
+
+/// The server's routes, with the key, CORS and request counting around them.
+fn router(cfg: ServeConfig) -> Router {
+    let started = wire::now();
+    let counted: Vec<(String, usize)> = cfg.models.iter().map(|(id, s)| (id.clone(), s.max_batch())).collect();
+    let metrics = Arc::new(metrics::Metrics::new(&counted, cfg.max_queue));
+    let app = Arc::new(App { models: cfg.models, api_key: cfg.api_key, started, metrics, request_timeout: cfg.request_timeout });
+    let mut router = Router::new()
         .route("/health", get(health))
-        .route("/v1/models", get(models))
+        .route("/metrics", get(metrics_text))
+        .route("/v1/models", get(models::list))
+        .route("/v1/models/{id}", get(models::get))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .fallback(not_found)
-        .layer(middleware::from_fn_with_state(app.clone(), auth))
-        .layer(DefaultBodyLimit::max(max_body))
-        .with_state(app)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(middleware::from_fn_with_state(app.clone(), layers::auth))
+        .layer(middleware::from_fn_with_state(app.clone(), layers::count))
+        .layer(DefaultBodyLimit::max(cfg.max_body_bytes));
+    if !cfg.cors.is_empty() {
+        let cors = Arc::new(layers::Cors { origins: cfg.cors });
+        router = router.layer(middleware::from_fn_with_state(cors, layers::cors));
+    }
+    router.with_state(app)
 }
 
 /// Serves until SIGINT or SIGTERM, then lets in-flight replies finish. Prints the address
@@ -155,7 +153,7 @@ pub fn run(cfg: ServeConfig) -> Result<()> {
         println!("mlex serve: listening on http://{local} (models: {})", ids.join(", "));
         use std::io::Write;
         let _ = std::io::stdout().flush();
-        let app = router(cfg.models, cfg.api_key, cfg.max_body_bytes);
+        let app = router(cfg);
         let (stopping, mut stopped) = tokio::sync::watch::channel(false);
         let server = axum::serve(listener, app).with_graceful_shutdown(async move {
             shutdown_signal().await;

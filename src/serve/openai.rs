@@ -2,22 +2,22 @@
 //! streamed as server-sent events (the final usage chunk when `stream_options.include_usage`).
 //! A request's fields become a `GenerateOptions` through the one options schema (snake_case, as
 //! OpenAI spells them), so checks and defaults are the library's; mlex's own options (`top_k`,
-//! `min_p`, `repetition_penalty`, `reasoning_budget_tokens`, `enable_thinking`) are accepted too.
-use super::{ApiError, App};
+//! `min_p`, `repetition_penalty`, `reasoning_budget_tokens`, `enable_thinking`, `ignore_eos`)
+//! are accepted too.
+use super::error::{ApiError, Dialect};
+use super::generation::{Generation, Step};
+use super::wire::{body_json, copy_fields, event_stream, new_id, now, string_field};
+use super::App;
 use crate::chat::{parse_messages_json, parse_tools_json, ToolCall};
-use crate::generate::engine::{Event, Sink};
-use crate::generate::{GenerateOptions, GenerateReply, Naming, TokenKind};
+use crate::generate::{GenerateOptions, GenerateReply, TokenKind};
 use crate::{FinishReason, Request, Session};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
-use std::convert::Infallible;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 /// Fields of a request that become generation options, by their OpenAI (snake_case) names.
@@ -32,6 +32,7 @@ const OPTION_FIELDS: &[&str] = &[
     "repetition_penalty",
     "reasoning_budget_tokens",
     "enable_thinking",
+    "ignore_eos",
 ];
 
 /// OpenAI fields with no effect here, accepted when they ask for nothing.
@@ -56,11 +57,7 @@ fn refuse_unsupported(body: &Map<String, Value>) -> Result<(), ApiError> {
 /// The generation options of a request body.
 fn options(body: &Map<String, Value>) -> Result<GenerateOptions, ApiError> {
     let mut o = Map::new();
-    for f in OPTION_FIELDS {
-        if let Some(v) = body.get(*f).filter(|v| !v.is_null()) {
-            o.insert(f.to_string(), v.clone());
-        }
-    }
+    copy_fields(body, OPTION_FIELDS, &mut o);
     if let Some(n) = body.get("max_completion_tokens").or_else(|| body.get("max_tokens")).filter(|v| !v.is_null()) {
         o.insert("max_tokens".into(), n.clone());
     }
@@ -76,41 +73,7 @@ fn options(body: &Map<String, Value>) -> Result<GenerateOptions, ApiError> {
     if let Some(t) = body.get("chat_template_kwargs").and_then(|k| k.get("enable_thinking")) {
         o.insert("enable_thinking".into(), t.clone());
     }
-    GenerateOptions::from_json(&Value::Object(o), Naming::Snake).map_err(ApiError::bad)
-}
-
-/// The JSON body, or the error a client gets for it (too large, not JSON, not an object).
-fn body_json(body: Result<Bytes, BytesRejection>) -> Result<Map<String, Value>, ApiError> {
-    let bytes = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "request_too_large", "the request body is larger than the server accepts (--max-body-bytes)")
-        } else {
-            ApiError::bad(format!("unreadable request body: {e}"))
-        }
-    })?;
-    match serde_json::from_slice::<Value>(&bytes) {
-        Ok(Value::Object(m)) => Ok(m),
-        Ok(_) => Err(ApiError::bad("the request body must be a JSON object")),
-        Err(e) => Err(ApiError::bad(format!("the request body is not valid JSON: {e}"))),
-    }
-}
-
-fn string_field<'a>(body: &'a Map<String, Value>, name: &'static str) -> Result<&'a str, ApiError> {
-    match body.get(name) {
-        Some(Value::String(s)) => Ok(s),
-        Some(v) => Err(ApiError::bad(format!("{name} must be a string, got {v}")).param(name)),
-        None => Err(ApiError::bad(format!("{name} is required")).param(name)),
-    }
-}
-
-fn now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
-fn request_id(prefix: &str) -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!("{prefix}-{:x}{:06x}", now(), N.fetch_add(1, Ordering::Relaxed))
+    super::wire::options(o)
 }
 
 fn finish_reason(f: FinishReason) -> &'static str {
@@ -164,8 +127,8 @@ enum Shape {
     Completion,
 }
 
-/// Runs `request` on `session`: the whole reply, or (with `stream`) server-sent events. The
-/// request is refused before anything is sent when its options or prompt are invalid.
+/// Runs `request` on the body's model: the whole reply, or (with `stream`) server-sent events.
+/// The request is refused before anything is sent when its options or prompt are invalid.
 async fn respond(
     app: &App,
     body: Map<String, Value>,
@@ -174,30 +137,20 @@ async fn respond(
 ) -> Result<Response, ApiError> {
     refuse_unsupported(&body)?;
     let model = string_field(&body, "model")?.to_string();
-    let session = app.model(&model)?.clone();
     let options = options(&body)?;
-    let request = request(&session)?;
+    let request = request(app.model(&model)?)?;
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let include_usage = body.get("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool).unwrap_or(false);
     let want_logprobs = body.get("logprobs").and_then(Value::as_bool).unwrap_or(false);
-    let (id, created) = (request_id(match shape {
-        Shape::Chat => "chatcmpl",
-        Shape::Completion => "cmpl",
+    let (id, created) = (new_id(match shape {
+        Shape::Chat => "chatcmpl-",
+        Shape::Completion => "cmpl-",
     }), now());
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
-    // A client gone (its stream dropped) closes the channel: the engine then stops the request.
-    let sink = Sink::new(move |e| tx.send(e).is_ok());
-    session.start(request, options, Arc::new(AtomicBool::new(false)), sink)?;
+    let mut gen = Generation::start(app, &model, request, options)?;
 
     if !stream {
-        let reply = loop {
-            match rx.recv().await {
-                Some(Event::Token(_)) => {}
-                Some(Event::Done(r)) => break r?,
-                None => return Err(ApiError::from(crate::Error::SessionClosed)),
-            }
-        };
-        let logprobs = if want_logprobs { logprobs_json(&session, &reply) } else { Value::Null };
+        let reply = gen.reply().await?;
+        let logprobs = if want_logprobs { logprobs_json(gen.session(), &reply) } else { Value::Null };
         let fin = finish_reason(reply.finish_reason);
         let body = match shape {
             Shape::Chat => {
@@ -240,13 +193,18 @@ async fn respond(
         Shape::Chat => json!({"index": 0, "delta": d, "finish_reason": finish, "logprobs": null}),
         Shape::Completion => json!({"index": 0, "text": d.get("content").cloned().unwrap_or(json!("")), "finish_reason": finish, "logprobs": null}),
     };
-    let events = async_stream(move |out| async move {
+    let events = event_stream(move |out| async move {
         if let Shape::Chat = shape {
             out.send(chunk(delta(json!({"role": "assistant", "content": ""}), None), None)).ok();
         }
-        while let Some(e) = rx.recv().await {
-            match e {
-                Event::Token(t) => {
+        loop {
+            let step = tokio::select! {
+                s = gen.next() => s,
+                // The client went away: dropping the generation aborts it.
+                _ = out.closed() => return,
+            };
+            match step {
+                Step::Token(t) => {
                     let d = match t.kind {
                         TokenKind::Text if !t.text.is_empty() => json!({"content": t.text}),
                         TokenKind::Reasoning if !t.text.is_empty() => json!({"reasoning_content": t.text}),
@@ -259,7 +217,7 @@ async fn respond(
                         return;
                     }
                 }
-                Event::Done(Ok(reply)) => {
+                Step::Done(reply) => {
                     if !reply.tool_calls.is_empty() {
                         out.send(chunk(delta(json!({"tool_calls": tool_calls_json(&reply.tool_calls)}), None), None)).ok();
                     }
@@ -269,10 +227,8 @@ async fn respond(
                     }
                     break;
                 }
-                Event::Done(Err(e)) => {
-                    let e = ApiError::from(e);
-                    let body = json!({"error": {"message": e.message, "type": "server_error", "param": null, "code": e.code}});
-                    out.send(SseEvent::default().data(body.to_string())).ok();
+                Step::Failed(e) => {
+                    out.send(SseEvent::default().data(e.body(Dialect::OpenAi).to_string())).ok();
                     break;
                 }
             }
@@ -280,17 +236,6 @@ async fn respond(
         out.send(SseEvent::default().data("[DONE]")).ok();
     });
     Ok(Sse::new(events).into_response())
-}
-
-/// A stream fed by `producer` through a channel (the events of one reply, in order).
-fn async_stream<F, Fut>(producer: F) -> impl futures_util::Stream<Item = Result<SseEvent, Infallible>>
-where
-    F: FnOnce(tokio::sync::mpsc::UnboundedSender<SseEvent>) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(producer(tx));
-    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (Ok(e), rx)) })
 }
 
 /// `POST /v1/chat/completions`.

@@ -1,0 +1,455 @@
+//! Anthropic's Messages API: `POST /v1/messages`, whole or streamed as Anthropic's server-sent
+//! events (and `POST /v1/messages/count_tokens`), so that Anthropic's clients (and tools built
+//! on them) reach a local model. The
+//! request's messages (string or block content: text, tool_use, tool_result, thinking), system
+//! prompt, tools (`input_schema`), `tool_choice` and `thinking` become a chat request and
+//! generation options; the reply comes back as content blocks (thinking, text, tool_use) with
+//! Anthropic's stop reasons and usage. Errors on this route, the API key's included, come in
+//! Anthropic's shape (`error.rs`). `x-api-key` and `anthropic-version` are accepted (every
+//! version: the shapes here are those of 2023-06-01, the only one there is).
+use super::error::{ApiError, Dialect};
+use super::generation::{Generation, Step};
+use super::wire::{body_json, copy_fields, event_stream, flag, named, new_id, optional, string_field};
+use super::App;
+use crate::chat::{ChatMessage, Role, Tool, ToolCall};
+use crate::generate::{GenerateReply, TokenKind};
+use crate::{FinishReason, Request, Session};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Map, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// A stream with nothing to say for this long sends a `ping` (as Anthropic's does), which also
+/// finds out early when its client has gone.
+const PING_EVERY: Duration = Duration::from_secs(10);
+
+/// `POST /v1/messages`.
+pub(super) async fn messages(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
+    run(&app, body).await.unwrap_or_else(|e| e.response(Dialect::Anthropic))
+}
+
+/// A Messages request, read.
+struct Parsed {
+    model: String,
+    messages: Vec<ChatMessage>,
+    tools: Option<Vec<Tool>>,
+    options: crate::GenerateOptions,
+    stop_sequences: Vec<String>,
+    stream: bool,
+}
+
+/// `POST /v1/messages/count_tokens`: the size of a request's prompt as the model will see it.
+pub(super) async fn count_tokens(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let result = async {
+        let p = parse(&body_json(body)?, false)?;
+        let n = prompt_tokens(app.model(&p.model)?, &p).await?;
+        Ok::<_, ApiError>(Json(json!({"input_tokens": n})).into_response())
+    };
+    result.await.unwrap_or_else(|e| e.response(Dialect::Anthropic))
+}
+
+/// How many tokens `p`'s prompt is, rendered as the engine will render it (the tools left out
+/// when `tool_choice` is none, as the session does). Rendering runs off the async workers.
+async fn prompt_tokens(session: &Session, p: &Parsed) -> Result<usize, ApiError> {
+    let shown = if p.options.tool_choice == Some(crate::chat::ToolChoice::None) { None } else { p.tools.clone() };
+    let (msgs, think, session) = (p.messages.clone(), p.options.enable_thinking, session.clone());
+    tokio::task::spawn_blocking(move || session.encode_messages(&msgs, shown.as_deref(), think).map(|ids| ids.len()))
+        .await
+        .map_err(|e| ApiError::from(crate::Error::Mlx(format!("counting the prompt's tokens: {e}"))))?
+        .map_err(ApiError::from)
+}
+
+async fn run(app: &App, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let p = parse(&body_json(body)?, true)?;
+    let session = app.model(&p.model)?.clone();
+    if !p.stream {
+        let mut gen = Generation::start(app, &p.model, Request::Chat { messages: p.messages, tools: p.tools }, p.options)?;
+        let reply = gen.reply().await?;
+        let (stop_reason, stop_sequence) = stop_reason(&session, &reply, &p.stop_sequences);
+        let mut content: Vec<Value> = vec![];
+        if let Some(r) = reply.reasoning.as_deref().filter(|r| !r.is_empty()) {
+            content.push(json!({"type": "thinking", "thinking": r, "signature": signature(r)}));
+        }
+        if !reply.text.is_empty() {
+            content.push(json!({"type": "text", "text": reply.text}));
+        }
+        content.extend(reply.tool_calls.iter().map(|c| tool_use(c, json!(input_of(c)))));
+        if content.is_empty() {
+            content.push(json!({"type": "text", "text": ""}));
+        }
+        return Ok(Json(json!({
+            "id": new_id("msg_"), "type": "message", "role": "assistant", "model": p.model, "content": content,
+            "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": usage(&reply),
+        }))
+        .into_response());
+    }
+    // message_start carries the prompt's size, before any token (counted once the request is
+    // admitted, so that a full queue costs no rendering).
+    let gen = Generation::start(app, &p.model, Request::Chat { messages: p.messages.clone(), tools: p.tools.clone() }, p.options.clone())?;
+    let input_tokens = prompt_tokens(&session, &p).await?;
+    let start = json!({"type": "message_start", "message": {
+        "id": new_id("msg_"), "type": "message", "role": "assistant", "model": p.model, "content": [],
+        "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": input_tokens, "output_tokens": 0}}});
+    let events = event_stream(move |out| stream(gen, session, p.stop_sequences, start, out));
+    Ok(Sse::new(events).into_response())
+}
+
+/// The events of a streamed reply, in Anthropic's order: message_start, ping, each content
+/// block (content_block_start, its deltas, content_block_stop), message_delta (stop reason,
+/// usage), message_stop; an `error` event instead of the end when it fails or times out.
+async fn stream(mut gen: Generation, session: Session, stops: Vec<String>, start: Value, out: UnboundedSender<SseEvent>) {
+    let send = |name: &str, data: Value| out.send(named(name, &data)).is_ok();
+    send("message_start", start);
+    send("ping", json!({"type": "ping"}));
+    let mut blocks = Blocks { next: 0, open: None, thinking: String::new() };
+    loop {
+        let step = tokio::select! {
+            s = gen.next() => s,
+            _ = out.closed() => return,
+            _ = tokio::time::sleep(PING_EVERY) => {
+                send("ping", json!({"type": "ping"}));
+                continue;
+            }
+        };
+        match step {
+            Step::Token(t) if t.text.is_empty() || t.kind == TokenKind::ToolCall => {}
+            Step::Token(t) => {
+                if blocks.open != Some(t.kind) {
+                    blocks.close(&send);
+                    let block = match t.kind {
+                        TokenKind::Reasoning => json!({"type": "thinking", "thinking": "", "signature": ""}),
+                        _ => json!({"type": "text", "text": ""}),
+                    };
+                    send("content_block_start", json!({"type": "content_block_start", "index": blocks.next, "content_block": block}));
+                    blocks.open = Some(t.kind);
+                }
+                let delta = match t.kind {
+                    TokenKind::Reasoning => {
+                        blocks.thinking.push_str(&t.text);
+                        json!({"type": "thinking_delta", "thinking": t.text})
+                    }
+                    _ => json!({"type": "text_delta", "text": t.text}),
+                };
+                if !send("content_block_delta", json!({"type": "content_block_delta", "index": blocks.next, "delta": delta})) {
+                    return;
+                }
+            }
+            Step::Done(reply) => {
+                blocks.close(&send);
+                for c in &reply.tool_calls {
+                    let i = blocks.next;
+                    send("content_block_start", json!({"type": "content_block_start", "index": i, "content_block": tool_use(c, json!({}))}));
+                    let partial = json!({"type": "input_json_delta", "partial_json": input_of(c).to_string()});
+                    send("content_block_delta", json!({"type": "content_block_delta", "index": i, "delta": partial}));
+                    send("content_block_stop", json!({"type": "content_block_stop", "index": i}));
+                    blocks.next += 1;
+                }
+                if blocks.next == 0 {
+                    send("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}));
+                    send("content_block_stop", json!({"type": "content_block_stop", "index": 0}));
+                }
+                let (stop_reason, stop_sequence) = stop_reason(&session, &reply, &stops);
+                send("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence}, "usage": usage(&reply)}));
+                send("message_stop", json!({"type": "message_stop"}));
+                return;
+            }
+            Step::Failed(e) => {
+                send("error", e.body(Dialect::Anthropic));
+                return;
+            }
+        }
+    }
+}
+
+/// The content blocks of a stream so far: the next block's index and the one open.
+struct Blocks {
+    next: usize,
+    open: Option<TokenKind>,
+    /// The open thinking block's text (its signature is sent when it closes).
+    thinking: String,
+}
+
+impl Blocks {
+    fn close(&mut self, send: &dyn Fn(&str, Value) -> bool) {
+        let Some(kind) = self.open.take() else { return };
+        if kind == TokenKind::Reasoning {
+            let sig = json!({"type": "signature_delta", "signature": signature(&std::mem::take(&mut self.thinking))});
+            send("content_block_delta", json!({"type": "content_block_delta", "index": self.next, "delta": sig}));
+        }
+        send("content_block_stop", json!({"type": "content_block_stop", "index": self.next}));
+        self.next += 1;
+    }
+}
+
+/// The `signature` of a thinking block. Anthropic's clients expect one and send it back with
+/// the block; this is not cryptographic (a 64-bit FNV-1a hash of the text, marked as mlex's),
+/// nothing checks it, and signatures that come back are ignored.
+fn signature(thinking: &str) -> String {
+    let h = thinking.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
+    format!("mlex-{h:016x}")
+}
+
+fn tool_use(c: &ToolCall, input: Value) -> Value {
+    let id = if c.id.starts_with("toolu_") { c.id.clone() } else { format!("toolu_{}", c.id.trim_start_matches("call_")) };
+    json!({"type": "tool_use", "id": id, "name": c.name, "input": input})
+}
+
+/// A call's arguments as the object `input` must be (arguments that are not an object are
+/// kept under `arguments`).
+fn input_of(c: &ToolCall) -> Value {
+    match &c.arguments {
+        Value::Object(_) => c.arguments.clone(),
+        other => json!({"arguments": other}),
+    }
+}
+
+fn usage(r: &GenerateReply) -> Value {
+    let u = &r.usage;
+    json!({"input_tokens": u.prompt_tokens - u.cached_tokens, "output_tokens": u.completion_tokens,
+           "cache_creation_input_tokens": 0, "cache_read_input_tokens": u.cached_tokens})
+}
+
+/// Anthropic's `stop_reason` and `stop_sequence`: a stop string that ended the reply is found
+/// in its decoded tokens (the reply's text leaves it out).
+fn stop_reason(session: &Session, r: &GenerateReply, stops: &[String]) -> (&'static str, Option<String>) {
+    match r.finish_reason {
+        FinishReason::ToolCalls => ("tool_use", None),
+        FinishReason::Length => ("max_tokens", None),
+        _ if !stops.is_empty() => {
+            let text = session.tokenizer().and_then(|t| t.decode(&r.tokens, false)).unwrap_or_default();
+            match stops.iter().filter_map(|s| text.find(s.as_str()).map(|at| (at, s))).min() {
+                Some((_, s)) => ("stop_sequence", Some(s.clone())),
+                None => ("end_turn", None),
+            }
+        }
+        _ => ("end_turn", None),
+    }
+}
+
+/// The request's fields: a chat request and its options (`max_tokens` required unless only the
+/// prompt is counted). Unknown fields are ignored.
+fn parse(body: &Map<String, Value>, generating: bool) -> Result<Parsed, ApiError> {
+    let model = string_field(body, "model")?.to_string();
+    match body.get("max_tokens") {
+        Some(Value::Number(n)) if n.as_u64().is_some_and(|n| n >= 1) => {}
+        None if !generating => {}
+        Some(v) => return Err(ApiError::bad(format!("max_tokens must be an integer >= 1, got {v}")).param("max_tokens")),
+        None => return Err(ApiError::bad("max_tokens is required").param("max_tokens")),
+    }
+    let mut messages = vec![];
+    if let Some(s) = optional(body, "system", "a string or an array of text blocks", |v| v.is_string() || v.is_array())? {
+        let text = text_of(s, "system")?;
+        if !text.is_empty() {
+            messages.push(ChatMessage::system(text));
+        }
+    }
+    let list = match body.get("messages") {
+        Some(Value::Array(l)) if !l.is_empty() => l,
+        Some(Value::Array(_)) => return Err(ApiError::bad("messages must not be empty").param("messages")),
+        Some(v) => return Err(ApiError::bad(format!("messages must be an array, got {v}")).param("messages")),
+        None => return Err(ApiError::bad("messages is required").param("messages")),
+    };
+    messages.extend(chat_messages(list).map_err(|e| e.param("messages"))?);
+    let tools = match optional(body, "tools", "an array", Value::is_array)? {
+        Some(Value::Array(t)) if !t.is_empty() => Some(t.iter().enumerate().map(|(i, t)| tool(i, t)).collect::<Result<Vec<_>, _>>()?),
+        _ => None,
+    };
+    let stop_sequences: Vec<String> = match optional(body, "stop_sequences", "an array of strings", Value::is_array)? {
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|s| s.as_str().map(str::to_string).ok_or_else(|| ApiError::bad("stop_sequences must be an array of strings").param("stop_sequences")))
+            .collect::<Result<_, _>>()?,
+        _ => vec![],
+    };
+    let mut o = Map::new();
+    copy_fields(body, &["max_tokens", "temperature", "top_p", "top_k"], &mut o);
+    // mlex's own sampling options, as on the OpenAI routes.
+    copy_fields(body, &["min_p", "repetition_penalty", "seed", "ignore_eos"], &mut o);
+    o.insert("stop".into(), json!(stop_sequences));
+    if let Some(c) = optional(body, "tool_choice", "an object", Value::is_object)? {
+        let choice = match c.get("type").and_then(Value::as_str) {
+            Some("auto") => json!("auto"),
+            Some("any") => json!("required"),
+            Some("none") => json!("none"),
+            Some("tool") => match c.get("name").and_then(Value::as_str) {
+                Some(n) => json!({"name": n}),
+                None => return Err(ApiError::bad("tool_choice of type 'tool' needs a 'name'").param("tool_choice")),
+            },
+            _ => return Err(ApiError::bad(format!("tool_choice.type must be 'auto', 'any', 'tool' or 'none', got {}", c["type"])).param("tool_choice")),
+        };
+        o.insert("tool_choice".into(), choice);
+    }
+    if let Some(t) = optional(body, "thinking", "an object", Value::is_object)? {
+        match t.get("type").and_then(Value::as_str) {
+            Some("enabled") => {
+                o.insert("enable_thinking".into(), json!(true));
+                if let Some(b) = t.get("budget_tokens").filter(|b| !b.is_null()) {
+                    o.insert("reasoning_budget_tokens".into(), b.clone());
+                }
+            }
+            Some("adaptive") => {
+                o.insert("enable_thinking".into(), json!(true));
+            }
+            Some("disabled") => {
+                o.insert("enable_thinking".into(), json!(false));
+            }
+            _ => return Err(ApiError::bad(format!("thinking.type must be 'enabled', 'adaptive' or 'disabled', got {}", t["type"])).param("thinking")),
+        }
+    }
+    let options = super::wire::options(o).map_err(|e| ApiError { message: e.message.replace("reasoning_budget_tokens", "thinking.budget_tokens"), ..e })?;
+    Ok(Parsed { model, messages, tools, options, stop_sequences, stream: flag(body, "stream")? })
+}
+
+/// The text of a string or of an array of text blocks (joined by newlines).
+fn text_of(v: &Value, what: &str) -> Result<String, ApiError> {
+    match v {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(blocks) => {
+            let mut parts = vec![];
+            for b in blocks {
+                match (b.get("type").and_then(Value::as_str), b.get("text").and_then(Value::as_str)) {
+                    (Some("text"), Some(t)) => parts.push(t),
+                    (Some(k @ ("image" | "document")), _) => {
+                        return Err(ApiError::bad(format!("{what}: {k} blocks are not supported (text-only models)")))
+                    }
+                    _ => return Err(ApiError::bad(format!("{what}: expected text blocks ({{type: 'text', text}}), got {b}"))),
+                }
+            }
+            Ok(parts.join("\n"))
+        }
+        other => Err(ApiError::bad(format!("{what} must be a string or an array of text blocks, got {other}"))),
+    }
+}
+
+/// Anthropic's messages as chat messages: a user turn's tool_result blocks become tool messages
+/// (named after the tool_use they answer) ahead of its text; an assistant turn's thinking
+/// becomes its reasoning and its tool_use blocks its tool calls.
+fn chat_messages(list: &[Value]) -> Result<Vec<ChatMessage>, ApiError> {
+    let mut out = vec![];
+    let mut names: HashMap<String, String> = HashMap::new();
+    for (i, m) in list.iter().enumerate() {
+        let at = |msg: String| ApiError::bad(format!("messages[{i}]: {msg}"));
+        let role = match m.get("role").and_then(Value::as_str) {
+            Some("user") => Role::User,
+            Some("assistant") => Role::Assistant,
+            _ => return Err(at(format!("role must be 'user' or 'assistant', got {}", m.get("role").unwrap_or(&Value::Null)))),
+        };
+        let blocks = match m.get("content") {
+            Some(Value::String(s)) => vec![json!({"type": "text", "text": s})],
+            Some(Value::Array(b)) => b.clone(),
+            other => return Err(at(format!("content must be a string or an array of content blocks, got {}", other.unwrap_or(&Value::Null)))),
+        };
+        let (mut text, mut reasoning, mut calls, mut results) = (String::new(), String::new(), vec![], vec![]);
+        for b in &blocks {
+            let field = |k: &str| b.get(k).and_then(Value::as_str).ok_or_else(|| at(format!("a {} block needs a string '{k}'", b["type"])));
+            match (role, b.get("type").and_then(Value::as_str)) {
+                (_, Some("text")) => text.push_str(field("text")?),
+                (Role::Assistant, Some("thinking")) => reasoning.push_str(field("thinking")?),
+                (Role::Assistant, Some("redacted_thinking")) => {}
+                (Role::Assistant, Some("tool_use")) => {
+                    let (id, name) = (field("id")?.to_string(), field("name")?.to_string());
+                    names.insert(id.clone(), name.clone());
+                    calls.push(ToolCall::new(id, name, b.get("input").cloned().unwrap_or_else(|| json!({}))));
+                }
+                (Role::User, Some("tool_result")) => {
+                    let id = field("tool_use_id")?.to_string();
+                    let mut content = match b.get("content") {
+                        None | Some(Value::Null) => String::new(),
+                        Some(c) => text_of(c, &format!("messages[{i}]: tool_result content"))?,
+                    };
+                    if b.get("is_error").and_then(Value::as_bool) == Some(true) {
+                        content = format!("Error: {content}");
+                    }
+                    let mut msg = ChatMessage::tool(id.clone(), content);
+                    msg.name = names.get(&id).cloned();
+                    results.push(msg);
+                }
+                (_, Some(k @ ("image" | "document"))) => return Err(at(format!("{k} blocks are not supported (text-only models)"))),
+                (_, k) => return Err(at(format!("unsupported content block type {} in a {} message", k.map_or("(none)".into(), |k| format!("{k:?}")), role))),
+            }
+        }
+        match role {
+            Role::Assistant => {
+                let mut msg = ChatMessage::assistant_with_tool_calls(text, calls);
+                msg.reasoning = (!reasoning.is_empty()).then_some(reasoning);
+                out.push(msg);
+            }
+            _ => {
+                let answered = !results.is_empty();
+                out.extend(results);
+                if !text.is_empty() || !answered {
+                    out.push(ChatMessage::user(text));
+                }
+            }
+        }
+    }
+    if out.last().is_some_and(|m| m.role == Role::Assistant) {
+        return Err(ApiError::bad("the last message is the assistant's: continuing a prefilled reply is not supported, end with a user message"));
+    }
+    Ok(out)
+}
+
+/// A custom tool (`name`, `description`, `input_schema`); Anthropic's server tools are refused.
+fn tool(i: usize, t: &Value) -> Result<Tool, ApiError> {
+    let bad = |m: String| ApiError::bad(format!("tools[{i}]: {m}")).param("tools");
+    if let Some(k) = t.get("type").and_then(Value::as_str).filter(|k| *k != "custom") {
+        return Err(bad(format!("tool type {k:?} is not supported (only custom tools with an input_schema)")));
+    }
+    let name = t.get("name").and_then(Value::as_str).ok_or_else(|| bad("a tool needs a string 'name'".into()))?;
+    let schema = t.get("input_schema").filter(|s| s.is_object()).ok_or_else(|| bad(format!("tool {name:?} needs an 'input_schema' object")))?;
+    let description = t.get("description").and_then(Value::as_str).map(str::to_string);
+    Ok(Tool::function(name, description, schema.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_become_chat_messages() {
+        let list = json!([
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "Use the tool.", "signature": "x"},
+                {"type": "text", "text": "Checking."},
+                {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "18C"}]},
+                {"type": "text", "text": "Thanks"}]},
+        ]);
+        let m = chat_messages(list.as_array().unwrap()).unwrap();
+        assert_eq!(m.len(), 4);
+        assert_eq!(m[1].reasoning.as_deref(), Some("Use the tool."));
+        assert_eq!(m[1].tool_calls[0], ToolCall::new("toolu_1", "weather", json!({"city": "Paris"})));
+        assert_eq!((m[2].role, m[2].content.as_str(), m[2].name.as_deref()), (Role::Tool, "18C", Some("weather")));
+        assert_eq!(m[3], ChatMessage::user("Thanks"));
+        let prefill = json!([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]);
+        assert!(chat_messages(prefill.as_array().unwrap()).unwrap_err().message.contains("prefill"));
+        let image = json!([{"role": "user", "content": [{"type": "image", "source": {}}]}]);
+        assert!(chat_messages(image.as_array().unwrap()).unwrap_err().message.contains("image"));
+    }
+
+    #[test]
+    fn request_fields_become_options() {
+        let body = json!({"model": "m", "max_tokens": 9, "system": [{"type": "text", "text": "S"}], "messages": [{"role": "user", "content": "hi"}],
+                          "stop_sequences": ["END"], "top_k": 3, "tool_choice": {"type": "any"},
+                          "tools": [{"name": "f", "input_schema": {"type": "object"}}], "thinking": {"type": "enabled", "budget_tokens": 5}});
+        let p = parse(body.as_object().unwrap(), true).unwrap();
+        assert_eq!(p.messages[0], ChatMessage::system("S"));
+        assert_eq!((p.options.max_tokens, p.options.sampling.top_k, p.options.stop.clone()), (9, 3, vec!["END".to_string()]));
+        assert_eq!(p.options.tool_choice, Some(crate::chat::ToolChoice::Required));
+        assert_eq!((p.options.enable_thinking, p.options.reasoning_budget_tokens), (Some(true), Some(5)));
+        let no_max = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+        assert_eq!(parse(no_max.as_object().unwrap(), true).err().unwrap().param, Some("max_tokens"));
+        let server_tool = json!({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "web_search_20250305", "name": "s"}]});
+        assert!(parse(server_tool.as_object().unwrap(), true).err().unwrap().message.contains("web_search"));
+        assert!(signature("abc").starts_with("mlex-") && signature("abc") != signature("abd"));
+    }
+}
