@@ -192,12 +192,22 @@ pub fn run_concurrent(spec: &BenchSpec, concurrency: usize, late: bool, mut repo
         let mut per_stream: Vec<f64> = replies.iter().map(|r| r.usage.decode_tokens_per_second).collect();
         per_stream.sort_by(f64::total_cmp);
         let pct = |v: &[f64], p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
+        // Where a decode step's time goes (each stream's mean; the median stream): building the
+        // step's graph, MLX encoding it, and waiting for the device.
+        let step_ms = |f: fn(&crate::Usage) -> f64| {
+            let mut v: Vec<f64> = replies.iter().map(|r| f(&r.usage)).collect();
+            v.sort_by(f64::total_cmp);
+            (pct(&v, 0.5) * 1000.0).round() / 1000.0
+        };
         report(json!({
             "engine": "mlex", "model": label, "bits": spec.bits, "run": run, "concurrency": concurrency,
             "prompt_tokens": spec.prompt_len, "gen_tokens": spec.gen,
             "aggregate_tok_s": r1(generated as f64 / wall), "per_stream_decode_tok_s": r1(pct(&per_stream, 0.5)),
             "ttft_p50_ms": r1(pct(&ttft, 0.5)), "ttft_p95_ms": r1(pct(&ttft, 0.95)), "wall_s": r1(wall),
             "late_ttft_ms": late_ttft_ms,
+            "schedule_ms_per_step": step_ms(|u| u.schedule_ms_per_step),
+            "submit_ms_per_step": step_ms(|u| u.submit_ms_per_step),
+            "wait_ms_per_step": step_ms(|u| u.wait_ms_per_step),
             "batch_size": replies.iter().map(|r| r.usage.batch_size).max().unwrap_or(1),
             "batched": replies.iter().all(|r| r.usage.batched),
             "device": session.info().device, "dtype": session.info().dtype,

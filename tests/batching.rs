@@ -40,8 +40,11 @@ fn greedy_requests_in_flight_together_decode_in_one_batch_and_equal_each_alone()
     let solo = alone(&s, &reqs);
     for (i, (b, a)) in batched.iter().zip(&solo).enumerate() {
         assert_eq!(b.tokens, a.tokens, "request {i}");
+        // On the CPU a batch row is computed exactly as the request alone; on a GPU the batch's
+        // matmuls may be other kernels than one row's (another summation order).
+        let tol = if s.info().device == "cpu" { 1e-4 } else { 5e-3 };
         for (x, y) in b.logprobs.iter().zip(&a.logprobs) {
-            assert!((x - y).abs() < 1e-4, "request {i}: logprob {x} vs {y}");
+            assert!((x - y).abs() < tol, "request {i}: logprob {x} vs {y}");
         }
         assert_eq!(b.finish_reason, FinishReason::Length);
         assert!(b.usage.batched);

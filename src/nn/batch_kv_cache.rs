@@ -24,6 +24,10 @@ pub struct BatchKvCache {
     positions: Option<Array>,
     /// This step's first visible key of each row (int32 `[B]`; None: no row is padded).
     key_start: Option<Array>,
+    /// This decode step's boolean mask `[B, 1, 1, used + 1]` (GPU only: one array for every layer,
+    /// where the padded attention op would build it again in each layer; the CPU's attention
+    /// kernel reads `key_start` directly).
+    step_mask: Option<Array>,
 }
 
 /// `x` (`[B, H, S, D]`) with `n` zero columns before its first `len` ones.
@@ -78,10 +82,11 @@ impl Cache for BatchKvCache {
         self.values = write(&self.values, v, self.used)?;
         self.used += l;
         let end = self.used as i32;
-        let mask = match &self.key_start {
-            Some(start) => Mask::Padded { key_start: start.clone(), causal: l > 1 },
-            None if l > 1 => Mask::Causal,
-            None => Mask::None,
+        let mask = match (&self.key_start, &self.step_mask) {
+            (Some(_), Some(m)) if l == 1 && m.dim(-1) as usize == self.used => Mask::Array(m.clone()),
+            (Some(start), _) => Mask::Padded { key_start: start.clone(), causal: l > 1 },
+            (None, _) if l > 1 => Mask::Causal,
+            (None, _) => Mask::None,
         };
         Ok((self.keys.slice_axis(2, 0, end)?, self.values.slice_axis(2, 0, end)?, mask))
     }
@@ -122,6 +127,7 @@ impl BatchCaches {
                     used,
                     positions: None,
                     key_start: None,
+                    step_mask: None,
                 }) as Box<dyn Cache>)
             })
             .collect::<Result<Vec<_>>>()?;
@@ -216,10 +222,22 @@ impl BatchCaches {
         } else {
             None
         };
+        let step_mask = match &key_start {
+            Some(_) if crate::mlx::default_device()? == crate::mlx::Device::Gpu => {
+                let s = used + 1;
+                let mut m = vec![false; self.pads.len() * s];
+                for (row, &p) in m.chunks_mut(s).zip(&self.pads) {
+                    row[p..].fill(true);
+                }
+                Some(Array::from_slice(&m, &[self.pads.len() as i32, 1, 1, s as i32])?)
+            }
+            _ => None,
+        };
         for c in self.caches.iter_mut() {
             let b = c.as_batch().ok_or_else(|| Error::Mlx("not a batch cache".into()))?;
             b.positions = Some(positions.clone());
             b.key_start = key_start.clone();
+            b.step_mask = step_mask.clone();
         }
         Ok(&mut self.caches)
     }
