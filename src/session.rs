@@ -1,6 +1,6 @@
 //! [`Session`]: the Rust API. A session owns one engine thread holding one model; every method
 //! can be called from any thread, and concurrent generations are served in order (FIFO).
-use crate::chat::tool_choice::call_grammar;
+use crate::chat::tool_choice::{call_grammar, CallSyntax};
 use crate::chat::{ChatMessage, Tool, ToolChoice};
 use crate::error::{Error, Result};
 use crate::generate::engine::{self, Command, EngineSpec, Event, GenerateJob, JobPrompt, LoadedFacts, Sink};
@@ -304,7 +304,8 @@ impl Session {
                     options.tool_call_format = Some(self.tokenizer()?.tool_call_format());
                 }
                 if let (Some(choice), Some(format)) = (&options.tool_choice, options.tool_call_format) {
-                    if let Some(lark) = call_grammar(choice, tools.as_deref().unwrap_or(&[]), format).map_err(Error::InvalidArgument)? {
+                    let syntax = CallSyntax::for_tokenizer(self.tokenizer()?);
+                    if let Some(lark) = call_grammar(choice, tools.as_deref().unwrap_or(&[]), format, &syntax).map_err(Error::InvalidArgument)? {
                         if options.response_format.is_some() {
                             return Err(Error::InvalidArgument(
                                 "tool_choice demands a tool call and response_format a reply format: give one of them".into(),

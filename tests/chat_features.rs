@@ -218,7 +218,119 @@ fn tool_choice_required_and_named_produce_valid_calls() {
         assert_eq!(e.code(), "INVALID_ARGUMENT");
         assert!(e.to_string().contains(says), "{e}");
     }
+    // A tool the format cannot write: refused, naming the tool and the format.
+    let odd = parse_tools_json(r#"[{"type":"function","function":{"name":"two words","parameters":{"type":"object"}}}]"#).unwrap();
     let o = GenerateOptions { tool_call_format: Some(ToolCallFormat::Gemma4), ..with(ToolChoice::Required) };
-    let e = s.generate_cached(&msgs, Some(&tools), o, |_| true).unwrap_err();
-    assert!(e.to_string().contains("gemma4"), "{e}");
+    let e = s.generate_cached(&msgs, Some(&odd), o, |_| true).unwrap_err();
+    assert_eq!(e.code(), "INVALID_ARGUMENT");
+    assert!(e.to_string().contains("gemma4") && e.to_string().contains("two words"), "{e}");
+}
+
+/// The thinking model with `markers` added to its vocabulary as special tokens and `template`
+/// (whose text decides Mistral's call variant).
+fn model_with(template: &str, markers: &[&str]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    TinyLlama { vocab: TINY_VOCAB + 2 + markers.len(), ..Default::default() }.write(dir.path());
+    edit_json(&dir.path().join("tokenizer.json"), |t| {
+        let added = [("<think>", false), ("</think>", false)].into_iter().chain(markers.iter().map(|m| (*m, true)));
+        for (k, (content, special)) in added.enumerate() {
+            let id = TINY_VOCAB + k;
+            t["model"]["vocab"][content] = id.into();
+            t["added_tokens"].as_array_mut().unwrap().push(serde_json::json!({
+                "id": id, "content": content, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": special}));
+        }
+    });
+    edit_json(&dir.path().join("tokenizer_config.json"), |c| c["chat_template"] = template.into());
+    dir
+}
+
+/// Tools whose schemas use what call grammars compile: bounded strings and integers, enums,
+/// optional parameters, arrays, nested objects, a string-or-null.
+fn rich_tools() -> Vec<mlex::chat::Tool> {
+    parse_tools_json(
+        r#"[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{
+              "city":{"type":"string","maxLength":6},"unit":{"enum":["c","f"]},"days":{"type":"integer","minimum":1,"maximum":7}},
+              "required":["city"],"additionalProperties":false}}},
+            {"type":"function","function":{"name":"add","parameters":{"type":"object","properties":{
+              "a":{"type":"integer","minimum":0,"maximum":99},"b":{"type":"number","minimum":-1,"maximum":1}},"required":["a","b"],"additionalProperties":false}}},
+            {"type":"function","function":{"name":"plan","parameters":{"type":"object","properties":{
+              "steps":{"type":"array","items":{"type":"string","maxLength":3},"minItems":1,"maxItems":2},
+              "opts":{"type":"object","properties":{"deep":{"type":"boolean"}},"required":["deep"],"additionalProperties":false},
+              "note":{"type":["string","null"],"maxLength":4}},
+              "required":["steps"],"additionalProperties":false}}}]"#,
+    )
+    .unwrap()
+}
+
+/// Every call parses, names one of `tools` and validates against its parameters.
+fn assert_valid_calls(reply: &mlex::GenerateReply, tools: &[mlex::chat::Tool], what: &str) {
+    for c in &reply.tool_calls {
+        let t = tools.iter().find(|t| t.function.name == c.name).unwrap_or_else(|| panic!("{what}: unknown tool {c:?}"));
+        assert!(jsonschema::is_valid(&t.function.parameters, &c.arguments), "{what}: {} does not validate against {}", c.arguments, t.function.parameters);
+    }
+}
+
+/// `tool_choice` required / named in every call format: whatever the random model prefers,
+/// the call it must make parses in that format's own parser (the reply's `tool_calls`) with
+/// arguments that validate, after free thinking; markers that are special tokens are written
+/// as those tokens.
+#[test]
+fn tool_choice_holds_every_call_format() {
+    use mlex::chat::ToolChoice;
+    let tools = rich_tools();
+    let gemma = ["<|tool_call>", "<tool_call|>", "<|\"|>", "<|tool_response>"];
+    let mistral = ["[TOOL_CALLS]", "[ARGS]"];
+    let mistral_args_template = format!("{THINK_TEMPLATE}{{# [TOOL_CALLS]name[ARGS]{{}} #}}");
+    let all = [ToolCallFormat::Hermes, ToolCallFormat::Qwen3Coder, ToolCallFormat::GemmaToolCode, ToolCallFormat::Llama3Json, ToolCallFormat::Mistral];
+    let models: Vec<(tempfile::TempDir, &[&str], &[ToolCallFormat])> = vec![
+        (thinking_model(), &[], &all),
+        (model_with(THINK_TEMPLATE, &gemma), &gemma, &[ToolCallFormat::Gemma4]),
+        // [TOOL_CALLS]name[ARGS]{…}, as the template shows.
+        (model_with(&mistral_args_template, &mistral), &mistral, &[ToolCallFormat::Mistral]),
+    ];
+    let msgs = [ChatMessage::user("Use a tool.")];
+    let (mut completed, mut total) = (0, 0);
+    for (dir, markers, formats) in &models {
+        let s = Session::load(dir.path()).unwrap();
+        for &format in formats.iter() {
+            let mut streams = vec![];
+            let choices = [ToolChoice::Required, ToolChoice::Named("get_weather".into()), ToolChoice::Named("add".into()), ToolChoice::Named("plan".into())];
+            for choice in choices {
+                for (seed, temperature) in [(0u64, 0.0f32), (1, 1.0), (2, 1.0)] {
+                    let mut o = GenerateOptions { tool_choice: Some(choice.clone()), tool_call_format: Some(format), ..opts(220, Some(3)) };
+                    o.sampling.temperature = temperature;
+                    o.sampling.seed = Some(seed);
+                    let req = mlex::Request::Chat { messages: msgs.to_vec(), tools: Some(tools.clone()) };
+                    streams.push((choice.clone(), s.stream(req, o).unwrap()));
+                }
+            }
+            for (choice, g) in streams {
+                let r = g.finish().unwrap();
+                let what = format!("{format} {choice:?}: {:?} / {:?}", r.text, r.tool_calls);
+                total += 1;
+                assert!(r.reasoning.is_some(), "{what}: thinking comes first");
+                assert_valid_calls(&r, &tools, &what);
+                match r.finish_reason {
+                    FinishReason::ToolCalls => {
+                        completed += 1;
+                        assert!(!r.tool_calls.is_empty(), "{what}");
+                        assert!(r.text.trim().is_empty(), "{what}: no markup left in the text");
+                        if let ToolChoice::Named(n) = &choice {
+                            assert_eq!(r.tool_calls.len(), 1, "{what}");
+                            assert_eq!(&r.tool_calls[0].name, n, "{what}");
+                        }
+                        if let Some(&opener) = markers.first() {
+                            // The opener is written as the special token it is.
+                            assert!(r.tokens.contains(&s.tokenizer().unwrap().token_to_id(opener).unwrap()), "{what}");
+                        }
+                    }
+                    FinishReason::Length => assert_eq!(r.tokens.len(), 220, "{what}"),
+                    other => panic!("{what}: finish {other:?}"),
+                }
+            }
+        }
+    }
+    eprintln!("{completed} of {total} forced calls completed within 220 tokens (all valid)");
+    assert!(completed * 10 >= total * 7, "most forced calls complete: {completed} of {total}");
 }

@@ -2,6 +2,7 @@
 //! messages and tools, reasoning formats, tool-call formats, the streaming classifier that labels
 //! generated text as text, reasoning or tool call (`stream`, over `reasoning` and `tools`), and
 //! whole-reply parsing through that classifier (`parse`).
+mod call_grammar;
 mod messages;
 pub mod parse;
 pub mod reasoning;
