@@ -7,7 +7,7 @@ format) for --seconds, and prints one JSON line per level plus a Markdown table.
 standard library: it runs on a bare GPU machine too.
 
   scripts/bench-serve.py --mlex target/release/mlex --model DIR [--clients 1,8,32] \
-      [--max-tokens 128] [--seconds 20] [--serve-args "--max-batch 32"]
+      [--max-tokens 128] [--seconds 20] [--warmup 30] [--serve-args "--max-batch 32"]
 
 Each client's prompts differ (the client and request number are in the text), so the prompt
 cache does not serve one request from another's reply.
@@ -84,6 +84,9 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--serve-args", default="")
+    ap.add_argument("--warmup", type=float, default=0,
+                    help="seconds of untimed load at the largest client count first (on a fresh GPU machine "
+                         "MLX compiles kernels for each new batch size on first use)")
     a = ap.parse_args()
     port = free_port()
     cmd = [a.mlex, "serve", "--model", f"m={a.model}", "--port", str(port)] + a.serve_args.split()
@@ -101,6 +104,9 @@ def main():
                 sys.exit(f"mlex serve exited ({srv.returncode})")
             time.sleep(0.2)
         post(port, {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "warm up"}]})
+        levels = [int(x) for x in a.clients.split(",")]
+        if a.warmup > 0:
+            level(port, "m", max(levels), a.warmup, a.max_tokens)
         rows = []
         for n in [int(x) for x in a.clients.split(",")]:
             r = level(port, "m", n, a.seconds, a.max_tokens)

@@ -1,9 +1,10 @@
 //! [`Session`]: the Rust API. A session owns one engine thread holding one model; every method
 //! can be called from any thread, and concurrent generations are served in order (FIFO).
-use crate::chat::tool_choice::{call_grammar, CallSyntax};
+use crate::chat::tool_choice::{call_grammar, lazy_call_grammars, CallSyntax};
 use crate::chat::{ChatMessage, Tool, ToolChoice};
 use crate::error::{Error, Result};
 use crate::generate::engine::{self, Command, EngineSpec, Event, GenerateJob, JobPrompt, LoadedFacts, Sink};
+use crate::generate::constraint::ToolCallTrigger;
 use crate::generate::{GenerateOptions, GenerateReply, GeneratedToken, PromptCacheConfig, ResponseFormat};
 use crate::loader::{resolve_model_path, ModelConfig};
 use crate::mlx::{self, Device, Dtype};
@@ -315,6 +316,17 @@ impl Session {
                     }
                 } else if matches!(options.tool_choice, Some(ToolChoice::Required | ToolChoice::Named(_))) {
                     return Err(Error::InvalidArgument("tool_choice demands a tool call, but no tools were given".into()));
+                }
+                if let (Some(t), Some(format), None, None | Some(ToolChoice::Auto)) =
+                    (tools.as_deref(), options.tool_call_format, &options.response_format, &options.tool_choice)
+                {
+                    // auto: a call the model opens is held to the tools (a tool the format cannot
+                    // write leaves the calls free, as they were).
+                    if let Ok(grammars) = lazy_call_grammars(t, format, &CallSyntax::for_tokenizer(self.tokenizer()?)) {
+                        if !grammars.is_empty() {
+                            options.response_format = Some(ResponseFormat::ToolCalls(ToolCallTrigger::new(grammars)));
+                        }
+                    }
                 }
                 (JobPrompt::Chat { messages, enable_thinking: options.enable_thinking }, tools)
             }

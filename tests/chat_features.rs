@@ -334,3 +334,138 @@ fn tool_choice_holds_every_call_format() {
     eprintln!("{completed} of {total} forced calls completed within 220 tokens (all valid)");
     assert!(completed * 10 >= total * 7, "most forced calls complete: {completed} of {total}");
 }
+
+/// The thinking model with `<tool_call>` and `</tool_call>` added (not special, as Qwen's), and
+/// the opener made about as likely as the token the model writes most in its answers (its
+/// lm_head row a copy of that token's, scaled by `gain`): a random model that opens calls.
+fn opener_model(gain: f32) -> (tempfile::TempDir, u32) {
+    let dir = model_with(THINK_TEMPLATE, &[]);
+    edit_json(&dir.path().join("tokenizer.json"), |t| {
+        for (k, content) in ["<tool_call>", "</tool_call>"].into_iter().enumerate() {
+            let id = TINY_VOCAB + 2 + k;
+            t["model"]["vocab"][content] = id.into();
+            t["added_tokens"].as_array_mut().unwrap().push(serde_json::json!({
+                "id": id, "content": content, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": false}));
+        }
+    });
+    edit_json(&dir.path().join("config.json"), |c| c["vocab_size"] = (TINY_VOCAB + 4).into());
+    let opener = TINY_VOCAB as u32 + 2;
+    let weights = dir.path().join("model.safetensors");
+    let mut ts = common::read_tensors(&weights);
+    for t in ts.iter_mut().filter(|t| t.name == "lm_head.weight" || t.name == "model.embed_tokens.weight") {
+        // Two more rows (copies of row 0 for now).
+        let row = t.shape[1] * 4;
+        let first = t.data[..row].to_vec();
+        while t.data.len() < (TINY_VOCAB + 4) * row {
+            t.data.extend_from_slice(&first);
+        }
+        t.data.truncate((TINY_VOCAB + 4) * row);
+        t.shape[0] = TINY_VOCAB + 4;
+    }
+    common::write_safetensors(&weights, &ts);
+    // The token the model writes most in its answers.
+    let s = Session::load(dir.path()).unwrap();
+    let mut counts = std::collections::HashMap::<u32, usize>::new();
+    for seed in 0..8u64 {
+        let mut o = opts(60, Some(3));
+        o.sampling.temperature = 1.0;
+        o.sampling.seed = Some(seed);
+        let r = s.generate(&[ChatMessage::user("Use a tool.")], o).unwrap();
+        let answer = r.tokens.iter().position(|&t| t == END_THINK).map_or(&r.tokens[..0], |p| &r.tokens[p + 1..]);
+        for &t in answer {
+            *counts.entry(t).or_default() += 1;
+        }
+    }
+    drop(s);
+    let (&x, _) = counts.iter().max_by_key(|(&t, &n)| (n, std::cmp::Reverse(t))).unwrap();
+    let lm = ts.iter_mut().find(|t| t.name == "lm_head.weight").unwrap();
+    let row = lm.shape[1] * 4;
+    let copied: Vec<u8> = lm.data[x as usize * row..(x as usize + 1) * row]
+        .chunks(4)
+        .flat_map(|b| (f32::from_le_bytes(b.try_into().unwrap()) * gain).to_le_bytes())
+        .collect();
+    lm.data[opener as usize * row..(opener as usize + 1) * row].copy_from_slice(&copied);
+    common::write_safetensors(&weights, &ts);
+    (dir, opener)
+}
+
+/// `tool_choice` auto: the model writes freely (token for token what it writes when no call is
+/// held) until it opens a call; from the opener to the closer the call is held to the tools, so
+/// every call it closes parses and validates; after the closer it is free again.
+#[test]
+fn auto_holds_the_calls_the_model_opens() {
+    use mlex::chat::ToolChoice;
+    let (dir, opener) = opener_model(1.05);
+    let closer = opener + 1;
+    let s = Session::load(dir.path()).unwrap();
+    let tools = rich_tools();
+    let msgs = [ChatMessage::user("Use a tool.")];
+    let (mut opened, mut closed_calls) = (0, 0);
+    let with_seed = |seed: u64| {
+        let mut o = GenerateOptions { tool_call_format: Some(ToolCallFormat::Hermes), ..opts(160, Some(3)) };
+        o.sampling.temperature = 1.0;
+        o.sampling.seed = Some(seed);
+        o
+    };
+    let mut alone = vec![];
+    for seed in 0..12u64 {
+        let o = with_seed(seed);
+        let mut streamed = vec![];
+        let auto = s
+            .generate_cached(&msgs, Some(&tools), o.clone(), |t| {
+                streamed.push(t.clone());
+                true
+            })
+            .unwrap();
+        alone.push(auto.clone());
+        assert_eq!(streamed.iter().map(|t| t.id).collect::<Vec<_>>(), auto.tokens);
+        let free = s.generate_cached(&msgs, Some(&tools), GenerateOptions { tool_choice: Some(ToolChoice::None), ..o }, |_| true).unwrap();
+        let what = format!("seed {seed}: {:?}", s.tokenizer().unwrap().decode(&auto.tokens, false).unwrap());
+        assert_valid_calls(&auto, &tools, &what);
+        let Some(first) = auto.tokens.iter().position(|&t| t == opener) else {
+            assert_eq!(auto.tokens, free.tokens, "{what}: no call, no difference");
+            continue;
+        };
+        // Free up to the opener: the same tokens as with no call held.
+        assert_eq!(auto.tokens[..=first], free.tokens[..=first], "{what}");
+        // Calls as the reply's classifier sees them: opened in text (not in reasoning), closed
+        // by the first closer after.
+        let (mut opens, mut closes, mut state) = (0, 0, 1); // 0 text, 1 reasoning (the prompt opened it), 2 call
+        for (i, &t) in auto.tokens.iter().enumerate() {
+            if state == 2 {
+                assert_eq!(streamed[i].kind, TokenKind::ToolCall, "{what}: token {i} is in a call (forced ones too)");
+            }
+            state = match (state, t) {
+                (0, t) if t == opener => {
+                    opens += 1;
+                    2
+                }
+                (0, THINK) => 1,
+                (1, END_THINK) => 0,
+                (2, t) if t == closer => {
+                    closes += 1;
+                    0
+                }
+                (st, _) => st,
+            };
+        }
+        opened += opens;
+        closed_calls += closes;
+        // Every call closed parsed; an unclosed one is only the last, cut by max_tokens.
+        assert_eq!(auto.tool_calls.len(), closes, "{what}");
+        assert!(opens == closes || (opens == closes + 1 && state == 2 && auto.finish_reason == FinishReason::Length), "{what}");
+    }
+    eprintln!("{opened} calls opened, {closed_calls} closed (all valid)");
+    // In a batch (rows stepping out to be fed what a call forces, and back), each reply equals
+    // the same request alone.
+    let chat = mlex::Request::Chat { messages: msgs.to_vec(), tools: Some(tools.clone()) };
+    let streams: Vec<_> = (0..12u64).map(|seed| s.stream(chat.clone(), with_seed(seed)).unwrap()).collect();
+    for (g, a) in streams.into_iter().zip(&alone) {
+        let b = g.finish().unwrap();
+        assert_eq!(b.tokens, a.tokens);
+        assert_eq!(b.tool_calls.len(), a.tool_calls.len());
+        assert!(b.usage.batch_size > 1);
+    }
+    assert!(closed_calls >= 3, "the random model opened and closed some calls: {opened} opened, {closed_calls} closed");
+}

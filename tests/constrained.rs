@@ -186,3 +186,59 @@ fn reasoning_stays_free_and_the_answer_is_constrained() {
     let v: Value = serde_json::from_str(r.text.trim()).unwrap_or_else(|e| panic!("{e}: {:?}", r.text));
     assert!(jsonschema::is_valid(&schema, &v), "{v}");
 }
+
+/// `tool_choice` auto's lazy grammars: each format's grammar compiles over the model's
+/// vocabulary; armed at the opener (with what the model wrote after it), it forces what the
+/// call's syntax fixes next, refuses text that fits no call, and lets the model go once the
+/// call's closer is in.
+#[test]
+fn lazy_call_grammars_force_what_follows_the_opener() {
+    use mlex::chat::tool_choice::{lazy_call_grammars, CallSyntax};
+    use mlex::chat::{parse_tools_json, ToolCallFormat};
+    use mlex::generate::constraint::{Grammars, ToolCallTrigger};
+    let dir = tiny_llama_dir();
+    let tok = mlex::tokenizer::Tokenizer::from_dir(dir.path()).unwrap();
+    let grammars = Grammars::new(&tok, TINY_VOCAB, common::TINY_EOS).unwrap();
+    let tools = parse_tools_json(
+        r#"[{"type":"function","function":{"name":"add","parameters":{"type":"object","properties":{"a":{"type":"integer","minimum":0,"maximum":9}},"required":["a"]}}},
+            {"type":"function","function":{"name":"get","parameters":{"type":"object","properties":{"k":{"type":"string","maxLength":3}},"required":["k"]}}}]"#,
+    )
+    .unwrap();
+    let decode = |ids: &[u32]| tok.decode(ids, false).unwrap();
+    let expected = [
+        (ToolCallFormat::Hermes, "<tool_call>", "\n{\"name\": \""),
+        (ToolCallFormat::Qwen3Coder, "<tool_call>", "\n<function="),
+        (ToolCallFormat::Qwen3Coder, "<function=", ""),
+        (ToolCallFormat::Gemma4, "<|tool_call>", "call:"),
+        (ToolCallFormat::GemmaToolCode, "```tool_code", "\n"),
+        (ToolCallFormat::Llama3Json, "<|python_tag|>", "{\"name\": \""),
+        (ToolCallFormat::Mistral, "[TOOL_CALLS]", "[{\"name\": \""),
+    ];
+    for (format, opener, forced) in expected {
+        let trigger = ToolCallTrigger::new(lazy_call_grammars(&tools, format, &CallSyntax::plain()).unwrap());
+        let mut c = grammars.constraint(&ResponseFormat::ToolCalls(trigger.clone()), None).unwrap();
+        assert!(!c.engaged() && !c.active(), "{format}: free until a call opens");
+        let ff = trigger.arm(opener, "").unwrap_or_else(|| panic!("{format} {opener}: no grammar"));
+        assert_eq!(decode(&ff), forced, "{format} {opener}");
+        assert!(c.engaged() && c.active());
+        // The mask allows exactly what can follow: here, the start of a tool's name.
+        c.feed(&ff).unwrap();
+        let m = c.mask().unwrap();
+        assert!(m.iter().filter(|&&x| x == 0.0).count() >= 1);
+        assert_eq!(m[b'z' as usize], f32::NEG_INFINITY, "{format}: no tool name starts with z");
+    }
+    // What the model already wrote after the opener counts; a call closed lets the model go.
+    let trigger = ToolCallTrigger::new(lazy_call_grammars(&tools, ToolCallFormat::Hermes, &CallSyntax::plain()).unwrap());
+    let mut c = grammars.constraint(&ResponseFormat::ToolCalls(trigger.clone()), None).unwrap();
+    let ff = trigger.arm("<tool_call>", "\n{\"name\": \"ad").unwrap();
+    assert_eq!(decode(&ff), "d\", \"arguments\": {\"a\": ");
+    c.feed(&ff).unwrap();
+    c.feed(&tok.encode("7}}\n</tool_call", false).unwrap()).unwrap();
+    assert!(c.engaged());
+    c.feed(&tok.encode(">", false).unwrap()).unwrap();
+    assert!(!c.engaged() && !c.active(), "free again after the closer");
+    // Text that fits no call: the call is not held.
+    assert_eq!(trigger.arm("<tool_call>", "\n{\"name\": \"zz"), None);
+    assert!(!c.engaged());
+    assert_eq!(trigger.arm("<nope>", ""), None);
+}

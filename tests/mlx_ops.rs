@@ -274,7 +274,7 @@ fn rerun_without_avx2(name: &str) {
     assert!(status.success(), "{name} without AVX2");
 }
 
-/// mlex's CUDA matrix-vector kernel (`mlex_qmv4`: one row of x, affine 4-bit, bfloat16/float16)
+/// mlex's CUDA matrix-vector kernel (`mlex_qmv4`: up to 32 rows of x, affine 4-bit, bfloat16/float16)
 /// against MLX's dequantize + matmul in float32, for every group size, a row count that leaves a
 /// block partly empty, and an input view that is not 16-byte aligned. Runs only where the CUDA
 /// backend is (the GPU machine, see BENCHMARKS.md); elsewhere it has nothing to check.
@@ -312,6 +312,27 @@ fn cuda_quantized_matvec_matches_dequantize_then_matmul() {
                     let scale = w.iter().map(|v| v.abs()).fold(0f32, f32::max);
                     for (i, (a, b)) in g.iter().zip(&w).enumerate() {
                         assert!((a - b).abs() <= 1e-2 * scale, "{n}x{k} {dtype:?} g{group} row {i}: {a} vs {b}");
+                    }
+                }
+                // Several rows of x (a continuous batch's decode step, every bucket and a row
+                // count that leaves a bucket part empty): each row exactly what it gets alone.
+                for m in [2i32, 3, 8, 13, 32] {
+                    let xs = arr(&rand_vec((m * k) as usize, 33 + m as u64), &[m, 1, k]).astype(dtype).unwrap();
+                    let got = quant::quantized_matmul(&xs, &q.weight, &q.scales, Some(biases), true, group, 4, QuantMode::Affine)
+                        .unwrap();
+                    let census = mlex::mlx::graph_census(&[&got]).unwrap();
+                    assert!(census.iter().any(|(name, _)| name == "CustomKernel"), "{m} rows: {census:?}");
+                    assert_eq!(got.shape(), vec![m, 1, n]);
+                    let got = got.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
+                    for r in [0, m / 2, m - 1] {
+                        let row = xs.slice_axis(0, r, r + 1).unwrap();
+                        let alone = quant::quantized_matmul(&row, &q.weight, &q.scales, Some(biases), true, group, 4, QuantMode::Affine)
+                            .unwrap()
+                            .astype(Dtype::Float32)
+                            .unwrap()
+                            .to_vec::<f32>()
+                            .unwrap();
+                        assert_eq!(&got[(r * n) as usize..((r + 1) * n) as usize], &alone[..], "{n}x{k} {dtype:?} g{group}: row {r} of {m}");
                     }
                 }
             }

@@ -76,6 +76,8 @@ pub struct OutputClassifier {
     text_started: bool,
     parts: Vec<Part>,
     stop: bool,
+    /// Tool calls opened so far.
+    calls_opened: usize,
 }
 
 impl OutputClassifier {
@@ -92,6 +94,7 @@ impl OutputClassifier {
             text_started: false,
             parts: if inside { vec![Part::Reasoning(String::new())] } else { vec![] },
             stop: false,
+            calls_opened: 0,
         }
     }
 
@@ -122,6 +125,20 @@ impl OutputClassifier {
     /// Whether a complete tool call span was seen (it may still fail to parse).
     pub fn saw_tool_call(&self) -> bool {
         self.parts.iter().any(|p| matches!(p, Part::ToolCall { .. }))
+    }
+
+    /// How many tool calls the output opened so far.
+    pub fn calls_opened(&self) -> usize {
+        self.calls_opened
+    }
+
+    /// The tool call being written: the marker that opened it and everything after it so far
+    /// (what is held back included).
+    pub fn open_call(&self) -> Option<(&str, String)> {
+        match (self.state, self.parts.last()) {
+            (State::Tool { .. }, Some(Part::ToolCall { open, body, .. })) => Some((open.as_str(), format!("{body}{}", self.pending))),
+            _ => None,
+        }
     }
 
     pub fn parts(&self) -> &[Part] {
@@ -337,6 +354,7 @@ impl OutputClassifier {
             }
             Action::OpenTool { close } => {
                 self.state = State::Tool { close };
+                self.calls_opened += 1;
                 self.parts.push(Part::ToolCall { open: marker.to_string(), body: String::new(), close: None });
                 push_segment(out, SpanKind::ToolCall, marker);
             }

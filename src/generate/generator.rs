@@ -97,10 +97,10 @@ impl Stepper {
         self.temperature == 0.0 && self.history_len == 0
     }
 
-    /// Whether its output is constrained (then each step waits for the token before it: the
-    /// next mask depends on it).
+    /// Whether its output is constrained now (then each step waits for the token before it:
+    /// the next mask depends on it). A lazy tool-call constraint is not until a call opens.
     pub(crate) fn constrained(&self) -> bool {
-        self.constraint.is_some()
+        self.constraint.as_ref().is_some_and(|c| c.engaged())
     }
 
     /// Hands generated tokens (as they are fed back) to the constraint.
@@ -125,7 +125,7 @@ impl Stepper {
 
     /// Runs `input` `[1, L]` through `model` and samples the next token: (token `[1]`, logprob `[1]`).
     pub(crate) fn step(&mut self, model: &dyn CausalLm, input: &Array, caches: &mut LayerCaches) -> Result<(Array, Array)> {
-        if self.constraint.is_some() && self.started {
+        if self.started && self.constrained() {
             self.feed(&input.to_vec::<u32>()?)?;
         }
         self.started = true;

@@ -1,6 +1,7 @@
 //! One request's side of generation, whatever schedules its steps (alone, or as a row of a
 //! continuous batch): what each new token does to its reply (stop conditions, stop strings,
 //! the reasoning budget, streaming each token once with its kind) and the reply at the end.
+use super::constraint::ToolCallTrigger;
 use super::engine::{Event, GenerateJob};
 use super::generator::{Flow, LoopStats, TokenStep};
 use super::options::{FinishReason, GenerateOptions, GenerateReply, GeneratedToken, TokenKind, Usage};
@@ -24,6 +25,10 @@ pub struct Reply {
     stop_string_hit: bool,
     eos: Vec<u32>,
     ignore_eos: bool,
+    /// `tool_choice` auto: a call the model opens is held to the tools from then on.
+    calls: Option<ToolCallTrigger>,
+    /// Calls opened so far that were looked at (held, or let go).
+    calls_seen: usize,
 }
 
 impl Reply {
@@ -38,7 +43,9 @@ impl Reply {
             stop_string_hit: false,
             eos: eos.to_vec(),
             // A constrained reply ends at EOS once its grammar is complete (only EOS is allowed then).
-            ignore_eos: opts.ignore_eos && opts.response_format.is_none(),
+            ignore_eos: opts.ignore_eos && opts.response_format.as_ref().is_none_or(|f| f.trigger().is_some()),
+            calls: opts.response_format.as_ref().and_then(|f| f.trigger()).cloned(),
+            calls_seen: 0,
         })
     }
 
@@ -57,6 +64,7 @@ impl Reply {
         // Budget 0 and the prompt opened the reasoning: close it before its first token.
         if !step.forced && out.budget_spent() {
             out.forced = true;
+            out.forced_kind = TokenKind::Reasoning;
             return Ok(Flow::Replace(out.forced_close.clone()));
         }
         let was_reasoning = out.classifier.in_reasoning();
@@ -82,12 +90,32 @@ impl Reply {
             self.finish = FinishReason::Stop;
             return Ok(Flow::Stop);
         }
+        // The model opened a tool call (and all of its text so far is in): hold the rest of it
+        // to the tools. The token already sampled after this one was sampled free: the loop
+        // drops it and feeds what the call's grammar forces instead.
+        if let (Some(calls), false, false) = (&self.calls, step.forced, text_pending) {
+            let opened = out.classifier.calls_opened();
+            if opened > self.calls_seen {
+                self.calls_seen = opened;
+                if let Some((opener, written)) = out.classifier.open_call() {
+                    match calls.arm(opener, &written) {
+                        Some(forced) if !forced.is_empty() => {
+                            out.forced_kind = TokenKind::ToolCall;
+                            return Ok(Flow::Force(forced));
+                        }
+                        // Nothing forced next: the call is held from the token after the next.
+                        _ => {}
+                    }
+                }
+            }
+        }
         if !step.forced {
             if was_reasoning {
                 out.reasoning_tokens += 1;
             }
             if out.budget_spent() {
                 out.forced = true;
+                out.forced_kind = TokenKind::Reasoning;
                 return Ok(Flow::Force(out.forced_close.clone()));
             }
         }
@@ -180,6 +208,8 @@ struct OutputStream {
     forced_close: Vec<u32>,
     /// The closer was forced already (once per reply).
     forced: bool,
+    /// The kind of forced tokens: the reasoning's closer, or what a tool call's grammar forces.
+    forced_kind: TokenKind,
 }
 
 impl OutputStream {
@@ -206,6 +236,7 @@ impl OutputStream {
             reasoning_tokens: 0,
             forced_close,
             forced: false,
+            forced_kind: TokenKind::Reasoning,
         }
     }
 
@@ -214,7 +245,7 @@ impl OutputStream {
     fn accept(&mut self, step: TokenStep, delta: &str, text_pending: bool) -> Vec<GeneratedToken> {
         let (mut kind, piece) = self.push(delta);
         if step.forced {
-            kind = TokenKind::Reasoning;
+            kind = self.forced_kind;
         }
         let token = GeneratedToken { id: step.id, text: piece, logprob: step.logprob, kind };
         if text_pending || self.classifier.has_pending() {

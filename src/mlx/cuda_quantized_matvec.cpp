@@ -15,6 +15,8 @@ namespace {
 // over ~450 blocks, enough to keep every SM's memory pipe busy.
 constexpr int kRowsPerWarp = 2;
 constexpr int kWarps = 4;
+// The most rows of x (decode rows of a batch) the kernel takes; each further 8 rows re-read w.
+constexpr int kMaxRowsOfX = 32;
 
 // Helpers NVRTC compiles ahead of the kernel body (MLX's default header brings the CUDA
 // bfloat16/half types).
@@ -38,90 +40,122 @@ __device__ __forceinline__ float mlex_nibble(uint32_t word, uint32_t mask) {
 }
 )";
 
-// Template constants: N rows, K columns, GS group size, ROWS rows per warp, WARPS per block.
+// Template constants: N rows, K columns, GS group size, ROWS rows of w per warp, WARPS per
+// block, MB rows of x per block. The grid's y extent is the number of rows of x (M, known only
+// at run time, so that the kernel is compiled once per MB bucket rather than once per batch
+// size): block (bx, y) with y % MB == 0 takes rows y .. y + MB of x; the others exit at once.
 // Lane l of a warp takes chunks l, l+32, ... of 32 weights (one 16-byte load of packed words,
-// inside one quantization group since GS >= 32) for each of the warp's rows; x's chunk is
-// loaded once for them. A nibble is used in place (q * 16^i) against x / 16^i, so no shifts:
-// sum_k (s q_k + b) x_k = s * sum_k q_k x_k + b * sum_k x_k per group, in float32.
+// inside one quantization group since GS >= 32) for each of the warp's rows, turns them into
+// floats once, and uses them against each of its rows of x. A nibble is used in place
+// (q * 16^i) against x / 16^i, so no shifts: sum_k (s q_k + b) x_k = s * sum_k q_k x_k +
+// b * sum_k x_k per group, in float32. Each output is summed in the same order whatever MB is,
+// so a batch row gets exactly the value the same row would get alone.
 constexpr const char* kSource = R"(
   constexpr int CHUNKS = K / 32;
   constexpr int GROUPS = K / GS;
   const int lane = threadIdx.x & 31;
   const int row0 = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * ROWS;
-  if (row0 >= N) return;
+  const int m0 = blockIdx.y;
+  if (row0 >= N || m0 % MB != 0) return;
+  const int rows_x = min(MB, (int)gridDim.y - m0);
   const uint4* wq = reinterpret_cast<const uint4*>(w);
-  const uint4* xq = reinterpret_cast<const uint4*>(x);
   // 16-byte loads need 16-byte aligned buffers; a view into a larger buffer may not be.
   const bool aligned = ((reinterpret_cast<size_t>(x) | reinterpret_cast<size_t>(w)) & 15) == 0;
-  float acc[ROWS];
+  float acc[ROWS][MB];
   #pragma unroll
-  for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
+  for (int r = 0; r < ROWS; ++r) {
+    #pragma unroll
+    for (int m = 0; m < MB; ++m) acc[r][m] = 0.0f;
+  }
   #pragma unroll 2
   for (int c = lane; c < CHUNKS; c += 32) {
-    uint4 wv[ROWS];
+    // This chunk of each of the warp's rows of w, as floats q * 16^(i % 4).
+    float wf[ROWS][32];
     #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       const size_t at = (size_t)(row0 + r) * CHUNKS + c;
+      uint4 wv;
       if (row0 + r >= N) {
-        wv[r] = make_uint4(0, 0, 0, 0);
+        wv = make_uint4(0, 0, 0, 0);
       } else if (aligned) {
-        wv[r] = wq[at];
+        wv = wq[at];
       } else {
-        wv[r] = make_uint4(w[4 * at], w[4 * at + 1], w[4 * at + 2], w[4 * at + 3]);
+        wv = make_uint4(w[4 * at], w[4 * at + 1], w[4 * at + 2], w[4 * at + 3]);
       }
-    }
-    float xs[32];
-    float xsum = 0.0f;
-    if (aligned) {
-      #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint4 v = xq[c * 4 + j];
-        const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-        #pragma unroll
-        for (int h = 0; h < 4; ++h) {
-          const float2 f = mlex_unpack2(u[h], x);
-          xs[8 * j + 2 * h] = f.x;
-          xs[8 * j + 2 * h + 1] = f.y;
-        }
-      }
-    } else {
-      #pragma unroll
-      for (int i = 0; i < 32; ++i) xs[i] = mlex_float(x[c * 32 + i]);
-    }
-    #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      xsum += xs[i];
-      // Nibble i of a word is q * 16^(i % 4) in place (the top four read from word >> 16).
-      xs[i] *= (i % 4 == 0) ? 1.0f : (i % 4 == 1) ? 0.0625f : (i % 4 == 2) ? 0.00390625f : 0.000244140625f;
-    }
-    const int g = (c * 32) / GS;
-    #pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      if (row0 + r >= N) break;
-      const uint32_t words[4] = {wv[r].x, wv[r].y, wv[r].z, wv[r].w};
-      float d0 = 0.0f, d1 = 0.0f;
+      const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
       #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const uint32_t lo = words[j], hi = words[j] >> 16;
-        d0 += mlex_nibble(lo, 0xfu) * xs[8 * j + 0];
-        d1 += mlex_nibble(lo, 0xf0u) * xs[8 * j + 1];
-        d0 += mlex_nibble(lo, 0xf00u) * xs[8 * j + 2];
-        d1 += mlex_nibble(lo, 0xf000u) * xs[8 * j + 3];
-        d0 += mlex_nibble(hi, 0xfu) * xs[8 * j + 4];
-        d1 += mlex_nibble(hi, 0xf0u) * xs[8 * j + 5];
-        d0 += mlex_nibble(hi, 0xf00u) * xs[8 * j + 6];
-        d1 += mlex_nibble(hi, 0xf000u) * xs[8 * j + 7];
+        wf[r][8 * j + 0] = mlex_nibble(lo, 0xfu);
+        wf[r][8 * j + 1] = mlex_nibble(lo, 0xf0u);
+        wf[r][8 * j + 2] = mlex_nibble(lo, 0xf00u);
+        wf[r][8 * j + 3] = mlex_nibble(lo, 0xf000u);
+        wf[r][8 * j + 4] = mlex_nibble(hi, 0xfu);
+        wf[r][8 * j + 5] = mlex_nibble(hi, 0xf0u);
+        wf[r][8 * j + 6] = mlex_nibble(hi, 0xf00u);
+        wf[r][8 * j + 7] = mlex_nibble(hi, 0xf000u);
       }
-      const size_t sg = (size_t)(row0 + r) * GROUPS + g;
-      acc[r] += mlex_float(scales[sg]) * (d0 + d1) + mlex_float(biases[sg]) * xsum;
+    }
+    const int g = (c * 32) / GS;
+    #pragma unroll
+    for (int m = 0; m < MB; ++m) {
+      if (m >= rows_x) break;
+      const T* xm = x + (size_t)(m0 + m) * K;
+      float xs[32];
+      float xsum = 0.0f;
+      if (aligned) {
+        const uint4* xq = reinterpret_cast<const uint4*>(xm);
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint4 v = xq[c * 4 + j];
+          const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+          #pragma unroll
+          for (int h = 0; h < 4; ++h) {
+            const float2 f = mlex_unpack2(u[h], x);
+            xs[8 * j + 2 * h] = f.x;
+            xs[8 * j + 2 * h + 1] = f.y;
+          }
+        }
+      } else {
+        #pragma unroll
+        for (int i = 0; i < 32; ++i) xs[i] = mlex_float(xm[c * 32 + i]);
+      }
+      #pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        xsum += xs[i];
+        // Nibble i of a word is q * 16^(i % 4) in place (the top four read from word >> 16).
+        xs[i] *= (i % 4 == 0) ? 1.0f : (i % 4 == 1) ? 0.0625f : (i % 4 == 2) ? 0.00390625f : 0.000244140625f;
+      }
+      #pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        if (row0 + r >= N) break;
+        float d0 = 0.0f, d1 = 0.0f;
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          d0 += wf[r][8 * j + 0] * xs[8 * j + 0];
+          d1 += wf[r][8 * j + 1] * xs[8 * j + 1];
+          d0 += wf[r][8 * j + 2] * xs[8 * j + 2];
+          d1 += wf[r][8 * j + 3] * xs[8 * j + 3];
+          d0 += wf[r][8 * j + 4] * xs[8 * j + 4];
+          d1 += wf[r][8 * j + 5] * xs[8 * j + 5];
+          d0 += wf[r][8 * j + 6] * xs[8 * j + 6];
+          d1 += wf[r][8 * j + 7] * xs[8 * j + 7];
+        }
+        const size_t sg = (size_t)(row0 + r) * GROUPS + g;
+        acc[r][m] += mlex_float(scales[sg]) * (d0 + d1) + mlex_float(biases[sg]) * xsum;
+      }
     }
   }
   #pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-    float v = acc[r];
+  for (int m = 0; m < MB; ++m) {
+    if (m >= rows_x) break;
     #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0 && row0 + r < N) mlex_store(out + row0 + r, v);
+    for (int r = 0; r < ROWS; ++r) {
+      float v = acc[r][m];
+      #pragma unroll
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0 && row0 + r < N) mlex_store(out + (size_t)(m0 + m) * N + row0 + r, v);
+    }
   }
 )";
 
@@ -147,19 +181,24 @@ std::optional<mx::array> cuda_quantized_matvec(const mx::array& x, const mx::arr
   }
   const int n = w.shape(0);
   const int k = x.shape(-1);
-  if (x.size() != static_cast<size_t>(k) || k % 32 != 0 || k % group_size != 0 || w.shape(1) * 8 != k ||
+  const int m = k > 0 ? static_cast<int>(x.size() / k) : 0;
+  // Decode rows only (one request, or a continuous batch); longer prefills go to MLX's matmul.
+  if (m < 1 || m > kMaxRowsOfX || k % 32 != 0 || k % group_size != 0 || w.shape(1) * 8 != k ||
       scales.ndim() != 2 || scales.shape(0) != n || scales.shape(1) != k / group_size ||
       biases->shape() != scales.shape()) {
     return std::nullopt;
   }
   auto shape = x.shape();
   shape.back() = n;
-  constexpr int rows_per_block = kRowsPerWarp * kWarps;
+  // Rows of x per block, bucketed so that each projection compiles at most four kernels.
+  const int mb = m == 1 ? 1 : m == 2 ? 2 : m <= 4 ? 4 : 8;
+  const int rows_per_warp = mb == 1 ? kRowsPerWarp : 1;
+  const int rows_per_block = rows_per_warp * kWarps;
   const int blocks = (n + rows_per_block - 1) / rows_per_block;
-  auto outs = kernel()({x, w, scales, *biases}, {shape}, {x.dtype()}, {blocks * kWarps * 32, 1, 1},
+  auto outs = kernel()({x, w, scales, *biases}, {shape}, {x.dtype()}, {blocks * kWarps * 32, m, 1},
                        {kWarps * 32, 1, 1},
-                       {{"T", x.dtype()}, {"N", n}, {"K", k}, {"GS", group_size}, {"ROWS", kRowsPerWarp},
-                        {"WARPS", kWarps}},
+                       {{"T", x.dtype()}, {"N", n}, {"K", k}, {"GS", group_size}, {"ROWS", rows_per_warp},
+                        {"WARPS", kWarps}, {"MB", mb}},
                        std::nullopt, false, {});
   return outs[0];
 }
