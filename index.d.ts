@@ -145,8 +145,12 @@ export interface GenerateOptions {
    * to the model and the answer follows).
    */
   reasoningBudgetTokens?: number
-  /** How the model writes tool calls (default: chosen from the chat template when `tools` are given). */
-  toolCallFormat?: 'hermes' | 'qwen3_coder' | 'gemma4' | 'gemma_tool_code' | 'llama3_json' | 'mistral'
+  /**
+   * How the model writes tool calls (default: chosen from the chat template when `tools` are
+   * given; `'generic'` when the template has no tool support, see `GenerateReply.toolCallFormat`).
+   * Given explicitly, it is taken at its word: no prompt of mlex's own is added.
+   */
+  toolCallFormat?: 'hermes' | 'qwen3_coder' | 'gemma4' | 'gemma_tool_code' | 'llama3_json' | 'mistral' | 'generic'
   /** Whether this call may use the session's prompt cache (default: the session's setting). */
   promptCache?: boolean
   /** Keep generating past end-of-sequence tokens (benchmarks). */
@@ -163,8 +167,8 @@ export interface GenerateOptions {
   /**
    * Whether the model may (`'auto'`, the default), must (`'required'`, or one tool by name)
    * or must not (`'none'`: the tools are not shown) call the tools given. A call it must make
-   * is held to the tools' parameter schemas in its own call format (Hermes and Llama 3 JSON
-   * formats so far; others reject with `INVALID_ARGUMENT`).
+   * is held to the tools' parameter schemas in its own call format (every format); under
+   * `'auto'` a call the model opens is held the same way, from its opening marker on.
    */
   toolChoice?: 'auto' | 'none' | 'required' | { name: string } | { type: 'function'; function: { name: string } }
   /**
@@ -195,6 +199,14 @@ export interface GenerateReply {
   finishReason: 'stop' | 'length' | 'abort' | 'tool_calls'
   /** Counts and speeds. */
   usage: Usage
+  /**
+   * With `tools`: the format the model was asked to write tool calls in, and its calls were
+   * parsed in. `'generic'` when the model's chat template has no tool support (it renders
+   * the same prompt with or without tools): mlex then described the tools in a system prompt
+   * of its own, asking for `<tool_call>{"name", "arguments"}</tool_call>` blocks, which the
+   * model was not trained on (expect weaker tool use than from a tool-trained model).
+   */
+  toolCallFormat?: 'hermes' | 'qwen3_coder' | 'gemma4' | 'gemma_tool_code' | 'llama3_json' | 'mistral' | 'generic'
 }
 
 /**
@@ -296,7 +308,7 @@ export interface ParsedToolCalls {
  * omitted, every format is tried and the first that finds calls wins. Malformed calls stay in
  * `text` as written; this never throws on model output.
  */
-export declare function parseToolCalls(text: string, format?: 'hermes' | 'qwen3_coder' | 'gemma4' | 'gemma_tool_code' | 'llama3_json' | 'mistral'): ParsedToolCalls
+export declare function parseToolCalls(text: string, format?: 'hermes' | 'qwen3_coder' | 'gemma4' | 'gemma_tool_code' | 'llama3_json' | 'mistral' | 'generic'): ParsedToolCalls
 
 /** Prompt-cache settings of a session. */
 export interface PromptCacheOptions {

@@ -169,3 +169,34 @@ test('toolChoice by name makes a call that parses with arguments inside the sche
   assert.ok(Number.isInteger(args.a) && args.a >= 0 && args.a <= 9 && Number.isInteger(args.b), JSON.stringify(args))
   await rejectsWithCode(assert, () => plain.generate(user('x'), { tools, toolChoice: { name: 'nope' } }), 'INVALID_ARGUMENT', /not among the tools/)
 })
+
+test("a chat template without tool support gets mlex's generic tool prompt, and the reply says so", async () => {
+  // The fixture's ChatML template ignores `tools` (as SmolLM2's does): without help the model
+  // would never see them.
+  const tools = [
+    { type: 'function', function: { name: 'add', description: 'Adds two digits', parameters: { type: 'object', properties: { a: { type: 'integer', minimum: 0, maximum: 9 }, b: { type: 'integer', minimum: 0, maximum: 9 } }, required: ['a', 'b'], additionalProperties: false } } },
+  ]
+  const msgs = user('Add 2 and 3')
+  const bare = await plain.generate(msgs, { maxTokens: 4, ignoreEos: true })
+  assert.equal(bare.toolCallFormat ?? null, null)
+  const auto = await plain.generate(msgs, { maxTokens: 4, ignoreEos: true, tools })
+  assert.equal(auto.toolCallFormat, 'generic')
+  assert.ok(auto.usage.promptTokens > bare.usage.promptTokens + 100, `${auto.usage.promptTokens} vs ${bare.usage.promptTokens}`)
+  // A format given explicitly is taken at its word: the template's prompt, as it is.
+  const explicit = await plain.generate(msgs, { maxTokens: 4, ignoreEos: true, tools, toolCallFormat: 'hermes' })
+  assert.equal(explicit.toolCallFormat, 'hermes')
+  assert.equal(explicit.usage.promptTokens, bare.usage.promptTokens)
+  // A call it must make is held to the generic format, streamed as toolCall tokens, and parsed.
+  const kinds = []
+  const forced = await plain.generate(msgs, { maxTokens: 120, tools, toolChoice: { name: 'add' }, onToken: (t) => { kinds.push(t.kind) } })
+  assert.equal(forced.toolCallFormat, 'generic')
+  assert.equal(forced.finishReason, 'tool_calls', forced.text)
+  assert.equal(forced.toolCalls.length, 1)
+  assert.equal(forced.toolCalls[0].function.name, 'add')
+  const args = JSON.parse(forced.toolCalls[0].function.arguments)
+  assert.ok([args.a, args.b].every((x) => Number.isInteger(x) && x >= 0 && x <= 9), JSON.stringify(args))
+  assert.ok(kinds.includes('toolCall'))
+  // The same form through parseToolCalls.
+  const parsed = parseToolCalls('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>', 'generic')
+  assert.equal(parsed.toolCalls[0].function.name, 'add')
+})

@@ -1,7 +1,7 @@
 //! [`Session`]: the Rust API. A session owns one engine thread holding one model; every method
 //! can be called from any thread, and concurrent generations are served in order (FIFO).
 use crate::chat::tool_choice::{call_grammar, lazy_call_grammars, CallSyntax};
-use crate::chat::{ChatMessage, Tool, ToolChoice};
+use crate::chat::{generic, ChatMessage, Tool, ToolCallFormat, ToolChoice};
 use crate::error::{Error, Result};
 use crate::generate::engine::{self, Command, EngineSpec, Event, GenerateJob, JobPrompt, LoadedFacts, Sink};
 use crate::generate::constraint::ToolCallTrigger;
@@ -301,8 +301,18 @@ impl Session {
                     // Answer in text: the model is not shown the tools.
                     tools = None;
                 }
-                if tools.is_some() && options.tool_call_format.is_none() {
-                    options.tool_call_format = Some(self.tokenizer()?.tool_call_format());
+                let mut messages = messages;
+                if let (Some(t), None) = (tools.as_deref(), options.tool_call_format) {
+                    // The template's own format; a template that drops the tools gets them
+                    // described in a prompt of mlex's own (the generic format).
+                    let tok = self.tokenizer()?;
+                    options.tool_call_format = Some(match generic::prepare(tok, &messages, t, options.enable_thinking) {
+                        Some(with_prompt) => {
+                            messages = with_prompt;
+                            ToolCallFormat::Generic
+                        }
+                        None => tok.tool_call_format(),
+                    });
                 }
                 if let (Some(choice), Some(format)) = (&options.tool_choice, options.tool_call_format) {
                     let syntax = CallSyntax::for_tokenizer(self.tokenizer()?);

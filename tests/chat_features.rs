@@ -157,6 +157,8 @@ fn tools_pick_the_template_format_and_random_output_stays_text() {
     assert!(reply.tool_calls.is_empty());
     assert!(streamed.iter().all(|t| t.kind != TokenKind::ToolCall));
     assert_eq!(s.tokenizer().unwrap().tool_call_format(), ToolCallFormat::Hermes);
+    // This template has no tool support: the tools went in mlex's generic prompt.
+    assert_eq!(reply.tool_call_format, Some(ToolCallFormat::Generic));
 }
 
 /// The reasoning budget inside a continuous batch: the row whose budget is spent steps out, is
@@ -196,6 +198,8 @@ fn tool_choice_required_and_named_produce_valid_calls() {
     let with = |choice: ToolChoice| GenerateOptions { tool_choice: Some(choice), ..opts(120, Some(3)) };
     let named = s.generate_cached(&msgs, Some(&tools), with(ToolChoice::Named("add".into())), |_| true).unwrap();
     assert_eq!(named.finish_reason, FinishReason::ToolCalls, "{named:?}");
+    // The template has no tool support: the generic format, held the same way.
+    assert_eq!(named.tool_call_format, Some(ToolCallFormat::Generic));
     assert_eq!(named.tool_calls.len(), 1);
     assert_eq!(named.tool_calls[0].name, "add");
     let args = &named.tool_calls[0].arguments;
@@ -468,4 +472,64 @@ fn auto_holds_the_calls_the_model_opens() {
         assert!(b.usage.batch_size > 1);
     }
     assert!(closed_calls >= 3, "the random model opened and closed some calls: {opened} opened, {closed_calls} closed");
+}
+
+/// A chat template without tool support (it renders the same prompt with or without `tools`,
+/// as SmolLM2's does) no longer drops the tools silently: they are described in mlex's generic
+/// system prompt (or in the first user message when the template refuses a system role; or
+/// before the messages when there is no template), earlier calls and results are written into
+/// the conversation, and the reply says `tool_call_format: generic`. A template that shows the
+/// tools, or an explicit format, is left alone.
+#[test]
+fn generic_tool_prompt_for_templates_without_tools() {
+    use mlex::chat::generic::with_tool_prompt;
+    use mlex::chat::ToolCall;
+    let tools = rich_tools();
+    let call = ToolCall { id: "call_1".into(), name: "add".into(), arguments: serde_json::json!({"a": 1, "b": 0}) };
+    let history = vec![
+        ChatMessage::system("Be brief."),
+        ChatMessage::user("Add 1 and 0."),
+        ChatMessage::assistant_with_tool_calls("", vec![call]),
+        ChatMessage::tool("call_1", "1"),
+    ];
+    let no_system = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}".to_string() + THINK_TEMPLATE;
+    let shows_tools = "{% if tools %}{{ '<|im_start|>system\\n<tools>' + (tools | tojson) + '</tools><|im_end|>\\n' }}{% endif %}".to_string() + THINK_TEMPLATE;
+    let plain = model_with(THINK_TEMPLATE, &[]);
+    let refuses_system = model_with(&no_system, &[]);
+    let renders_tools = model_with(&shows_tools, &[]);
+    let no_template = model_with(THINK_TEMPLATE, &[]);
+    edit_json(&no_template.path().join("tokenizer_config.json"), |c| {
+        c.as_object_mut().unwrap().remove("chat_template");
+    });
+    let o = || opts(6, None);
+    for (dir, as_system, generic) in [(&plain, true, true), (&refuses_system, false, true), (&renders_tools, true, false), (&no_template, true, true)] {
+        let s = Session::load(dir.path()).unwrap();
+        for msgs in [&history[1..2], &history[..]] {
+            let msgs: Vec<ChatMessage> = msgs.iter().filter(|m| as_system || m.role != mlex::Role::System).cloned().collect();
+            let msgs = &msgs[..];
+            let r = s.generate_cached(msgs, Some(&tools), o(), |_| true).unwrap();
+            let bare = s.generate_cached(msgs, None, o(), |_| true).unwrap();
+            assert_eq!(bare.tool_call_format, None);
+            if generic {
+                assert_eq!(r.tool_call_format, Some(ToolCallFormat::Generic));
+                // What the model saw: the messages with the tool prompt, through the template.
+                let seen = with_tool_prompt(msgs, &tools, as_system);
+                assert_eq!(r.usage.prompt_tokens, s.encode_messages(&seen, None, None).unwrap().len());
+                assert!(r.usage.prompt_tokens > bare.usage.prompt_tokens + 100);
+                let text = seen.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join("\n");
+                assert!(text.contains("get_weather") && text.contains("<tool_call>"), "{text}");
+                if msgs.len() > 2 {
+                    assert!(text.contains("{\"name\":\"add\",\"arguments\":{\"a\":1,\"b\":0}}") && text.contains("<tool_response>"), "{text}");
+                }
+            } else {
+                assert_eq!(r.tool_call_format, Some(ToolCallFormat::Hermes));
+                assert_eq!(r.usage.prompt_tokens, s.encode_messages(msgs, Some(&tools), None).unwrap().len());
+            }
+        }
+        // A format given explicitly is taken at its word: no prompt of mlex's own.
+        let explicit = GenerateOptions { tool_call_format: Some(ToolCallFormat::Hermes), ..o() };
+        let r = s.generate_cached(&history[1..2], Some(&tools), explicit, |_| true).unwrap();
+        assert_eq!(r.tool_call_format, Some(ToolCallFormat::Hermes));
+        assert_eq!(r.usage.prompt_tokens, s.encode_messages(&history[1..2], Some(&tools), None).unwrap().len());
+    }
 }

@@ -566,6 +566,7 @@ fn generate(a: GenerateArgs) -> mlex::Result<()> {
             "finish_reason": reply.finish_reason.as_str(),
             "reasoning": reply.reasoning,
             "tool_calls": reply.tool_calls,
+            "tool_call_format": reply.tool_call_format,
             "cached_tokens": reply.usage.cached_tokens,
             "usage": reply.usage,
         });
@@ -573,6 +574,9 @@ fn generate(a: GenerateArgs) -> mlex::Result<()> {
     } else {
         print_tool_calls(&reply);
         println!();
+        if reply.tool_call_format == Some(mlex::chat::ToolCallFormat::Generic) {
+            eprintln!("[the chat template has no tool support: the tools were described in mlex's generic tool prompt]");
+        }
         let u = &reply.usage;
         eprintln!(
             "[{} prompt tokens, {:.1} tok/s prefill; {} tokens, {:.1} tok/s decode; ttft {:.0} ms; peak {:.1} MB; {}]",

@@ -3,6 +3,7 @@
 //! generated text as text, reasoning or tool call (`stream`, over `reasoning` and `tools`), and
 //! whole-reply parsing through that classifier (`parse`).
 mod call_grammar;
+pub mod generic;
 mod messages;
 pub mod parse;
 pub mod reasoning;

@@ -86,7 +86,7 @@ pub fn call_grammar(choice: &ToolChoice, tools: &[Tool], format: ToolCallFormat,
     let many = !matches!(choice, ToolChoice::Named(_));
     let mut b = Builder::new(syntax);
     let start = match format {
-        ToolCallFormat::Hermes => {
+        ToolCallFormat::Hermes | ToolCallFormat::Generic => {
             let call = format!("{} {}", b.marker("<tool_call>"), hermes_after(&mut b, &chosen));
             repeated(&call, "\n", many)
         }
@@ -126,7 +126,7 @@ pub fn lazy_call_grammars(tools: &[Tool], format: ToolCallFormat, syntax: &CallS
     for &(opener, closer) in format.openers() {
         let mut b = Builder::new(syntax);
         let start = match (format, opener) {
-            (ToolCallFormat::Hermes, _) => hermes_after(&mut b, &tools),
+            (ToolCallFormat::Hermes | ToolCallFormat::Generic, _) => hermes_after(&mut b, &tools),
             (ToolCallFormat::Llama3Json, _) => json_call(&mut b, &tools, "parameters"),
             (ToolCallFormat::Qwen3Coder, "<function=") => qwen_function_rest(&mut b, &tools)?,
             (ToolCallFormat::Qwen3Coder, _) => qwen_after_tool_call(&mut b, &tools)?,

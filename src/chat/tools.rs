@@ -27,16 +27,21 @@ pub enum ToolCallFormat {
     Llama3Json,
     /// Mistral: `[TOOL_CALLS][{"name": …, "arguments": {…}}]` or `[TOOL_CALLS]name[ARGS]{…}`.
     Mistral,
+    /// mlex's own format for models whose chat template has no tool support: the tools are
+    /// described in a system prompt (`chat::generic`) that asks for
+    /// `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>` (parsed as Hermes is).
+    Generic,
 }
 
 impl ToolCallFormat {
-    pub const ALL: [ToolCallFormat; 6] = [
+    pub const ALL: [ToolCallFormat; 7] = [
         ToolCallFormat::Hermes,
         ToolCallFormat::Qwen3Coder,
         ToolCallFormat::Gemma4,
         ToolCallFormat::GemmaToolCode,
         ToolCallFormat::Llama3Json,
         ToolCallFormat::Mistral,
+        ToolCallFormat::Generic,
     ];
 
     /// The format a chat template teaches its model; Hermes when the template says nothing
@@ -63,7 +68,7 @@ impl ToolCallFormat {
     /// Markers that open a call, each with the marker that closes it (None: runs to the end).
     pub fn openers(self) -> &'static [(&'static str, Option<&'static str>)] {
         match self {
-            ToolCallFormat::Hermes => &[("<tool_call>", Some("</tool_call>"))],
+            ToolCallFormat::Hermes | ToolCallFormat::Generic => &[("<tool_call>", Some("</tool_call>"))],
             // Qwen3-Coder sometimes leaves out the <tool_call> wrapper.
             ToolCallFormat::Qwen3Coder => {
                 &[("<tool_call>", Some("</tool_call>")), ("<function=", Some("</function>"))]
@@ -96,6 +101,7 @@ impl ToolCallFormat {
             ToolCallFormat::GemmaToolCode => "gemma_tool_code",
             ToolCallFormat::Llama3Json => "llama3_json",
             ToolCallFormat::Mistral => "mistral",
+            ToolCallFormat::Generic => "generic",
         }
     }
 }
@@ -103,6 +109,12 @@ impl ToolCallFormat {
 impl fmt::Display for ToolCallFormat {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+impl serde::Serialize for ToolCallFormat {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
     }
 }
 
@@ -116,9 +128,10 @@ impl FromStr for ToolCallFormat {
             "gemma_tool_code" | "tool_code" | "gemma3" => ToolCallFormat::GemmaToolCode,
             "llama3_json" | "llama3" | "llama" => ToolCallFormat::Llama3Json,
             "mistral" => ToolCallFormat::Mistral,
+            "generic" => ToolCallFormat::Generic,
             other => {
                 return Err(format!(
-                    "unknown tool call format {other:?} (expected hermes, qwen3_coder, gemma4, gemma_tool_code, llama3_json or mistral)"
+                    "unknown tool call format {other:?} (expected hermes, qwen3_coder, gemma4, gemma_tool_code, llama3_json, mistral or generic)"
                 ))
             }
         })
@@ -149,7 +162,7 @@ type Calls = Vec<(String, Value)>;
 /// Parses the inside of one call span (`open` is the marker that started it).
 pub(crate) fn parse_call_body(format: ToolCallFormat, open: &str, body: &str, tools: Option<&[Tool]>) -> Result<Calls, String> {
     match format {
-        ToolCallFormat::Hermes | ToolCallFormat::Qwen3Coder => {
+        ToolCallFormat::Hermes | ToolCallFormat::Qwen3Coder | ToolCallFormat::Generic => {
             let t = body.trim();
             if open == "<function=" {
                 parse_xml_functions(&format!("<function={body}</function>"), tools)

@@ -286,6 +286,10 @@ pub struct GenerateReply {
     pub logprobs: Vec<f32>,
     pub finish_reason: FinishReason,
     pub usage: Usage,
+    /// With tools: the format tool calls were asked for and parsed in. `Generic` when the
+    /// model's chat template has no tool support: mlex then described the tools in a system
+    /// prompt of its own (`chat::generic`), which the model was not trained on.
+    pub tool_call_format: Option<ToolCallFormat>,
 }
 
 #[cfg(test)]

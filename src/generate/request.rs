@@ -141,6 +141,7 @@ impl Reply {
             logprobs: self.logprobs,
             finish_reason: finish,
             usage,
+            tool_call_format: job.options.tool_call_format.filter(|_| job.tools.is_some()),
         })
     }
 

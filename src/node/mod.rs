@@ -222,7 +222,7 @@ fn tool_call_js(c: &CoreToolCall) -> ToolCall {
 /// omitted, every format is tried and the first that finds calls wins. Malformed calls stay in
 /// `text` as written; this never throws on model output.
 #[napi(ts_return_type = "ParsedToolCalls")]
-pub fn parse_tool_calls(text: String, #[napi(ts_arg_type = "'hermes' | 'qwen3_coder' | 'gemma4' | 'gemma_tool_code' | 'llama3_json' | 'mistral'")] format: Option<String>) -> Result<ParsedToolCalls> {
+pub fn parse_tool_calls(text: String, #[napi(ts_arg_type = "'hermes' | 'qwen3_coder' | 'gemma4' | 'gemma_tool_code' | 'llama3_json' | 'mistral' | 'generic'")] format: Option<String>) -> Result<ParsedToolCalls> {
     let parsed = match format.as_deref() {
         Some(f) => crate::chat::parse_tool_calls(&text, tool_call_format(f)?),
         None => crate::chat::parse_tool_calls_any(&text),
@@ -250,6 +250,7 @@ fn reply_js(r: CoreReply) -> GenerateReply {
         },
         tool_calls: r.tool_calls.iter().map(tool_call_js).collect(),
         finish_reason: r.finish_reason.as_str().to_string(),
+        tool_call_format: r.tool_call_format.map(|f| f.as_str().to_string()),
         logprobs: r.logprobs.iter().map(|&x| x as f64).collect(),
         text: r.text,
         reasoning: r.reasoning,

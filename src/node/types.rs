@@ -179,8 +179,10 @@ pub struct GenerateOptions {
     /// Most tokens of reasoning before the reasoning span is closed (its closing marker is fed
     /// to the model and the answer follows).
     pub reasoning_budget_tokens: Option<f64>,
-    /// How the model writes tool calls (default: chosen from the chat template when `tools` are given).
-    #[napi(ts_type = "'hermes' | 'qwen3_coder' | 'gemma4' | 'gemma_tool_code' | 'llama3_json' | 'mistral'")]
+    /// How the model writes tool calls (default: chosen from the chat template when `tools` are
+    /// given; `'generic'` when the template has no tool support, see `GenerateReply.toolCallFormat`).
+    /// Given explicitly, it is taken at its word: no prompt of mlex's own is added.
+    #[napi(ts_type = "'hermes' | 'qwen3_coder' | 'gemma4' | 'gemma_tool_code' | 'llama3_json' | 'mistral' | 'generic'")]
     pub tool_call_format: Option<String>,
     /// Whether this call may use the session's prompt cache (default: the session's setting).
     pub prompt_cache: Option<bool>,
@@ -198,8 +200,8 @@ pub struct GenerateOptions {
     pub response_format: Option<Value>,
     /// Whether the model may (`'auto'`, the default), must (`'required'`, or one tool by name)
     /// or must not (`'none'`: the tools are not shown) call the tools given. A call it must make
-    /// is held to the tools' parameter schemas in its own call format (Hermes and Llama 3 JSON
-    /// formats so far; others reject with `INVALID_ARGUMENT`).
+    /// is held to the tools' parameter schemas in its own call format (every format); under
+    /// `'auto'` a call the model opens is held the same way, from its opening marker on.
     #[napi(ts_type = "'auto' | 'none' | 'required' | { name: string } | { type: 'function'; function: { name: string } }")]
     pub tool_choice: Option<Value>,
     /// Aborts the generation. Before it starts: the promise rejects with code `'ABORTED'`;
@@ -303,6 +305,13 @@ pub struct GenerateReply {
     pub finish_reason: String,
     /// Counts and speeds.
     pub usage: Usage,
+    /// With `tools`: the format the model was asked to write tool calls in, and its calls were
+    /// parsed in. `'generic'` when the model's chat template has no tool support (it renders
+    /// the same prompt with or without tools): mlex then described the tools in a system prompt
+    /// of its own, asking for `<tool_call>{"name", "arguments"}</tool_call>` blocks, which the
+    /// model was not trained on (expect weaker tool use than from a tool-trained model).
+    #[napi(ts_type = "'hermes' | 'qwen3_coder' | 'gemma4' | 'gemma_tool_code' | 'llama3_json' | 'mistral' | 'generic'")]
+    pub tool_call_format: Option<String>,
 }
 
 /// What a loaded model is.
