@@ -43,7 +43,8 @@ __device__ __forceinline__ float mlex_nibble(uint32_t word, uint32_t mask) {
 // Template constants: N rows, K columns, GS group size, ROWS rows of w per warp, WARPS per
 // block, MB rows of x per block. The grid's y extent is the number of rows of x (M, known only
 // at run time, so that the kernel is compiled once per MB bucket rather than once per batch
-// size): block (bx, y) with y % MB == 0 takes rows y .. y + MB of x; the others exit at once.
+// size): block (bx, y) with y % MB == 0 takes rows y .. y + MB of x (those that exist); the
+// others exit at once.
 // Lane l of a warp takes chunks l, l+32, ... of 32 weights (one 16-byte load of packed words,
 // inside one quantization group since GS >= 32) for each of the warp's rows, turns them into
 // floats once, and uses them against each of its rows of x. A nibble is used in place
@@ -190,8 +191,11 @@ std::optional<mx::array> cuda_quantized_matvec(const mx::array& x, const mx::arr
   }
   auto shape = x.shape();
   shape.back() = n;
-  // Rows of x per block, bucketed so that each projection compiles at most four kernels.
-  const int mb = m == 1 ? 1 : m == 2 ? 2 : m <= 4 ? 4 : 8;
+  // Rows of x per block: one, or up to eight. Each instantiation is compiled (NVRTC) once per
+  // process on first use, and MLX keeps no disk cache of custom kernels: with buckets 2/4/8 the
+  // first batched steps of a process took ~20 s more on the H200 (qwen3-0.6b shape), so a batch
+  // of any size takes the 8-row kernel (rows past the batch's are skipped at run time).
+  const int mb = m == 1 ? 1 : 8;
   const int rows_per_warp = mb == 1 ? kRowsPerWarp : 1;
   const int rows_per_block = rows_per_warp * kWarps;
   const int blocks = (n + rows_per_block - 1) / rows_per_block;
