@@ -57,6 +57,8 @@ for backend in "${backends[@]}"; do
   mkdir -p "$dir/mlx/lib"
   # Debug info is for us, not for users: strip it from the packaged copy.
   objcopy --strip-debug "$node_file" "$dir/mlex.linux-x64-gnu.node" 2>/dev/null || cp "$node_file" "$dir/"
+  # Its RUNPATH keeps only $ORIGIN/mlx/lib: the build machine's MLX prefix does not ship.
+  python3 scripts/elf-runpath.py --origin-only "$dir/mlex.linux-x64-gnu.node" 2>/dev/null
   cp "$prefix/mlx/lib/libmlx.so" "$dir/mlx/lib/"
   cp "$prefix"/*.dist-info/licenses/LICENSE "$dir/mlx/LICENSE"
   # The wheel's bundled BLAS/LAPACK (mlx_cpu.libs/ or mlx_cuda_13.libs/), found by libmlx.so's

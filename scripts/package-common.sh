@@ -1,0 +1,61 @@
+# Shared by scripts/package-*.sh (sourced, not run): argument parsing, npm pack, the CLI archive
+# and its checksum file. Expects $root (the repository) to be set by the caller.
+
+version=$(bash "$root/scripts/version.sh")
+bash "$root/scripts/version.sh" --check
+
+build=1
+profile=release
+out="$root/target/dist"
+parse_package_args() {
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --no-build) build=0 ;;
+      --debug) profile=debug ;;
+      --out) out=$2; shift ;;
+      -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+      *) echo "$(basename "$0"): unknown argument '$1'" >&2; exit 2 ;;
+    esac
+    shift
+  done
+  mkdir -p "$out"
+  out=$(cd "$out" && pwd)
+}
+
+# npm pack DIR into $out; prints the tarball's path. (An absolute path: npm reads `a/b` as a
+# repository shorthand.)
+pack_npm() {
+  local dir name
+  dir=$(cd "$root/$1" && pwd)
+  name=$(cd "$root" && npm pack --silent --pack-destination "$out" "$dir" | tail -n 1)
+  [ -f "$out/$name" ] || { echo "$(basename "$0"): npm pack $dir made no tarball" >&2; exit 1; }
+  echo "$out/$name"
+}
+
+sha256_of() {
+  if command -v sha256sum >/dev/null; then sha256sum "$1" | cut -d' ' -f1; else shasum -a 256 "$1" | cut -d' ' -f1; fi
+}
+
+# make_archive STAGE: tars the folder STAGE (named mlex-<version>-<platform>) into
+# $out/<name>.tar.gz and writes <name>.tar.gz.sha256 beside it (`sha256sum -c` / `shasum -a 256 -c`).
+make_archive() {
+  local stage=$1 name tarball
+  name=$(basename "$stage")
+  tarball="$out/$name.tar.gz"
+  rm -f "$tarball" "$tarball.sha256"
+  if tar --version 2>/dev/null | grep -q 'GNU tar'; then
+    tar -C "$(dirname "$stage")" --sort=name --owner=0 --group=0 --numeric-owner -cf - "$name" | gzip -n -6 > "$tarball"
+  else
+    tar -C "$(dirname "$stage")" --uid 0 --gid 0 -cf - "$name" | gzip -n -6 > "$tarball"
+  fi
+  echo "$(sha256_of "$tarball")  $name.tar.gz" > "$tarball.sha256"
+  echo "$(basename "$0"): $tarball ($(du -h "$tarball" | cut -f1))" >&2
+}
+
+# A fresh staging folder for the CLI archive of PLATFORM; prints its path.
+new_stage() {
+  local stage="$out/stage/mlex-$version-$1"
+  rm -rf "$stage"
+  mkdir -p "$stage"
+  echo "$stage"
+}
