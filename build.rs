@@ -38,6 +38,9 @@ fn main() {
         Ok(dir) => PathBuf::from(dir),
         Err(_) => fetch_mlx(&backend),
     };
+    if target_os == "macos" {
+        macos_deployment_target();
+    }
     let include = prefix.join("mlx/include");
     let lib = prefix.join("mlx/lib");
     if !include.join("mlx/mlx.h").exists() {
@@ -82,6 +85,10 @@ fn main() {
     if target_os == "macos" {
         println!("cargo:rustc-link-lib=dylib=c++");
         // Packaged: libmlx.dylib (and mlx.metallib beside it) in mlx/lib next to the .node/binary.
+        // @loader_path, not @executable_path: for the addon the executable is node or Electron.
+        // libmlx.dylib's install name is @rpath/libmlx.dylib, so these rpaths find it; the second
+        // (this build's prefix, for running from target/) is deleted from packaged copies
+        // (scripts/package-darwin-arm64.sh).
         println!("cargo:rustc-link-arg=-Wl,-rpath,@loader_path/mlx/lib");
         println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
     } else {
@@ -98,6 +105,29 @@ fn main() {
 
     if env::var_os("CARGO_FEATURE_NODE").is_some() {
         napi_build::setup();
+    }
+}
+
+/// libmlx.dylib of the mlx-metal wheel is built for macOS 14 (LC_BUILD_VERSION minos 14.0), so
+/// nothing mlex builds can run on an older macOS. The shim is compiled for that floor too: left
+/// unset, `cc` would take rustc's default (11.0): libc++ marks some C++20 library parts
+/// unavailable below newer floors (availability annotations), and the linker warns about every
+/// object built for 11.0 linked against a 14.0 dylib. Set MACOSX_DEPLOYMENT_TARGET=14.0 for the whole build (the release
+/// scripts and CI do) so that rustc links for 14.0 as well; a lower value is refused.
+fn macos_deployment_target() {
+    println!("cargo:rerun-if-env-changed=MACOSX_DEPLOYMENT_TARGET");
+    match env::var("MACOSX_DEPLOYMENT_TARGET") {
+        Ok(v) => {
+            let major: u32 = v.split('.').next().and_then(|m| m.parse().ok()).unwrap_or(0);
+            if major < 14 {
+                panic!("MACOSX_DEPLOYMENT_TARGET={v}: MLX's libmlx.dylib needs macOS 14 or later (set it to 14.0)");
+            }
+        }
+        Err(_) => {
+            println!("cargo:warning=MACOSX_DEPLOYMENT_TARGET is not set: the shim is compiled for macOS 14.0 (libmlx.dylib's floor); export MACOSX_DEPLOYMENT_TARGET=14.0 so that rustc links for it too");
+            // Read by `cc` in this process only: the shim's objects are built for 14.0.
+            env::set_var("MACOSX_DEPLOYMENT_TARGET", "14.0");
+        }
     }
 }
 
