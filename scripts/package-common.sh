@@ -24,9 +24,14 @@ parse_package_args() {
 
 # npm pack DIR into $out; prints the tarball's path. (An absolute path: npm reads `a/b` as a
 # repository shorthand.)
+#   MLEX_REPOSITORY_URL (the release workflow sets it): written into package.json's repository
+#   first; `npm publish --provenance` refuses a package whose repository is not the one that built it.
 pack_npm() {
   local dir name
   dir=$(cd "$root/$1" && pwd)
+  if [ -n "${MLEX_REPOSITORY_URL:-}" ]; then
+    (cd "$dir" && npm pkg set repository.type=git "repository.url=$MLEX_REPOSITORY_URL")
+  fi
   name=$(cd "$root" && npm pack --silent --pack-destination "$out" "$dir" | tail -n 1)
   [ -f "$out/$name" ] || { echo "$(basename "$0"): npm pack $dir made no tarball" >&2; exit 1; }
   echo "$out/$name"
