@@ -116,6 +116,13 @@ test('the CLI archive runs from anywhere once unpacked', { skip, timeout: 600_00
   const v = spawnSync(mlex, ['--version'], { cwd: elsewhere, env: cliEnv, encoding: 'utf8' })
   assert.equal(v.status, 0, v.stderr)
   assert.equal(v.stdout.trim(), `mlex ${version}`)
+  // Through a symlink on the PATH, as users install it ($ORIGIN / @loader_path are the real file's).
+  const onPath = join(elsewhere, 'bin')
+  mkdirSync(onPath)
+  symlinkSync(mlex, join(onPath, 'mlex'))
+  const s = spawnSync('mlex', ['--version'], { cwd: elsewhere, env: { ...cliEnv, PATH: `${onPath}:${bin}` }, encoding: 'utf8' })
+  assert.equal(s.status, 0, s.stderr)
+  assert.equal(s.stdout.trim(), `mlex ${version}`)
 
   // A tiny generation; on Linux the dynamic loader says where libmlx and BLAS came from.
   const traceEnv = process.platform === 'linux' ? { ...cliEnv, LD_DEBUG: 'libs' } : cliEnv
