@@ -104,6 +104,12 @@ export interface GeneratedToken {
   kind: 'text' | 'reasoning' | 'toolCall'
   /** Natural-log probability of the token under the model. */
   logprob: number
+  /**
+   * With the `topLogprobs` option: the most likely tokens at this step, most likely first
+   * (with greedy decoding the first is this token). Empty otherwise, and for tokens fed
+   * rather than sampled (the closing marker a reasoning budget forces).
+   */
+  topLogprobs: Array<TopLogprob>
 }
 
 /**
@@ -172,6 +178,14 @@ export interface GenerateOptions {
    */
   toolChoice?: 'auto' | 'none' | 'required' | { name: string } | { type: 'function'; function: { name: string } }
   /**
+   * For each generated token, this many (0–20) of the most likely tokens at its step with
+   * their log probabilities (`GeneratedToken.topLogprobs`, `GenerateReply.topLogprobs`). Of
+   * the same distribution as `logprob`: the model's log-softmax after `repetitionPenalty` and
+   * a `responseFormat` mask, before `temperature`, `topP`, `topK` and `minP`. Default: none
+   * (nothing is computed).
+   */
+  topLogprobs?: number
+  /**
    * Aborts the generation. Before it starts: the promise rejects with code `'ABORTED'`;
    * while it runs: it resolves with `finishReason: 'abort'` and the text so far.
    */
@@ -195,6 +209,11 @@ export interface GenerateReply {
   tokens: Array<number>
   /** Log probability of each generated token. */
   logprobs: Array<number>
+  /**
+   * With the `topLogprobs` option: each token's `topLogprobs` (one list per entry of
+   * `tokens`); empty otherwise.
+   */
+  topLogprobs: Array<Array<TopLogprob>>
   /** Why generation ended: end of sequence or a stop string, `maxTokens`, aborted, or tool calls. */
   finishReason: 'stop' | 'length' | 'abort' | 'tool_calls'
   /** Counts and speeds. */
@@ -360,6 +379,19 @@ export interface ToolCallFunction {
   name: string
   /** Its arguments as JSON text (as OpenAI sends them); an object is accepted on input too. */
   arguments: string
+}
+
+/** One of the most likely tokens at a step (`topLogprobs`). */
+export interface TopLogprob {
+  /** Token id. */
+  id: number
+  /**
+   * The token alone, decoded with special tokens kept (a piece of a multi-byte character
+   * shows as U+FFFD).
+   */
+  text: string
+  /** Natural-log probability. */
+  logprob: number
 }
 
 /** Counts and speeds of one generation. */

@@ -30,6 +30,7 @@ export type {
   Tool,
   ToolCall,
   ToolCallFunction,
+  TopLogprob,
   Usage,
 } from './index'
 

@@ -83,6 +83,26 @@ test('responses.create, whole and streamed, with the same greedy text and the ev
   assert.equal(final.output_text, whole.output_text)
 })
 
+test('include message.output_text.logprobs with top_logprobs, whole and on each delta', async () => {
+  const req = { model: 'tiny', input: 'Say something.', max_output_tokens: 8, temperature: 0, top_logprobs: 2, include: ['message.output_text.logprobs'] }
+  const whole = await client.responses.create(req)
+  const part = whole.output.at(-1).content[0]
+  assert.equal(part.logprobs.length, whole.usage.output_tokens)
+  for (const t of part.logprobs) {
+    assert.equal(t.top_logprobs.length, 2)
+    assert.equal(t.top_logprobs[0].token, t.token)
+    assert.equal(t.top_logprobs[0].logprob, t.logprob)
+  }
+  const events = []
+  for await (const e of await client.responses.create({ ...req, stream: true })) events.push(e)
+  const deltas = events.filter((e) => e.type === 'response.output_text.delta').flatMap((e) => e.logprobs)
+  assert.deepEqual(deltas, part.logprobs)
+  assert.deepEqual(events.find((e) => e.type === 'response.output_text.done').logprobs, part.logprobs)
+  // Not asked for: empty.
+  const plain = await client.responses.create({ ...req, top_logprobs: undefined, include: undefined })
+  assert.deepEqual(plain.output.at(-1).content[0].logprobs, [])
+})
+
 const tools = [{
   type: 'function', name: 'lookup', description: 'Looks a word up.', strict: true,
   parameters: { type: 'object', properties: { q: { type: 'string', maxLength: 6 } }, required: ['q'], additionalProperties: false },

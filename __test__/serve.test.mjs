@@ -96,6 +96,55 @@ test('legacy completions with a raw prompt, and logprobs', async () => {
   assert.ok(c.choices[0].logprobs.content.every((t) => t.logprob <= 0))
 })
 
+test('top_logprobs: chat completions whole and streamed, legacy completions logprobs: N, bad counts', async () => {
+  const req = { model: 'tiny', messages: msgs, max_tokens: 8, temperature: 0, logprobs: true, top_logprobs: 3 }
+  const whole = await client.chat.completions.create(req)
+  const content = whole.choices[0].logprobs.content
+  assert.equal(content.length, whole.usage.completion_tokens)
+  for (const t of content) {
+    assert.equal(t.top_logprobs.length, 3)
+    // Greedy: the most likely is the token itself, with its logprob; the rest in order.
+    assert.equal(t.top_logprobs[0].token, t.token)
+    assert.equal(t.top_logprobs[0].logprob, t.logprob)
+    for (let j = 1; j < 3; j++) assert.ok(t.top_logprobs[j].logprob <= t.top_logprobs[j - 1].logprob)
+    for (const alt of [t, ...t.top_logprobs]) assert.deepEqual(alt.bytes, [...Buffer.from(alt.token)])
+  }
+  // Streamed: each chunk carries its tokens' entries, together the whole reply's.
+  const streamed = []
+  for await (const chunk of await client.chat.completions.create({ ...req, stream: true })) {
+    for (const c of chunk.choices) streamed.push(...(c.logprobs?.content ?? []))
+  }
+  assert.deepEqual(streamed, content)
+  // logprobs: true alone: no alternatives.
+  const bare = await client.chat.completions.create({ ...req, top_logprobs: undefined })
+  assert.ok(bare.choices[0].logprobs.content.every((t) => t.top_logprobs.length === 0))
+  assert.deepEqual(bare.choices[0].logprobs.content.map((t) => t.logprob), content.map((t) => t.logprob))
+
+  // Legacy completions: logprobs: N → tokens, token_logprobs, top_logprobs maps, text_offset.
+  const creq = { model: 'tiny', prompt: 'Once upon a time', max_tokens: 6, temperature: 0, logprobs: 2 }
+  const c = await client.completions.create(creq)
+  const lp = c.choices[0].logprobs
+  assert.equal(lp.tokens.length, c.usage.completion_tokens)
+  assert.equal(lp.token_logprobs.length, lp.tokens.length)
+  assert.equal(lp.text_offset[0], 0)
+  lp.top_logprobs.forEach((m, i) => {
+    const entries = Object.entries(m)
+    assert.ok(entries.length >= 1 && entries.length <= 2)
+    assert.equal(m[lp.tokens[i]], lp.token_logprobs[i])
+  })
+  const parts = { tokens: [], token_logprobs: [], top_logprobs: [], text_offset: [] }
+  for await (const chunk of await client.completions.create({ ...creq, stream: true })) {
+    const l = chunk.choices[0]?.logprobs
+    if (l) for (const k of Object.keys(parts)) parts[k].push(...l[k])
+  }
+  assert.deepEqual(parts, lp)
+
+  const bad = (body, param) => assert.rejects(body, (e) => e.status === 400 && e.param === param && /logprobs/.test(e.message))
+  await bad(client.chat.completions.create({ ...req, top_logprobs: 21 }), 'top_logprobs')
+  await bad(client.chat.completions.create({ ...req, logprobs: false }), 'top_logprobs')
+  await bad(client.completions.create({ ...creq, logprobs: 21 }), 'logprobs')
+})
+
 test('response_format json_schema and a tool call forced by tool_choice', async () => {
   const schema = { type: 'object', properties: { n: { type: 'integer', minimum: 0, maximum: 9 } }, required: ['n'], additionalProperties: false }
   const r = await client.chat.completions.create({

@@ -87,6 +87,30 @@ test('stream yields the same tokens as generate, and the reply at the end', asyn
   assert.equal(r.value.tokens.length, 3)
 })
 
+test('topLogprobs: the most likely tokens of each step, whole and streamed', async () => {
+  const opts = { maxTokens: 8, ignoreEos: true, topLogprobs: 4 }
+  const reply = await session.generate(user('top'), opts)
+  assert.equal(reply.topLogprobs.length, reply.tokens.length)
+  reply.topLogprobs.forEach((top, i) => {
+    assert.equal(top.length, 4)
+    // Greedy: the first is the token itself, with its own logprob; the rest in order.
+    assert.equal(top[0].id, reply.tokens[i])
+    assert.ok(Math.abs(top[0].logprob - reply.logprobs[i]) < 1e-6)
+    for (let j = 1; j < top.length; j++) assert.ok(top[j].logprob <= top[j - 1].logprob)
+    assert.ok(top.every((t) => typeof t.text === 'string' && t.logprob <= 0))
+    assert.ok(top.reduce((p, t) => p + Math.exp(t.logprob), 0) <= 1 + 1e-5)
+  })
+  const streamed = []
+  for await (const t of session.stream(user('top'), opts)) streamed.push(t.topLogprobs)
+  assert.deepEqual(streamed, reply.topLogprobs)
+
+  const plain = await session.generate(user('top'), { maxTokens: 8, ignoreEos: true })
+  assert.deepEqual(plain.tokens, reply.tokens)
+  assert.deepEqual(plain.topLogprobs, [])
+  for await (const t of session.stream(user('top'), { maxTokens: 2 })) assert.deepEqual(t.topLogprobs, [])
+  await rejectsWithCode(assert, () => session.generate(user('x'), { topLogprobs: 21 }), 'INVALID_ARGUMENT', /topLogprobs must be in \[0, 20\], got 21/)
+})
+
 test('onToken sees every token of generate', async () => {
   const seen = []
   const reply = await session.generate(user('callback'), { maxTokens: 6, ignoreEos: true, onToken: (t) => { seen.push(t.id) } })

@@ -217,6 +217,10 @@ struct SamplingArgs {
     /// Prompt tokens per forward pass during prefill (default 512).
     #[arg(long)]
     prefill_step_size: Option<usize>,
+    /// For each generated token, the N (0-20) most likely tokens with their log probabilities
+    /// (shown by --json as top_logprobs).
+    #[arg(long, value_name = "N")]
+    top_logprobs: Option<usize>,
 }
 
 #[derive(Args)]
@@ -495,6 +499,7 @@ fn options(s: &SamplingArgs, c: &ChatFeatureArgs) -> mlex::Result<GenerateOption
     set("stop", if s.stop.is_empty() { json!(null) } else { json!(s.stop) });
     set("ignore_eos", if s.ignore_eos { json!(true) } else { json!(null) });
     set("prefill_step_size", json!(s.prefill_step_size));
+    set("top_logprobs", json!(s.top_logprobs));
     set("enable_thinking", json!(c.think.enable_thinking()));
     set("reasoning_budget_tokens", json!(c.reasoning_budget_tokens));
     set("tool_call_format", json!(c.tool_call_format));
@@ -534,6 +539,7 @@ fn read(path: &PathBuf) -> mlex::Result<String> {
 
 fn generate(a: GenerateArgs) -> mlex::Result<()> {
     let opts = options(&a.sampling, &a.chat)?;
+    let want_top = opts.top_logprobs.is_some_and(|n| n > 0);
     let session = load(&a.model)?;
     let tools = a.tools.as_ref().map(|p| read(p).and_then(|t| parse_tools_json(&t))).transpose()?;
     let json = a.json;
@@ -559,7 +565,7 @@ fn generate(a: GenerateArgs) -> mlex::Result<()> {
         }
     };
     if json {
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "text": reply.text,
             "tokens": reply.tokens,
             "logprobs": reply.logprobs,
@@ -570,6 +576,10 @@ fn generate(a: GenerateArgs) -> mlex::Result<()> {
             "cached_tokens": reply.usage.cached_tokens,
             "usage": reply.usage,
         });
+        if want_top {
+            // Per token: [{id, text, logprob}], most likely first.
+            v["top_logprobs"] = json!(reply.top_logprobs);
+        }
         println!("{v}");
     } else {
         print_tool_calls(&reply);

@@ -7,7 +7,7 @@
 //! reasoning budget forces tokens steps out, is fed them alone, and joins again. Steps are
 //! pipelined as in `generator::run`: step n+1 is scheduled before step n's tokens are read.
 use super::engine::{store_reply, Engine, Event, GenerateJob};
-use super::generator::{self, Flow, LoopStats, Stepper, TokenStep};
+use super::generator::{self, Flow, LoopStats, Sampled, Stepper, TokenStep, TopPending};
 use super::options::GenerateReply;
 use super::prompt_cache::PromptCachePool;
 use super::request::{self, Reply};
@@ -42,7 +42,7 @@ struct Solo {
     row: Row,
     caches: LayerCaches,
     pos: usize,
-    next: Option<(Array, Array)>,
+    next: Option<Sampled>,
 }
 
 pub(super) struct Batch {
@@ -52,8 +52,8 @@ pub(super) struct Batch {
     solo: VecDeque<Solo>,
     rows: Vec<Row>,
     caches: Option<BatchCaches>,
-    /// Each row's token (and logprob) of the last scheduled step, not read yet: `[B]`.
-    pending: Option<(Array, Array)>,
+    /// Each row's token (logprob, top logprobs) of the last scheduled step, not read yet.
+    pending: Option<Sampled>,
     /// The oldest waiting request, started but not fitting yet (requests start in order).
     held: Option<Solo>,
     max_batch: usize,
@@ -197,10 +197,10 @@ impl Batch {
                     }
                     if s.row.prompt.len() - s.pos == 1 {
                         let last = Array::from_slice(&s.row.prompt[s.pos..], &[1, (s.row.prompt.len() - s.pos) as i32])?;
-                        let (y, lp) = s.row.stepper.step(model, &last, &mut s.caches)?;
-                        async_eval(&[&y, &lp])?;
+                        let next = s.row.stepper.step(model, &last, &mut s.caches)?;
+                        next.schedule()?;
                         s.pos = s.row.prompt.len();
-                        s.next = Some((y, lp));
+                        s.next = Some(next);
                     }
                     Ok(())
                 })();
@@ -224,14 +224,14 @@ impl Batch {
 
     /// Adds a request with its caches and unread next token as the batch's last row.
     fn join(&mut self, s: Solo) -> Result<()> {
-        let (y, lp) = s.next.expect("joins with its next token");
+        let next = s.next.expect("joins with its next token");
         match &mut self.caches {
             Some(c) => c.join(&s.caches)?,
             None => self.caches = Some(BatchCaches::new(&s.caches)?),
         }
         self.pending = Some(match self.pending.take() {
-            Some((ys, lps)) => (Array::concatenate(&[&ys, &y], 0)?, Array::concatenate(&[&lps, &lp], 0)?),
-            None => (y, lp),
+            Some(p) => p.append(next)?,
+            None => next,
         });
         self.rows.push(s.row);
         Ok(())
@@ -240,7 +240,8 @@ impl Batch {
     /// Schedules the next step for every row, then reads and hands over this step's tokens.
     fn step(&mut self, engine: &Engine, pool: &mut PromptCachePool) -> Result<()> {
         let model = engine.model.as_ref();
-        let (ys, lps) = self.pending.take().expect("rows have unread tokens");
+        let pending = self.pending.take().expect("rows have unread tokens");
+        let (ys, lps) = (&pending.token, &pending.logprob);
         let b = self.rows.len();
         let more = self.rows.iter().any(|r| r.n + 1 < r.job.options.max_tokens);
         let t = Instant::now();
@@ -262,16 +263,16 @@ impl Batch {
             if self.rows.iter().any(|r| r.stepper.constrained()) {
                 logits = masked(&mut self.rows, logits)?;
             }
-            let (ny, nlp) = sample(&mut self.rows, &logits)?;
+            let sampled = sample(&mut self.rows, &logits)?;
             let built = Instant::now();
-            async_eval(&[&ny, &nlp])?;
+            sampled.schedule()?;
             let (schedule, submit) = (t.elapsed().as_secs_f64(), built.elapsed().as_secs_f64());
             for row in &mut self.rows {
                 row.stats.schedule_s += schedule;
                 row.stats.submit_s += submit;
                 row.stats.steps_scheduled += 1;
             }
-            Some((ny, nlp))
+            Some(sampled)
         } else {
             None
         };
@@ -281,6 +282,7 @@ impl Batch {
             None => ys.to_vec::<u32>()?,
         };
         let logprobs = lps.astype(Dtype::Float32)?.to_vec::<f32>()?;
+        let mut tops = pending.top.read()?;
         let wait = t.elapsed().as_secs_f64();
 
         // Each row's verdict on its token.
@@ -296,7 +298,7 @@ impl Batch {
                 row.stats.wait_s += wait;
             }
             row.n += 1;
-            let step = TokenStep { id: ids[i], logprob: logprobs[i], forced: false };
+            let step = TokenStep { id: ids[i], logprob: logprobs[i], forced: false, top: std::mem::take(&mut tops[i]) };
             match row.reply.on_token(&row.job, step) {
                 Ok(Flow::Continue) if row.n < row.job.options.max_tokens && next.is_some() => keep.push(i),
                 Ok(Flow::Continue) | Ok(Flow::Stop) => leaving.push((i, Ok(()))),
@@ -328,10 +330,7 @@ impl Batch {
             self.pending = None;
         } else {
             self.caches.as_mut().expect("rows have caches").retain(&keep)?;
-            let (ny, nlp) = next.expect("kept rows have a next step");
-            let idx: Vec<i32> = keep.iter().map(|&i| i as i32).collect();
-            let idx = Array::from_slice(&idx, &[idx.len() as i32])?;
-            self.pending = Some((ny.take(&idx, 0)?, nlp.take(&idx, 0)?));
+            self.pending = Some(next.expect("kept rows have a next step").select(&keep)?);
         }
         let mut rows: Vec<Option<Row>> = std::mem::take(&mut self.rows).into_iter().map(Some).collect();
         self.rows = keep.iter().map(|&i| rows[i].take().expect("kept once")).collect();
@@ -474,7 +473,7 @@ fn feed_forced(
         }
         row.n += 1;
         fed.push(t);
-        match row.reply.on_token(&row.job, TokenStep { id: t, logprob: 0.0, forced: true }) {
+        match row.reply.on_token(&row.job, TokenStep { id: t, logprob: 0.0, forced: true, top: vec![] }) {
             Ok(Flow::Stop) => return end(row, Some(caches), None, pool),
             Ok(_) => {}
             Err(e) => return end(row, None, Some(e), pool),
@@ -488,11 +487,11 @@ fn feed_forced(
         let e = Error::InvalidArgument(format!("forced token id {bad} is outside the vocabulary (size {vocab})"));
         return end(row, None, Some(e), pool);
     }
-    let next = (|| -> Result<(Array, Array)> {
+    let next = (|| -> Result<Sampled> {
         row.stepper.remember(&Array::from_slice(&fed, &[fed.len() as i32])?)?;
-        let (y, lp) = row.stepper.step(model, &Array::from_slice(&fed, &[1, fed.len() as i32])?, &mut caches)?;
-        async_eval(&[&y, &lp])?;
-        Ok((y, lp))
+        let next = row.stepper.step(model, &Array::from_slice(&fed, &[1, fed.len() as i32])?, &mut caches)?;
+        next.schedule()?;
+        Ok(next)
     })();
     match next {
         Ok(next) => {
@@ -522,22 +521,37 @@ fn masked(rows: &mut [Row], logits: Array) -> Result<Array> {
     logits.add(&Array::from_slice(&all, &[rows.len() as i32, v as i32])?.astype(logits.dtype())?)
 }
 
-/// Samples every row's next token from `logits` `[B, V]`: (tokens `[B]` uint32, logprobs `[B]`
-/// float32). Rows that take the plain argmax are sampled together; otherwise each row by its own
+/// Samples every row's next token from `logits` `[B, V]`: tokens `[B]` uint32, logprobs `[B]`
+/// float32, and the top logprobs of the rows that ask (computed together, from their rows
+/// only). Rows that take the plain argmax are sampled together; otherwise each row by its own
 /// sampler (its own key: seeded sampling does not depend on the rest of the batch).
-fn sample(rows: &mut [Row], logits: &Array) -> Result<(Array, Array)> {
+fn sample(rows: &mut [Row], logits: &Array) -> Result<Sampled> {
+    let wanted: Vec<usize> = rows.iter().map(|r| r.stepper.top_logprobs()).collect();
     if rows.iter().all(|r| r.stepper.plain_greedy()) {
         let logprobs = logits.subtract(&logits.logsumexp(&[-1], true)?)?;
         let y = logprobs.argmax(-1, false)?.astype(Dtype::Uint32)?;
         let lp = logprobs.take_along_axis(&y.reshape(&[-1, 1])?, -1)?.reshape(&[-1])?.astype(Dtype::Float32)?;
-        return Ok((y, lp));
+        let top = TopPending::compute(&logprobs, &wanted)?;
+        return Ok(Sampled { token: y, logprob: lp, top });
     }
     let mut ys = Vec::with_capacity(rows.len());
     let mut lps = Vec::with_capacity(rows.len());
+    let mut asking = vec![];
     for (i, row) in rows.iter_mut().enumerate() {
-        let (y, lp) = row.stepper.sample(&logits.slice_axis(0, i as i32, i as i32 + 1)?)?;
+        let (y, lp, logprobs) = row.stepper.draw(&logits.slice_axis(0, i as i32, i as i32 + 1)?)?;
         ys.push(y);
         lps.push(lp);
+        if wanted[i] > 0 {
+            asking.push(logprobs);
+        }
     }
-    Ok((Array::concatenate(&ys.iter().collect::<Vec<_>>(), 0)?, Array::concatenate(&lps.iter().collect::<Vec<_>>(), 0)?))
+    let top = match asking.len() {
+        0 => TopPending::none(rows.len()),
+        _ => TopPending::compute(&Array::concatenate(&asking.iter().collect::<Vec<_>>(), 0)?, &wanted)?,
+    };
+    Ok(Sampled {
+        token: Array::concatenate(&ys.iter().collect::<Vec<_>>(), 0)?,
+        logprob: Array::concatenate(&lps.iter().collect::<Vec<_>>(), 0)?,
+        top,
+    })
 }

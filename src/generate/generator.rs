@@ -11,13 +11,160 @@ use crate::nn::LayerCaches;
 use std::time::Instant;
 
 /// One decoded token and its log probability.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct TokenStep {
     pub id: u32,
     /// 0 for forced tokens (they were fed, not sampled).
     pub logprob: f32,
     /// Fed by the caller through [`Flow::Force`]/[`Flow::Replace`] rather than sampled.
     pub forced: bool,
+    /// With `top_logprobs`: the most likely (id, logprob) at this step, most likely first.
+    /// Empty otherwise, and for forced tokens.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// A step's sampled tokens, scheduled or about to be, not read yet: one per row of the step
+/// (1 alone, B in a batch).
+pub(crate) struct Sampled {
+    /// Token ids `[R]` (uint32).
+    pub(crate) token: Array,
+    /// Their log probabilities `[R]` (float32).
+    pub(crate) logprob: Array,
+    /// The top logprobs of the rows that asked for them.
+    pub(crate) top: TopPending,
+}
+
+impl Sampled {
+    /// Starts computing it (`async_eval`), the top logprobs included.
+    pub(crate) fn schedule(&self) -> Result<()> {
+        let mut arrays = vec![&self.token, &self.logprob];
+        arrays.extend(self.top.blocks.iter());
+        async_eval(&arrays)
+    }
+
+    /// Its rows `keep`, in that order.
+    pub(crate) fn select(&self, keep: &[usize]) -> Result<Sampled> {
+        let idx: Vec<i32> = keep.iter().map(|&i| i as i32).collect();
+        let idx = Array::from_slice(&idx, &[idx.len() as i32])?;
+        Ok(Sampled { token: self.token.take(&idx, 0)?, logprob: self.logprob.take(&idx, 0)?, top: self.top.select(keep) })
+    }
+
+    /// Its rows, then `other`'s.
+    pub(crate) fn append(self, other: Sampled) -> Result<Sampled> {
+        Ok(Sampled {
+            token: Array::concatenate(&[&self.token, &other.token], 0)?,
+            logprob: Array::concatenate(&[&self.logprob, &other.logprob], 0)?,
+            top: self.top.append(other.top),
+        })
+    }
+}
+
+/// The top logprobs of a step's rows, not read yet. Each block is `[r, 2k]` float32: per row,
+/// the ids of its `k` most likely tokens (as floats: exact below 2^24) then their logprobs, in
+/// no order (one read per block; a step's rows share one block, except right after a request
+/// joined the batch). For each row of the step: where its own are (block, row in the block, how
+/// many it asked for), None when it did not ask (it costs nothing then).
+#[derive(Clone, Default)]
+pub(crate) struct TopPending {
+    blocks: Vec<Array>,
+    at: Vec<Option<(usize, usize, usize)>>,
+}
+
+impl TopPending {
+    /// No row asked: nothing to compute or read.
+    pub(crate) fn none(rows: usize) -> Self {
+        TopPending { blocks: vec![], at: vec![None; rows] }
+    }
+
+    /// The top logprobs of the rows that ask for them (`wanted[i]` > 0, at most the vocabulary)
+    /// from `logprobs` `[R, V]`, built into the graph: `logprobs` holds either every row of the
+    /// step or only those that ask (in order).
+    pub(crate) fn compute(logprobs: &Array, wanted: &[usize]) -> Result<Self> {
+        let asking: Vec<usize> = (0..wanted.len()).filter(|&i| wanted[i] > 0).collect();
+        if asking.is_empty() {
+            return Ok(Self::none(wanted.len()));
+        }
+        let sub = if logprobs.dim(0) as usize == asking.len() {
+            logprobs.clone()
+        } else {
+            let idx: Vec<i32> = asking.iter().map(|&i| i as i32).collect();
+            logprobs.take(&Array::from_slice(&idx, &[idx.len() as i32])?, 0)?
+        };
+        let k = (asking.iter().map(|&i| wanted[i]).max().unwrap_or(1) as i32).min(sub.dim(-1));
+        let (ids, values) = top_k(&sub, k)?;
+        let block = Array::concatenate(&[&ids.astype(Dtype::Float32)?, &values.astype(Dtype::Float32)?], -1)?;
+        let mut at = vec![None; wanted.len()];
+        for (j, &i) in asking.iter().enumerate() {
+            at[i] = Some((0, j, wanted[i]));
+        }
+        Ok(TopPending { blocks: vec![block], at })
+    }
+
+    fn select(&self, keep: &[usize]) -> Self {
+        let at: Vec<_> = keep.iter().map(|&i| self.at[i]).collect();
+        let blocks = if at.iter().any(Option::is_some) { self.blocks.clone() } else { vec![] };
+        TopPending { blocks, at }
+    }
+
+    fn append(mut self, other: TopPending) -> Self {
+        let offset = self.blocks.len();
+        self.blocks.extend(other.blocks);
+        self.at.extend(other.at.into_iter().map(|a| a.map(|(b, r, n)| (b + offset, r, n))));
+        self
+    }
+
+    /// Waits for the blocks and reads them: each row's list, most likely first (ties: lower id
+    /// first, as argmax picks), tokens the model cannot produce (logprob -inf: an output
+    /// constraint's mask) left out.
+    pub(crate) fn read(&self) -> Result<Vec<Vec<(u32, f32)>>> {
+        let mut data: Vec<Option<Vec<f32>>> = vec![None; self.blocks.len()];
+        let mut out = Vec::with_capacity(self.at.len());
+        for &a in &self.at {
+            let Some((b, r, n)) = a else {
+                out.push(vec![]);
+                continue;
+            };
+            let k = self.blocks[b].dim(-1) as usize / 2;
+            let v = match &mut data[b] {
+                Some(v) => v,
+                slot => slot.insert(self.blocks[b].to_vec::<f32>()?),
+            };
+            let row = &v[r * 2 * k..(r + 1) * 2 * k];
+            let mut top: Vec<(u32, f32)> =
+                (0..k).map(|j| (row[j] as u32, row[k + j])).filter(|&(_, lp)| lp > f32::NEG_INFINITY).collect();
+            top.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            top.truncate(n);
+            out.push(top);
+        }
+        Ok(out)
+    }
+}
+
+/// The `k` (at most the vocabulary) largest of `logprobs` `[R, V]` in no order: (ids `[R, k]`
+/// uint32, values `[R, k]`). In two stages, because a partition of the whole vocabulary is slow
+/// (on the CPU, 0.5 ms at V = 49k, as much as the rest of sampling): the vocabulary in blocks
+/// of `s` (padded with -inf), each block's max, the `k` blocks of largest max (each of the `k`
+/// largest values lies in one of them), then a partition of those `k·s` candidates only.
+fn top_k(logprobs: &Array, k: i32) -> Result<(Array, Array)> {
+    let (r, v) = (logprobs.dim(0), logprobs.dim(-1));
+    let s = ((v as f64).sqrt() as u32).next_power_of_two().clamp(16, 256) as i32;
+    let g = (v + s - 1) / s;
+    let padded = if g * s > v {
+        let fill = Array::scalar_f32(f32::NEG_INFINITY, logprobs.dtype())?.broadcast_to(&[r, g * s - v])?;
+        Array::concatenate(&[logprobs, &fill], -1)?
+    } else {
+        logprobs.clone()
+    };
+    let blocks = padded.reshape(&[r, g, s])?;
+    let kb = k.min(g);
+    let best = blocks.max(&[-1], false)?.argpartition(g - kb, -1)?.slice_axis(-1, g - kb, g)?;
+    let candidates = blocks.take_along_axis(&best.reshape(&[r, kb, 1])?, 1)?.reshape(&[r, kb * s])?;
+    let n = kb * s;
+    let at = candidates.argpartition(n - k, -1)?.slice_axis(-1, n - k, n)?;
+    let values = candidates.take_along_axis(&at, -1)?;
+    let s = Array::from_slice(&[s as u32], &[1])?;
+    let ids = best.take_along_axis(&at.floor_divide(&s)?, -1)?.multiply(&s)?.add(&at.remainder(&s)?)?;
+    Ok((ids, values))
 }
 
 /// Timings of one run of the loop.
@@ -67,6 +214,8 @@ pub(crate) struct Stepper {
     constraint: Option<Constraint>,
     /// The prompt has been fed (later inputs are generated tokens, which the constraint takes).
     started: bool,
+    /// How many top logprobs each step reports (0: none).
+    top_logprobs: usize,
 }
 
 impl Stepper {
@@ -79,6 +228,7 @@ impl Stepper {
             temperature: opts.sampling.temperature,
             constraint,
             started: false,
+            top_logprobs: opts.top_logprobs.unwrap_or(0),
         };
         if stepper.history_len > 0 {
             let tail = &prompt[prompt.len().saturating_sub(stepper.history_len)..];
@@ -95,6 +245,11 @@ impl Stepper {
     /// Argmax without a penalty: rows like this in a batch are sampled together.
     pub(crate) fn plain_greedy(&self) -> bool {
         self.temperature == 0.0 && self.history_len == 0
+    }
+
+    /// How many top logprobs each step reports (0: none).
+    pub(crate) fn top_logprobs(&self) -> usize {
+        self.top_logprobs
     }
 
     /// Whether its output is constrained now (then each step waits for the token before it:
@@ -123,8 +278,8 @@ impl Stepper {
         }
     }
 
-    /// Runs `input` `[1, L]` through `model` and samples the next token: (token `[1]`, logprob `[1]`).
-    pub(crate) fn step(&mut self, model: &dyn CausalLm, input: &Array, caches: &mut LayerCaches) -> Result<(Array, Array)> {
+    /// Runs `input` `[1, L]` through `model` and samples the next token.
+    pub(crate) fn step(&mut self, model: &dyn CausalLm, input: &Array, caches: &mut LayerCaches) -> Result<Sampled> {
         if self.started && self.constrained() {
             self.feed(&input.to_vec::<u32>()?)?;
         }
@@ -143,8 +298,16 @@ impl Stepper {
         self.sample(&logits)
     }
 
-    /// Samples the next token from `logits` `[1, V]`: (token `[1]`, logprob `[1]`).
-    pub(crate) fn sample(&mut self, logits: &Array) -> Result<(Array, Array)> {
+    /// Samples the next token from `logits` `[1, V]`, with its top logprobs when asked.
+    pub(crate) fn sample(&mut self, logits: &Array) -> Result<Sampled> {
+        let (token, logprob, logprobs) = self.draw(logits)?;
+        let top = TopPending::compute(&logprobs, &[self.top_logprobs])?;
+        Ok(Sampled { token, logprob, top })
+    }
+
+    /// Samples the next token from `logits` `[1, V]`: (token `[1]`, its logprob `[1]`, the
+    /// logprobs it was drawn from `[1, V]`: after the penalty, before the sampling filters).
+    pub(crate) fn draw(&mut self, logits: &Array) -> Result<(Array, Array, Array)> {
         let logits = self.sampler.penalize(logits, self.history.as_ref())?;
         let logprobs = logits.subtract(&logits.logsumexp(&[-1], true)?)?;
         let token = self.sampler.sample(&logprobs)?;
@@ -152,7 +315,7 @@ impl Stepper {
         // next step was scheduled makes the read wait on MLX's in-flight limit (see
         // `mlex_array_read`), and the device would idle between steps.
         let lp = logprobs.take_along_axis(&token.reshape(&[1, 1])?, -1)?.reshape(&[1])?.astype(Dtype::Float32)?;
-        Ok((token, lp))
+        Ok((token, lp, logprobs))
     }
 
     /// Adds fed tokens to the penalty's history.
@@ -248,8 +411,8 @@ pub fn run(
         }
     }
     let last = Array::from_slice(&prompt[pos..], &[1, (prompt.len() - pos) as i32])?;
-    let (mut y, mut lp) = stepper.step(model, &last, caches)?;
-    async_eval(&[&y, &lp])?;
+    let mut y = stepper.step(model, &last, caches)?;
+    y.schedule()?;
 
     let mut stats = LoopStats { prefilled: prompt.len() - cached, batch_size: 1, ..Default::default() };
     // Benchmark ablation only (src/ablation.rs): finish each token before building the next step.
@@ -258,18 +421,18 @@ pub fn run(
     let mut n = 0usize;
     'decode: loop {
         if no_pipelining {
-            eval(&[&y, &lp])?;
+            eval(&[&y.token, &y.logprob])?;
         }
         let next = if n + 1 < opts.max_tokens {
             let t = Instant::now();
-            stepper.remember(&y)?;
-            let (ny, nlp) = stepper.step(model, &y.reshape(&[1, 1])?, caches)?;
+            stepper.remember(&y.token)?;
+            let ny = stepper.step(model, &y.token.reshape(&[1, 1])?, caches)?;
             let built = Instant::now();
-            async_eval(&[&ny, &nlp])?;
+            ny.schedule()?;
             stats.submit_s += built.elapsed().as_secs_f64();
             stats.schedule_s += t.elapsed().as_secs_f64();
             stats.steps_scheduled += 1;
-            Some((ny, nlp))
+            Some(ny)
         } else {
             None
         };
@@ -277,8 +440,9 @@ pub fn run(
             break;
         }
         let t = Instant::now();
-        let id = y.to_vec::<u32>()?[0];
-        let logprob = lp.item_f32()?;
+        let id = y.token.to_vec::<u32>()?[0];
+        let logprob = y.logprob.item_f32()?;
+        let top = y.top.read()?.pop().unwrap_or_default();
         if n > 0 {
             stats.wait_s += t.elapsed().as_secs_f64();
         }
@@ -287,12 +451,11 @@ pub fn run(
             decode_start = Some(Instant::now());
         }
         n += 1;
-        let (forced, replace) = match on_token(TokenStep { id, logprob, forced: false })? {
+        let (forced, replace) = match on_token(TokenStep { id, logprob, forced: false, top })? {
             Flow::Stop => break,
             Flow::Continue => match next {
-                Some((ny, nlp)) => {
+                Some(ny) => {
                     y = ny;
-                    lp = nlp;
                     continue;
                 }
                 None => break,
@@ -320,7 +483,7 @@ pub fn run(
             }
             n += 1;
             fed.push(t);
-            if on_token(TokenStep { id: t, logprob: 0.0, forced: true })? == Flow::Stop {
+            if on_token(TokenStep { id: t, logprob: 0.0, forced: true, top: vec![] })? == Flow::Stop {
                 break 'decode;
             }
         }
@@ -333,13 +496,45 @@ pub fn run(
         let input = Array::from_slice(&fed, &[1, fed.len() as i32])?;
         let t = Array::from_slice(&fed, &[fed.len() as i32])?;
         stepper.remember(&t)?;
-        let (ny, nlp) = stepper.step(model, &input, caches)?;
-        async_eval(&[&ny, &nlp])?;
+        let ny = stepper.step(model, &input, caches)?;
+        ny.schedule()?;
         y = ny;
-        lp = nlp;
     }
     stats.generated = n;
     stats.decode_s = decode_start.map_or(0.0, |t| t.elapsed().as_secs_f64());
     stats.peak_memory = memory_stats().peak;
     Ok(stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mlx::random;
+
+    #[test]
+    fn top_k_in_two_stages_finds_the_k_largest_of_every_row() {
+        let mut key = random::RandomKey::new(3).unwrap();
+        for v in [1, 7, 16, 259, 1000, 5003] {
+            let x = random::normal(&[3, v], Dtype::Float32, 2.0, &key.next().unwrap()).unwrap();
+            let host = x.to_vec::<f32>().unwrap();
+            for k in [1, 5, 20].map(|k: i32| k.min(v)) {
+                let (ids, values) = top_k(&x, k).unwrap();
+                let (ids, values) = (ids.to_vec::<u32>().unwrap(), values.to_vec::<f32>().unwrap());
+                for r in 0..3 {
+                    let row = &host[r * v as usize..(r + 1) * v as usize];
+                    let mut want: Vec<u32> = (0..v as u32).collect();
+                    want.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]));
+                    want.truncate(k as usize);
+                    want.sort();
+                    let k = k as usize;
+                    let mut got = ids[r * k..(r + 1) * k].to_vec();
+                    for (id, val) in got.iter().zip(&values[r * k..(r + 1) * k]) {
+                        assert_eq!(row[*id as usize], *val, "V={v} k={k} row {r}");
+                    }
+                    got.sort();
+                    assert_eq!(got, want, "V={v} k={k} row {r}");
+                }
+            }
+        }
+    }
 }

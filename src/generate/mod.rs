@@ -9,6 +9,6 @@ pub mod request;
 pub mod sampler;
 pub mod text;
 
-pub use options::{FinishReason, GenerateOptions, GenerateReply, GeneratedToken, Naming, SamplingConfig, TokenKind, Usage};
+pub use options::{FinishReason, GenerateOptions, GenerateReply, GeneratedToken, Naming, SamplingConfig, TokenKind, TopLogprob, Usage};
 pub use prompt_cache::PromptCacheConfig;
 pub use constraint::ResponseFormat;

@@ -97,6 +97,13 @@ pub struct GenerateOptions {
     /// not (none: the tools are not shown) call the tools offered. A call it must make is held
     /// to the tools' parameter schemas in its call format.
     pub tool_choice: Option<ToolChoice>,
+    /// For each sampled token, this many of the most likely tokens with their log
+    /// probabilities (0 to [`MAX_TOP_LOGPROBS`]; None or 0: none). They are of the same
+    /// distribution as the token's own `logprob`: the log-softmax of the model's logits after
+    /// the repetition penalty and an output constraint's mask, before temperature, top-p,
+    /// top-k and min-p (mlx-lm's and OpenAI's convention). Computed on the device in the step
+    /// that samples the token; when not asked for, nothing is computed or read.
+    pub top_logprobs: Option<usize>,
 }
 
 impl Default for GenerateOptions {
@@ -113,12 +120,16 @@ impl Default for GenerateOptions {
             prefill_step_size: 512,
             response_format: None,
             tool_choice: None,
+            top_logprobs: None,
         }
     }
 }
 
 /// Refuses values that would only ever exhaust memory.
 pub const MAX_TOKENS_LIMIT: usize = 1 << 24;
+
+/// The most alternatives `top_logprobs` may ask for (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
 
 impl GenerateOptions {
     /// Every option, by its snake_case name (sampling options at the top level).
@@ -140,6 +151,7 @@ impl GenerateOptions {
         "prefill_step_size",
         "response_format",
         "tool_choice",
+        "top_logprobs",
     ];
 
     /// Options from a JSON object whose keys are option names as `naming` spells them. Every
@@ -182,6 +194,7 @@ impl GenerateOptions {
         if let Some(v) = f.raw("tool_choice") {
             o.tool_choice = Some(ToolChoice::from_json(v, &f.name("tool_choice"))?);
         }
+        o.top_logprobs = f.count("top_logprobs")?;
         o.validate().map_err(|m| naming.respell(&m, Self::FIELDS))?;
         Ok(o)
     }
@@ -193,6 +206,9 @@ impl GenerateOptions {
         }
         if self.prefill_step_size == 0 {
             return Err("prefill_step_size must be at least 1".into());
+        }
+        if let Some(n) = self.top_logprobs.filter(|&n| n > MAX_TOP_LOGPROBS) {
+            return Err(format!("top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {n}"));
         }
         self.sampling.validate()
     }
@@ -207,6 +223,17 @@ pub enum TokenKind {
     ToolCall,
 }
 
+/// One of the most likely tokens at a step (`top_logprobs`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TopLogprob {
+    pub id: u32,
+    /// The token alone, decoded with special tokens kept (a piece of a multi-byte character
+    /// shows as U+FFFD).
+    pub text: String,
+    /// Natural-log probability, of the same distribution as the sampled token's `logprob`.
+    pub logprob: f32,
+}
+
 /// One generated token as it streams.
 #[derive(Debug, Clone, Serialize)]
 pub struct GeneratedToken {
@@ -216,6 +243,10 @@ pub struct GeneratedToken {
     /// Natural-log probability of this token under the model (before sampling filters).
     pub logprob: f32,
     pub kind: TokenKind,
+    /// The `top_logprobs` most likely tokens at this step, most likely first (ties: lower id
+    /// first, so with greedy decoding the first is this token). Empty when not asked for, and
+    /// for tokens that were fed rather than sampled (a reasoning budget's closing marker).
+    pub top_logprobs: Vec<TopLogprob>,
 }
 
 /// Why generation ended.
@@ -284,6 +315,9 @@ pub struct GenerateReply {
     pub tokens: Vec<u32>,
     /// Log probability of each token in `tokens`.
     pub logprobs: Vec<f32>,
+    /// With `top_logprobs`: the most likely tokens at each step, one list per token in
+    /// `tokens` (as [`GeneratedToken::top_logprobs`]); empty when not asked for.
+    pub top_logprobs: Vec<Vec<TopLogprob>>,
     pub finish_reason: FinishReason,
     pub usage: Usage,
     /// With tools: the format tool calls were asked for and parsed in. `Generic` when the
@@ -314,7 +348,8 @@ mod schema_tests {
             &json!({"maxTokens": 7, "temperature": 0.5, "topP": 0.9, "topK": 4, "minP": 0.1, "repetitionPenalty": 1.1,
                     "repetitionContextSize": 8, "seed": 3, "stop": ["x"], "enableThinking": false,
                     "reasoningBudgetTokens": 5, "promptCache": false, "toolCallFormat": "hermes", "ignoreEos": true,
-                    "prefillStepSize": 64, "responseFormat": {"type": "regex", "pattern": "a+"}, "toolChoice": "required"}),
+                    "prefillStepSize": 64, "responseFormat": {"type": "regex", "pattern": "a+"}, "toolChoice": "required",
+                    "topLogprobs": 20}),
             Naming::Camel,
         )
         .unwrap();
@@ -323,8 +358,9 @@ mod schema_tests {
         assert_eq!(o.tool_call_format, Some(ToolCallFormat::Hermes));
         assert_eq!(o.response_format, Some(ResponseFormat::Regex("a+".into())));
         assert_eq!(o.tool_choice, Some(ToolChoice::Required));
+        assert_eq!(o.top_logprobs, Some(20));
         // Every field of FIELDS was set above (so each has a reader).
-        assert_eq!(GenerateOptions::FIELDS.len(), 17);
+        assert_eq!(GenerateOptions::FIELDS.len(), 18);
     }
 
     #[test]
@@ -342,5 +378,8 @@ mod schema_tests {
         assert!(err(json!({"toolCallFormat": "nonsense"}), Naming::Camel).starts_with("toolCallFormat: "));
         assert!(err(json!({"max_tokens": 1u64 << 30}), Naming::Snake).contains("beyond the limit"));
         assert!(err(json!([1]), Naming::Snake).contains("must be an object"));
+        assert_eq!(err(json!({"topLogprobs": 21}), Naming::Camel), "topLogprobs must be in [0, 20], got 21");
+        assert_eq!(err(json!({"--top-logprobs": 21}), Naming::Kebab), "--top-logprobs must be in [0, 20], got 21");
+        assert!(err(json!({"top_logprobs": -1}), Naming::Snake).starts_with("top_logprobs must be a non-negative integer"));
     }
 }

@@ -4,7 +4,7 @@
 use super::constraint::ToolCallTrigger;
 use super::engine::{Event, GenerateJob};
 use super::generator::{Flow, LoopStats, TokenStep};
-use super::options::{FinishReason, GenerateOptions, GenerateReply, GeneratedToken, TokenKind, Usage};
+use super::options::{FinishReason, GenerateOptions, GenerateReply, GeneratedToken, TokenKind, TopLogprob, Usage};
 use super::text::TextStream;
 use crate::chat::{OutputClassifier, Segment, SpanKind};
 use crate::error::Result;
@@ -20,6 +20,8 @@ pub struct Reply {
     out: OutputStream,
     tokens: Vec<u32>,
     logprobs: Vec<f32>,
+    /// With `top_logprobs`: each token's most likely alternatives.
+    top_logprobs: Option<TopLogprobs>,
     pub finish: FinishReason,
     /// A completed stop string drops what is held back; every other ending flushes it.
     stop_string_hit: bool,
@@ -39,6 +41,11 @@ impl Reply {
             out: OutputStream::new(tokenizer, prompt, opts)?,
             tokens: vec![],
             logprobs: vec![],
+            top_logprobs: opts.top_logprobs.filter(|&n| n > 0).map(|_| TopLogprobs {
+                all: vec![],
+                tokenizer: tokenizer.cloned(),
+                texts: Default::default(),
+            }),
             finish: FinishReason::Length,
             stop_string_hit: false,
             eos: eos.to_vec(),
@@ -70,9 +77,13 @@ impl Reply {
         let was_reasoning = out.classifier.in_reasoning();
         self.tokens.push(step.id);
         self.logprobs.push(step.logprob);
+        let top = match &mut self.top_logprobs {
+            Some(t) => t.push(&step.top)?,
+            None => vec![],
+        };
         let delta = self.text.push(step.id)?;
         let text_pending = self.text.has_pending() && !delta.stopped;
-        let ready = out.accept(step, &delta.text, text_pending);
+        let ready = out.accept(&step, top, &delta.text, text_pending);
         let mut sent = true;
         for t in ready {
             sent = sent && job.events.send(Event::Token(t));
@@ -139,6 +150,7 @@ impl Reply {
             tool_calls: output.tool_calls,
             tokens: self.tokens,
             logprobs: self.logprobs,
+            top_logprobs: self.top_logprobs.map(|t| t.all).unwrap_or_default(),
             finish_reason: finish,
             usage,
             tool_call_format: job.options.tool_call_format.filter(|_| job.tools.is_some()),
@@ -147,6 +159,32 @@ impl Reply {
 
     pub fn completion_tokens(&self) -> usize {
         self.tokens.len()
+    }
+}
+
+/// A reply's top logprobs, each alternative named by its text.
+struct TopLogprobs {
+    /// One list per token.
+    all: Vec<Vec<TopLogprob>>,
+    tokenizer: Option<Tokenizer>,
+    /// Each token decoded alone, once (the same alternatives come back step after step).
+    texts: std::collections::HashMap<u32, String>,
+}
+
+impl TopLogprobs {
+    /// Adds a step's list (`(id, logprob)`, most likely first); returns it with texts.
+    fn push(&mut self, top: &[(u32, f32)]) -> Result<Vec<TopLogprob>> {
+        let mut out = Vec::with_capacity(top.len());
+        for &(id, logprob) in top {
+            let text = match (self.texts.get(&id), &self.tokenizer) {
+                (Some(t), _) => t.clone(),
+                (None, Some(tok)) => self.texts.entry(id).or_insert(tok.decode(&[id], false)?).clone(),
+                (None, None) => String::new(),
+            };
+            out.push(TopLogprob { id, text, logprob });
+        }
+        self.all.push(out.clone());
+        Ok(out)
     }
 }
 
@@ -243,12 +281,12 @@ impl OutputStream {
 
     /// Takes one token's decoded text (`text_pending`: the detokenizer / stop strings still hold
     /// some of it back); returns the tokens ready to stream, in order.
-    fn accept(&mut self, step: TokenStep, delta: &str, text_pending: bool) -> Vec<GeneratedToken> {
+    fn accept(&mut self, step: &TokenStep, top_logprobs: Vec<TopLogprob>, delta: &str, text_pending: bool) -> Vec<GeneratedToken> {
         let (mut kind, piece) = self.push(delta);
         if step.forced {
             kind = self.forced_kind;
         }
-        let token = GeneratedToken { id: step.id, text: piece, logprob: step.logprob, kind };
+        let token = GeneratedToken { id: step.id, text: piece, logprob: step.logprob, kind, top_logprobs };
         if text_pending || self.classifier.has_pending() {
             self.held.push((token, step.forced));
             return Vec::new();
@@ -331,7 +369,7 @@ mod tests {
     fn stream(out: &mut OutputStream, pieces: &[&str]) -> Vec<GeneratedToken> {
         let mut got = Vec::new();
         for (i, p) in pieces.iter().enumerate() {
-            got.extend(out.accept(TokenStep { id: i as u32, logprob: -0.5, forced: false }, p, false));
+            got.extend(out.accept(&TokenStep { id: i as u32, logprob: -0.5, forced: false, top: vec![] }, vec![], p, false));
         }
         got.extend(out.finish(""));
         got
@@ -395,18 +433,18 @@ mod tests {
     fn budget_counts_tokens_inside_reasoning() {
         let c = OutputClassifier::new(Some(ReasoningFormat::Think), None, false);
         let mut out = OutputStream::with_classifier(c, Some(2), vec![7, 8]);
-        let step = |id| TokenStep { id, logprob: 0.0, forced: false };
-        out.accept(step(0), "<think>", false);
+        let step = |id| TokenStep { id, logprob: 0.0, forced: false, top: vec![] };
+        out.accept(&step(0), vec![], "<think>", false);
         assert!(!out.budget_spent());
-        out.accept(step(1), "a", false);
+        out.accept(&step(1), vec![], "a", false);
         out.reasoning_tokens += 1;
         assert!(!out.budget_spent());
-        out.accept(step(2), "b", false);
+        out.accept(&step(2), vec![], "b", false);
         out.reasoning_tokens += 1;
         assert!(out.budget_spent());
         out.forced = true;
         assert!(!out.budget_spent());
-        let t = out.accept(TokenStep { id: 7, logprob: 0.0, forced: true }, "</think>", false);
+        let t = out.accept(&TokenStep { id: 7, logprob: 0.0, forced: true, top: vec![] }, vec![], "</think>", false);
         assert!(t.iter().all(|t| t.kind == TokenKind::Reasoning));
         assert!(!out.classifier.in_reasoning());
     }

@@ -20,6 +20,7 @@ use crate::chat::{
 };
 use crate::generate::{
     GenerateOptions as CoreGenerateOptions, GenerateReply as CoreReply, GeneratedToken as CoreToken, Naming, TokenKind,
+    TopLogprob as CoreTopLogprob,
 };
 use crate::{
     Error as CoreError, Event, LoadOptions as CoreLoadOptions, Request, Session as CoreSession,
@@ -196,7 +197,12 @@ fn token_js(t: &CoreToken) -> GeneratedToken {
         }
         .to_string(),
         logprob: t.logprob as f64,
+        top_logprobs: top_logprobs_js(&t.top_logprobs),
     }
+}
+
+fn top_logprobs_js(top: &[CoreTopLogprob]) -> Vec<TopLogprob> {
+    top.iter().map(|t| TopLogprob { id: t.id, text: t.text.clone(), logprob: t.logprob as f64 }).collect()
 }
 
 fn tool_call_format(name: &str) -> Result<ToolCallFormat> {
@@ -252,6 +258,7 @@ fn reply_js(r: CoreReply) -> GenerateReply {
         finish_reason: r.finish_reason.as_str().to_string(),
         tool_call_format: r.tool_call_format.map(|f| f.as_str().to_string()),
         logprobs: r.logprobs.iter().map(|&x| x as f64).collect(),
+        top_logprobs: r.top_logprobs.iter().map(|t| top_logprobs_js(t)).collect(),
         text: r.text,
         reasoning: r.reasoning,
         tokens: r.tokens,

@@ -204,6 +204,12 @@ pub struct GenerateOptions {
     /// `'auto'` a call the model opens is held the same way, from its opening marker on.
     #[napi(ts_type = "'auto' | 'none' | 'required' | { name: string } | { type: 'function'; function: { name: string } }")]
     pub tool_choice: Option<Value>,
+    /// For each generated token, this many (0–20) of the most likely tokens at its step with
+    /// their log probabilities (`GeneratedToken.topLogprobs`, `GenerateReply.topLogprobs`). Of
+    /// the same distribution as `logprob`: the model's log-softmax after `repetitionPenalty` and
+    /// a `responseFormat` mask, before `temperature`, `topP`, `topK` and `minP`. Default: none
+    /// (nothing is computed).
+    pub top_logprobs: Option<f64>,
     /// Aborts the generation. Before it starts: the promise rejects with code `'ABORTED'`;
     /// while it runs: it resolves with `finishReason: 'abort'` and the text so far.
     #[napi(ts_type = "AbortSignal")]
@@ -235,6 +241,19 @@ pub struct ChatTemplateOptions {
     pub add_generation_prompt: Option<bool>,
 }
 
+/// One of the most likely tokens at a step (`topLogprobs`).
+#[napi(object)]
+#[derive(Debug, Clone)]
+pub struct TopLogprob {
+    /// Token id.
+    pub id: u32,
+    /// The token alone, decoded with special tokens kept (a piece of a multi-byte character
+    /// shows as U+FFFD).
+    pub text: String,
+    /// Natural-log probability.
+    pub logprob: f64,
+}
+
 /// One generated token, as it streams.
 #[napi(object)]
 #[derive(Debug, Clone)]
@@ -248,6 +267,10 @@ pub struct GeneratedToken {
     pub kind: String,
     /// Natural-log probability of the token under the model.
     pub logprob: f64,
+    /// With the `topLogprobs` option: the most likely tokens at this step, most likely first
+    /// (with greedy decoding the first is this token). Empty otherwise, and for tokens fed
+    /// rather than sampled (the closing marker a reasoning budget forces).
+    pub top_logprobs: Vec<TopLogprob>,
 }
 
 /// Counts and speeds of one generation.
@@ -300,6 +323,9 @@ pub struct GenerateReply {
     pub tokens: Vec<u32>,
     /// Log probability of each generated token.
     pub logprobs: Vec<f64>,
+    /// With the `topLogprobs` option: each token's `topLogprobs` (one list per entry of
+    /// `tokens`); empty otherwise.
+    pub top_logprobs: Vec<Vec<TopLogprob>>,
     /// Why generation ended: end of sequence or a stop string, `maxTokens`, aborted, or tool calls.
     #[napi(ts_type = "'stop' | 'length' | 'abort' | 'tool_calls'")]
     pub finish_reason: String,

@@ -3,13 +3,19 @@
 //! A request's fields become a `GenerateOptions` through the one options schema (snake_case, as
 //! OpenAI spells them), so checks and defaults are the library's; mlex's own options (`top_k`,
 //! `min_p`, `repetition_penalty`, `reasoning_budget_tokens`, `enable_thinking`, `ignore_eos`)
-//! are accepted too.
+//! are accepted too. Log probabilities: `logprobs: true` with `top_logprobs: N` (0–20) on chat
+//! completions, `logprobs: N` on completions (the legacy shape: tokens, token_logprobs,
+//! top_logprobs as token → logprob maps, text_offset), whole and in each streamed chunk (every
+//! generated token's entry rides on the first chunk sent after it, so the streamed entries are
+//! the whole reply's). They are the log-softmax of the model's logits before temperature and
+//! top-p (after a repetition penalty and a response_format mask), as OpenAI reports them.
 use super::error::{ApiError, Dialect};
 use super::generation::{Generation, Step};
-use super::wire::{body_json, copy_fields, event_stream, new_id, now, string_field};
+use super::wire::{body_json, copy_fields, event_stream, flag, new_id, now, optional, string_field};
 use super::App;
 use crate::chat::{parse_messages_json, parse_tools_json, ToolCall};
-use crate::generate::{GenerateOptions, GenerateReply, TokenKind};
+use crate::generate::{GenerateOptions, GenerateReply, TokenKind, TopLogprob};
+use crate::tokenizer::Tokenizer;
 use crate::{FinishReason, Request, Session};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -48,15 +54,39 @@ fn refuse_unsupported(body: &Map<String, Value>) -> Result<(), ApiError> {
     if body.get("logit_bias").and_then(Value::as_object).is_some_and(|m| !m.is_empty()) {
         return Err(ApiError::bad("logit_bias is not supported").param("logit_bias"));
     }
-    if body.get("top_logprobs").and_then(Value::as_u64).is_some_and(|n| n > 0) {
-        return Err(ApiError::bad("top_logprobs is not supported yet (logprobs: true is)").param("top_logprobs"));
-    }
     Ok(())
 }
 
-/// The generation options of a request body.
-fn options(body: &Map<String, Value>) -> Result<GenerateOptions, ApiError> {
+/// What a request asks of log probabilities: None, or each token's with its `n` most likely
+/// alternatives (chat: `logprobs: true` and `top_logprobs: n`; completions: `logprobs: n`).
+fn logprobs_wanted(body: &Map<String, Value>, shape: Shape) -> Result<Option<usize>, ApiError> {
+    let count = |name: &'static str| -> Result<Option<usize>, ApiError> {
+        Ok(optional(body, name, "a non-negative integer", |v| v.is_u64())?.and_then(Value::as_u64).map(|n| n as usize))
+    };
+    match shape {
+        Shape::Chat => {
+            let top = count("top_logprobs")?;
+            if !flag(body, "logprobs")? {
+                if top.is_some_and(|n| n > 0) {
+                    return Err(ApiError::bad("top_logprobs needs logprobs: true").param("top_logprobs"));
+                }
+                return Ok(None);
+            }
+            Ok(Some(top.unwrap_or(0)))
+        }
+        Shape::Completion => match body.get("logprobs") {
+            Some(Value::Bool(b)) => Ok(b.then_some(0)),
+            _ => count("logprobs"),
+        },
+    }
+}
+
+/// The generation options of a request body (`top_logprobs`: what [`logprobs_wanted`] said).
+fn options(body: &Map<String, Value>, top_logprobs: Option<usize>, shape: Shape) -> Result<GenerateOptions, ApiError> {
     let mut o = Map::new();
+    if let Some(n) = top_logprobs.filter(|&n| n > 0) {
+        o.insert("top_logprobs".into(), json!(n));
+    }
     copy_fields(body, OPTION_FIELDS, &mut o);
     if let Some(n) = body.get("max_completion_tokens").or_else(|| body.get("max_tokens")).filter(|v| !v.is_null()) {
         o.insert("max_tokens".into(), n.clone());
@@ -73,7 +103,11 @@ fn options(body: &Map<String, Value>) -> Result<GenerateOptions, ApiError> {
     if let Some(t) = body.get("chat_template_kwargs").and_then(|k| k.get("enable_thinking")) {
         o.insert("enable_thinking".into(), t.clone());
     }
-    super::wire::options(o)
+    super::wire::options(o).map_err(|e| match (e.message.starts_with("top_logprobs"), shape) {
+        (true, Shape::Chat) => e.param("top_logprobs"),
+        (true, Shape::Completion) => ApiError { message: e.message.replacen("top_logprobs", "logprobs", 1), ..e }.param("logprobs"),
+        _ => e,
+    })
 }
 
 fn finish_reason(f: FinishReason) -> &'static str {
@@ -105,19 +139,65 @@ fn tool_calls_json(calls: &[ToolCall]) -> Vec<Value> {
         .collect()
 }
 
-/// `logprobs.content` of a reply (each token's text and log probability).
-fn logprobs_json(s: &Session, r: &GenerateReply) -> Value {
+/// One generated token's log probability with its alternatives, as the wire shows them
+/// (`logprob_entry`: `{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}`; the
+/// text of each token decoded alone).
+pub(super) struct TokenLogprob {
+    text: String,
+    logprob: f32,
+    top: Vec<(String, f32)>,
+}
+
+impl TokenLogprob {
+    pub(super) fn new(tokenizer: Option<&Tokenizer>, id: u32, logprob: f32, top: &[TopLogprob]) -> Self {
+        let text = tokenizer.and_then(|t| t.decode(&[id], false).ok()).unwrap_or_default();
+        TokenLogprob { text, logprob, top: top.iter().map(|t| (t.text.clone(), t.logprob)).collect() }
+    }
+
+    /// OpenAI's entry of chat completions' `logprobs.content` and the Responses API's
+    /// `output_text.logprobs`.
+    pub(super) fn entry(&self) -> Value {
+        let alt = |text: &str, lp: f32| json!({"token": text, "logprob": lp, "bytes": text.as_bytes()});
+        let mut e = alt(&self.text, self.logprob);
+        e["top_logprobs"] = self.top.iter().map(|(t, lp)| alt(t, *lp)).collect();
+        e
+    }
+}
+
+/// Every token's entry of a reply.
+pub(super) fn reply_logprobs(s: &Session, r: &GenerateReply) -> Vec<TokenLogprob> {
     let tok = s.tokenizer().ok();
-    let content: Vec<Value> = r
-        .tokens
-        .iter()
-        .zip(&r.logprobs)
-        .map(|(&id, &lp)| {
-            let text = tok.and_then(|t| t.decode(&[id], false).ok()).unwrap_or_default();
-            json!({"token": text, "logprob": lp, "bytes": text.as_bytes(), "top_logprobs": []})
-        })
-        .collect();
-    json!({"content": content})
+    let none = vec![];
+    (0..r.tokens.len()).map(|i| TokenLogprob::new(tok, r.tokens[i], r.logprobs[i], r.top_logprobs.get(i).unwrap_or(&none))).collect()
+}
+
+/// A choice's `logprobs` for these tokens' entries: chat's `{content: [...]}`, or the legacy
+/// completions shape whose text offsets start at `*offset` (moved past them).
+fn logprobs_json(entries: &[TokenLogprob], shape: Shape, offset: &mut usize) -> Value {
+    match shape {
+        Shape::Chat => json!({"content": entries.iter().map(TokenLogprob::entry).collect::<Vec<_>>()}),
+        Shape::Completion => {
+            let mut text_offset = Vec::with_capacity(entries.len());
+            for e in entries {
+                text_offset.push(*offset);
+                *offset += e.text.chars().count();
+            }
+            let top: Vec<Value> = entries
+                .iter()
+                .map(|e| {
+                    let mut m = Map::new();
+                    for (t, lp) in &e.top {
+                        // Two ids may decode alike: the likelier one stands for both.
+                        m.entry(t.clone()).or_insert(json!(lp));
+                    }
+                    Value::Object(m)
+                })
+                .collect();
+            json!({"tokens": entries.iter().map(|e| e.text.as_str()).collect::<Vec<_>>(),
+                   "token_logprobs": entries.iter().map(|e| e.logprob).collect::<Vec<_>>(),
+                   "top_logprobs": top, "text_offset": text_offset})
+        }
+    }
 }
 
 /// What a streamed request sends its chunks as: a chat delta or a completion's text.
@@ -137,11 +217,12 @@ async fn respond(
 ) -> Result<Response, ApiError> {
     refuse_unsupported(&body)?;
     let model = string_field(&body, "model")?.to_string();
-    let options = options(&body)?;
+    let top_logprobs = logprobs_wanted(&body, shape)?;
+    let want_logprobs = top_logprobs.is_some();
+    let options = options(&body, top_logprobs, shape)?;
     let request = request(app.model(&model)?)?;
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let include_usage = body.get("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool).unwrap_or(false);
-    let want_logprobs = body.get("logprobs").and_then(Value::as_bool).unwrap_or(false);
     let (id, created) = (new_id(match shape {
         Shape::Chat => "chatcmpl-",
         Shape::Completion => "cmpl-",
@@ -150,7 +231,7 @@ async fn respond(
 
     if !stream {
         let reply = gen.reply().await?;
-        let logprobs = if want_logprobs { logprobs_json(gen.session(), &reply) } else { Value::Null };
+        let logprobs = if want_logprobs { logprobs_json(&reply_logprobs(gen.session(), &reply), shape, &mut 0) } else { Value::Null };
         let fin = finish_reason(reply.finish_reason);
         let body = match shape {
             Shape::Chat => {
@@ -193,6 +274,17 @@ async fn respond(
         Shape::Chat => json!({"index": 0, "delta": d, "finish_reason": finish, "logprobs": null}),
         Shape::Completion => json!({"index": 0, "text": d.get("content").cloned().unwrap_or(json!("")), "finish_reason": finish, "logprobs": null}),
     };
+    // Entries of the tokens read since the last chunk went out: the next chunk carries them.
+    let tokenizer = if want_logprobs { gen.session().tokenizer().ok().cloned() } else { None };
+    let mut unsent: Vec<TokenLogprob> = vec![];
+    let mut offset = 0usize;
+    let mut with_logprobs = move |mut choice: Value, unsent: &mut Vec<TokenLogprob>| {
+        if want_logprobs {
+            choice["logprobs"] = logprobs_json(unsent, shape, &mut offset);
+            unsent.clear();
+        }
+        choice
+    };
     let events = event_stream(move |out| async move {
         if let Shape::Chat = shape {
             out.send(chunk(delta(json!({"role": "assistant", "content": ""}), None), None)).ok();
@@ -205,6 +297,9 @@ async fn respond(
             };
             match step {
                 Step::Token(t) => {
+                    if want_logprobs {
+                        unsent.push(TokenLogprob::new(tokenizer.as_ref(), t.id, t.logprob, &t.top_logprobs));
+                    }
                     let d = match t.kind {
                         TokenKind::Text if !t.text.is_empty() => json!({"content": t.text}),
                         TokenKind::Reasoning if !t.text.is_empty() => json!({"reasoning_content": t.text}),
@@ -213,15 +308,18 @@ async fn respond(
                     if matches!(shape, Shape::Completion) && t.kind != TokenKind::Text {
                         continue;
                     }
-                    if out.send(chunk(delta(d, None), None)).is_err() {
+                    if out.send(chunk(with_logprobs(delta(d, None), &mut unsent), None)).is_err() {
                         return;
                     }
                 }
                 Step::Done(reply) => {
                     if !reply.tool_calls.is_empty() {
-                        out.send(chunk(delta(json!({"tool_calls": tool_calls_json(&reply.tool_calls)}), None), None)).ok();
+                        let calls = delta(json!({"tool_calls": tool_calls_json(&reply.tool_calls)}), None);
+                        out.send(chunk(with_logprobs(calls, &mut unsent), None)).ok();
                     }
-                    out.send(chunk(delta(json!({}), Some(finish_reason(reply.finish_reason))), None)).ok();
+                    let last = delta(json!({}), Some(finish_reason(reply.finish_reason)));
+                    let last = if unsent.is_empty() { last } else { with_logprobs(last, &mut unsent) };
+                    out.send(chunk(last, None)).ok();
                     if include_usage {
                         out.send(chunk(Value::Null, Some(usage(&reply)))).ok();
                     }

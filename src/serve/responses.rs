@@ -6,9 +6,12 @@
 //! its options; the reply comes back as output items: a reasoning item when the model thought,
 //! a message with its output_text, a function_call item per call. The server keeps no state:
 //! `store: true`, `previous_response_id`, `conversation` and `background` are refused (400)
-//! rather than silently ignored.
+//! rather than silently ignored. `include: ["message.output_text.logprobs"]` (or `top_logprobs`
+//! above 0) fills output_text's `logprobs` (the message's tokens, each with its `top_logprobs`
+//! most likely alternatives), whole and on each output_text delta.
 use super::error::ApiError;
 use super::generation::{Generation, Step};
+use super::openai::TokenLogprob;
 use super::wire::{body_json, copy_fields, event_stream, flag, named, new_id, now, optional, string_field};
 use super::App;
 use crate::chat::{ChatMessage, Role, Tool, ToolCall};
@@ -28,6 +31,9 @@ use tokio::sync::mpsc::UnboundedSender;
 /// mlex's own sampling options, accepted here as on chat completions.
 const EXTRA_OPTIONS: &[&str] = &["temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "reasoning_budget_tokens", "enable_thinking", "ignore_eos"];
 
+/// What `include` names to ask for output_text's logprobs.
+const INCLUDE_LOGPROBS: &str = "message.output_text.logprobs";
+
 /// `POST /v1/responses`.
 pub(super) async fn create(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
     run(&app, body).await.unwrap_or_else(IntoResponse::into_response)
@@ -39,6 +45,8 @@ struct Parsed {
     tools: Option<Vec<Tool>>,
     options: GenerateOptions,
     stream: bool,
+    /// Whether output_text carries its tokens' logprobs.
+    logprobs: bool,
 }
 
 /// What every response object of one request says besides its output (its id, model, and the
@@ -71,28 +79,53 @@ async fn run(app: &App, body: Result<Bytes, BytesRejection>) -> Result<Response,
     let p = parse(&body)?;
     let env = Envelope { id: new_id("resp_"), fields: echo(&body, &model) };
     let mut gen = Generation::start(app, &model, Request::Chat { messages: p.messages, tools: p.tools }, p.options)?;
+    let logprobs = Logprobs::new(&gen, p.logprobs);
     if !p.stream {
-        let reply = gen.reply().await?;
+        // The message's tokens' logprobs, when asked for.
+        let mut text_logprobs = vec![];
+        let reply = loop {
+            match gen.next().await {
+                Step::Token(t) if t.kind == TokenKind::Text => text_logprobs.extend(logprobs.entry(&t)),
+                Step::Token(_) => {}
+                Step::Done(r) => break r,
+                Step::Failed(e) => return Err(e),
+            }
+        };
         let mut output = vec![];
         if let Some(r) = reply.reasoning.as_deref().filter(|r| !r.is_empty()) {
             output.push(reasoning_item(&new_id("rs_"), r));
         }
         if !reply.text.is_empty() || reply.tool_calls.is_empty() {
-            output.push(message_item(&new_id("msg_"), &reply.text, item_status(&reply)));
+            output.push(message_item(&new_id("msg_"), &reply.text, item_status(&reply), &text_logprobs));
         }
         output.extend(reply.tool_calls.iter().map(|c| call_item(c, &args_of(c))));
         let (status, extra) = ending(&reply);
         return Ok(Json(env.response(status, &output, usage(&reply, gen.reasoning_tokens), &extra)).into_response());
     }
-    let events = event_stream(move |out| stream(gen, env, out));
+    let events = event_stream(move |out| stream(gen, env, logprobs, out));
     Ok(Sse::new(events).into_response())
+}
+
+/// Whether a response carries output_text logprobs, and the tokenizer that names its tokens.
+struct Logprobs(Option<Option<crate::tokenizer::Tokenizer>>);
+
+impl Logprobs {
+    fn new(gen: &Generation, wanted: bool) -> Self {
+        Logprobs(wanted.then(|| gen.session().tokenizer().ok().cloned()))
+    }
+
+    /// A streamed token's entry (None when not asked for).
+    fn entry(&self, t: &crate::generate::GeneratedToken) -> Option<Value> {
+        let tokenizer = self.0.as_ref()?;
+        Some(TokenLogprob::new(tokenizer.as_ref(), t.id, t.logprob, &t.top_logprobs).entry())
+    }
 }
 
 /// The events of a streamed response: response.created, response.in_progress, each output item
 /// (output_item.added, its content part and deltas, their .done events, output_item.done),
 /// then response.completed (or response.incomplete when max_output_tokens cut it); an `error`
 /// event and response.failed when it fails or times out.
-async fn stream(mut gen: Generation, env: Envelope, out: UnboundedSender<SseEvent>) {
+async fn stream(mut gen: Generation, env: Envelope, logprobs: Logprobs, out: UnboundedSender<SseEvent>) {
     let mut seq = 0u64;
     let mut send = |kind: &str, mut data: Value| {
         data["type"] = json!(kind);
@@ -104,16 +137,22 @@ async fn stream(mut gen: Generation, env: Envelope, out: UnboundedSender<SseEven
     send("response.created", json!({"response": started}));
     send("response.in_progress", json!({"response": started}));
     let mut done: Vec<Value> = vec![];
-    // The item being streamed: its kind, id and text so far.
-    let mut open: Option<(TokenKind, String, String)> = None;
+    // The item being streamed: its kind, id, text and logprobs so far.
+    let mut open: Option<Open> = None;
     let mut had_message = false;
+    // Logprobs of message tokens with no text of their own yet: the next delta carries them.
+    let mut unsent: Vec<Value> = vec![];
     loop {
         let step = tokio::select! {
             s = gen.next() => s,
             _ = out.closed() => return,
         };
         match step {
-            Step::Token(t) if t.text.is_empty() || t.kind == TokenKind::ToolCall => {}
+            Step::Token(t) if t.text.is_empty() || t.kind == TokenKind::ToolCall => {
+                if t.kind == TokenKind::Text {
+                    unsent.extend(logprobs.entry(&t));
+                }
+            }
             Step::Token(t) => {
                 if open.as_ref().map(|o| o.0) != Some(t.kind) {
                     if let Some(o) = open.take() {
@@ -122,13 +161,18 @@ async fn stream(mut gen: Generation, env: Envelope, out: UnboundedSender<SseEven
                     let id = if t.kind == TokenKind::Reasoning { new_id("rs_") } else { new_id("msg_") };
                     had_message |= t.kind == TokenKind::Text;
                     open_item(&mut send, done.len(), t.kind, &id);
-                    open = Some((t.kind, id, String::new()));
+                    open = Some((t.kind, id, String::new(), vec![]));
                 }
-                let Some((kind, id, text)) = open.as_mut() else { continue };
+                let Some((kind, id, text, item_logprobs)) = open.as_mut() else { continue };
                 text.push_str(&t.text);
                 let (event, delta) = match kind {
                     TokenKind::Reasoning => ("response.reasoning_text.delta", json!({"item_id": id, "output_index": done.len(), "content_index": 0, "delta": t.text})),
-                    _ => ("response.output_text.delta", json!({"item_id": id, "output_index": done.len(), "content_index": 0, "delta": t.text, "logprobs": []})),
+                    _ => {
+                        unsent.extend(logprobs.entry(&t));
+                        item_logprobs.extend(unsent.iter().cloned());
+                        let lps = std::mem::take(&mut unsent);
+                        ("response.output_text.delta", json!({"item_id": id, "output_index": done.len(), "content_index": 0, "delta": t.text, "logprobs": lps}))
+                    }
                 };
                 if !send(event, delta) {
                     return;
@@ -142,7 +186,7 @@ async fn stream(mut gen: Generation, env: Envelope, out: UnboundedSender<SseEven
                 if !had_message && reply.tool_calls.is_empty() {
                     let id = new_id("msg_");
                     open_item(&mut send, done.len(), TokenKind::Text, &id);
-                    done.push(close_item(&mut send, done.len(), (TokenKind::Text, id, String::new()), status));
+                    done.push(close_item(&mut send, done.len(), (TokenKind::Text, id, String::new(), vec![]), status));
                 }
                 for c in &reply.tool_calls {
                     let (i, args) = (done.len(), args_of(c));
@@ -185,8 +229,11 @@ fn open_item(send: &mut impl FnMut(&str, Value) -> bool, index: usize, kind: Tok
     send("response.content_part.added", json!({"item_id": id, "output_index": index, "content_index": 0, "part": part}));
 }
 
+/// An output item being streamed: its kind, id, text and (a message's) logprobs so far.
+type Open = (TokenKind, String, String, Vec<Value>);
+
 /// Ends an output item opened by [`open_item`]; returns the item as it ended.
-fn close_item(send: &mut impl FnMut(&str, Value) -> bool, index: usize, (kind, id, text): (TokenKind, String, String), status: &str) -> Value {
+fn close_item(send: &mut impl FnMut(&str, Value) -> bool, index: usize, (kind, id, text, logprobs): Open, status: &str) -> Value {
     let at = json!({"item_id": id, "output_index": index, "content_index": 0});
     let with = |k: &str, v: Value| {
         let mut e = at.clone();
@@ -201,22 +248,22 @@ fn close_item(send: &mut impl FnMut(&str, Value) -> bool, index: usize, (kind, i
         }
         _ => {
             let mut done = with("text", json!(text));
-            done["logprobs"] = json!([]);
+            done["logprobs"] = json!(logprobs);
             send("response.output_text.done", done);
-            send("response.content_part.done", with("part", output_text(&text)));
-            message_item(&id, &text, status)
+            send("response.content_part.done", with("part", output_text(&text, &logprobs)));
+            message_item(&id, &text, status, &logprobs)
         }
     };
     send("response.output_item.done", json!({"output_index": index, "item": item}));
     item
 }
 
-fn output_text(text: &str) -> Value {
-    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
+fn output_text(text: &str, logprobs: &[Value]) -> Value {
+    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs})
 }
 
-fn message_item(id: &str, text: &str, status: &str) -> Value {
-    json!({"type": "message", "id": id, "status": status, "role": "assistant", "content": [output_text(text)]})
+fn message_item(id: &str, text: &str, status: &str, logprobs: &[Value]) -> Value {
+    json!({"type": "message", "id": id, "status": status, "role": "assistant", "content": [output_text(text, logprobs)]})
 }
 
 fn reasoning_item(id: &str, text: &str) -> Value {
@@ -283,6 +330,7 @@ fn echo(body: &Map<String, Value>, model: &str) -> Map<String, Value> {
         ("parallel_tool_calls", json!(true)),
         ("reasoning", json!({"effort": null, "summary": null})),
         ("metadata", json!({})),
+        ("top_logprobs", json!(0)),
     ] {
         m.insert(k.into(), get(k, d));
     }
@@ -336,11 +384,20 @@ fn parse(body: &Map<String, Value>) -> Result<Parsed, ApiError> {
     if let Some(effort) = body.get("reasoning").and_then(|r| r.get("effort")).and_then(Value::as_str) {
         o.entry("enable_thinking").or_insert(json!(!matches!(effort, "none" | "minimal")));
     }
+    let include = match optional(body, "include", "an array of strings", Value::is_array)? {
+        Some(Value::Array(a)) => a.iter().map(|v| v.as_str().map(str::to_string).ok_or_else(|| ApiError::bad(format!("include must be an array of strings, got {v}")).param("include"))).collect::<Result<Vec<_>, _>>()?,
+        _ => vec![],
+    };
+    let top = optional(body, "top_logprobs", "a non-negative integer", Value::is_u64)?;
+    if let Some(n) = top {
+        o.insert("top_logprobs".into(), n.clone());
+    }
+    let logprobs = include.iter().any(|i| i == INCLUDE_LOGPROBS) || top.and_then(Value::as_u64).is_some_and(|n| n > 0);
     let options = super::wire::options(o).map_err(|e| {
         let message = e.message.replace("response_format", "text.format").replace("max_tokens", "max_output_tokens");
         ApiError { message, ..e }
     })?;
-    Ok(Parsed { messages, tools, options, stream: flag(body, "stream")? })
+    Ok(Parsed { messages, tools, options, stream: flag(body, "stream")?, logprobs })
 }
 
 /// Input items as chat messages: function_call items join the assistant turn before them (or
