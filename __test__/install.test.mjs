@@ -140,3 +140,16 @@ test('the CLI archive runs from anywhere once unpacked', { skip, timeout: 600_00
     assert.ok(realpathSync(blas).startsWith(join(unpacked, name, 'mlx_cpu.libs/')), `BLAS from the archive: ${blas}`)
   }
 })
+
+// The CUDA package and archive cannot run here (no GPU), but they are assembled from the same
+// debug builds and checked: the addon and the binary find the CUDA libmlx.so and its bundled BLAS
+// inside the package, and only NVIDIA's libraries are left to the system.
+test('the CUDA package and CLI archive assemble (GPU-free checks)', { skip: skip || (process.platform !== 'linux' && 'Linux only'), timeout: 600_000 }, () => {
+  packed()
+  execFileSync('bash', [join(root, 'scripts/package-linux-x64-cuda.sh'), '--no-build', '--debug', '--out', dist], {
+    cwd: root, stdio: ['ignore', 'inherit', 'inherit'],
+  })
+  for (const f of [`mlex-linux-x64-gnu-cuda-${version}.tgz`, `mlex-${version}-linux-x64-gnu-cuda.tar.gz`, `mlex-${version}-linux-x64-gnu-cuda.tar.gz.sha256`]) {
+    assert.ok(existsSync(join(dist, f)), `${f} was made`)
+  }
+})
