@@ -53,10 +53,11 @@ rpaths() { otool -l "$1" | awk '$1 == "cmd" { cmd = $2 } cmd == "LC_RPATH" && $1
 
 # Keeps only @loader_path rpaths, optionally sets the install name, signs again, checks.
 fix_macho() {
-  local file=$1 id=${2:-} r
+  local file=$1 id=${2:-} r list
+  list=$(rpaths "$file")
   while read -r r; do
-    case "$r" in @loader_path/*) ;; *) install_name_tool -delete_rpath "$r" "$file" ;; esac
-  done < <(rpaths "$file")
+    case "$r" in '' | @loader_path/*) ;; *) install_name_tool -delete_rpath "$r" "$file" ;; esac
+  done <<<"$list"
   [ -n "$id" ] && install_name_tool -id "$id" "$file"
   if [ -n "${MLEX_CODESIGN_IDENTITY:-}" ]; then
     codesign --force --options runtime --timestamp --sign "$MLEX_CODESIGN_IDENTITY" "$file"
@@ -99,7 +100,7 @@ check_macho "$dir/mlex.darwin-arm64.node"
 copy_mlx "$dir"
 # It loads from its own folder alone, from another directory, with no library path set.
 (cd / && env -u DYLD_LIBRARY_PATH -u DYLD_FALLBACK_LIBRARY_PATH node -e '
-  const m = require(process.argv[1]); if (typeof m.Session !== "function") throw new Error("no Session export")
+  const m = require(process.argv[1]); if (typeof m.NativeSession !== "function") throw new Error("no NativeSession export")
   const lib = process.report.getReport().sharedObjects.find((p) => p.endsWith("/libmlx.dylib"))
   if (!require("fs").realpathSync(lib).startsWith(require("fs").realpathSync(process.argv[2]))) throw new Error("libmlx.dylib from " + lib)
 ' "$root/$dir/mlex.darwin-arm64.node" "$root/$dir")
