@@ -5,57 +5,19 @@
 // and a tool_result round trip, stop sequences, and errors in Anthropic's shape.
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { spawn, execFileSync } from 'node:child_process'
-import { existsSync, readFileSync, writeFileSync, mkdtempSync } from 'node:fs'
-import { join, dirname } from 'node:path'
-import { tmpdir } from 'node:os'
-import { fileURLToPath } from 'node:url'
 import Anthropic from '@anthropic-ai/sdk'
-import { modelDir } from './helpers.mjs'
-import { writeTinyLlama } from './fixtures.mjs'
-
-const root = join(dirname(fileURLToPath(import.meta.url)), '..')
-const host = execFileSync('rustc', ['-vV']).toString().match(/^host: (.+)$/m)[1]
-const bin = [join(root, 'target', host, 'debug', 'mlex'), join(root, 'target', host, 'release', 'mlex')].find(existsSync)
-const KEY = 'test-key'
-
-/** The tiny checkpoint with a template whose generation prompt opens <think> (unless enable_thinking is false). */
-function thinkingModelDir() {
-  const dir = writeTinyLlama(join(mkdtempSync(join(tmpdir(), 'mlex-think-')), 'think'))
-  const cfgPath = join(dir, 'tokenizer_config.json')
-  const cfg = JSON.parse(readFileSync(cfgPath, 'utf8'))
-  cfg.chat_template = cfg.chat_template.replace(
-    "<|im_start|>assistant\n{% endif %}",
-    "<|im_start|>assistant\n{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}",
-  )
-  writeFileSync(cfgPath, JSON.stringify(cfg))
-  return dir
-}
+import { startServer, thinkingModelDir, KEY } from './serve-helpers.mjs'
 
 let server
 let base
 let client
 before(async () => {
-  assert.ok(bin, `the mlex binary (cargo build --target ${host}) is needed`)
-  server = spawn(bin, ['serve', '--model', `tiny=${modelDir()}`, '--model', `think=${thinkingModelDir()}`, '--port', '0', '--api-key', KEY, '--max-body-bytes', '65536'], {
-    stdio: ['ignore', 'pipe', 'pipe'],
-  })
-  base = await new Promise((resolve, reject) => {
-    let out = ''
-    server.stdout.on('data', (d) => {
-      out += d
-      const m = out.match(/listening on (http:\/\/\S+)/)
-      if (m) resolve(m[1])
-    })
-    server.on('exit', (code) => reject(new Error(`mlex serve exited with ${code}`)))
-  })
+  server = await startServer(['--max-body-bytes', '65536'], { think: thinkingModelDir('{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}') })
+  base = server.base
   client = new Anthropic({ baseURL: base, apiKey: KEY, maxRetries: 0 })
 })
 after(async () => {
-  if (!server) return
-  const exited = new Promise((resolve) => server.on('exit', resolve))
-  server.kill('SIGTERM')
-  assert.equal(await exited, 0, 'SIGTERM ends the server cleanly')
+  if (server) await server.stop()
 })
 
 const messages = [{ role: 'user', content: 'Say something.' }]

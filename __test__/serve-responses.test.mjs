@@ -5,53 +5,17 @@
 // Schema through text.format, and the refusals of server-side state, each in OpenAI's shape.
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { spawn, execFileSync } from 'node:child_process'
-import { existsSync, readFileSync, writeFileSync, mkdtempSync } from 'node:fs'
-import { join, dirname } from 'node:path'
-import { tmpdir } from 'node:os'
-import { fileURLToPath } from 'node:url'
 import OpenAI from 'openai'
-import { modelDir } from './helpers.mjs'
-import { writeTinyLlama } from './fixtures.mjs'
-
-const root = join(dirname(fileURLToPath(import.meta.url)), '..')
-const host = execFileSync('rustc', ['-vV']).toString().match(/^host: (.+)$/m)[1]
-const bin = [join(root, 'target', host, 'debug', 'mlex'), join(root, 'target', host, 'release', 'mlex')].find(existsSync)
-const KEY = 'test-key'
-
-/** The tiny checkpoint with a template whose generation prompt opens <think>. */
-function thinkingModelDir() {
-  const dir = writeTinyLlama(join(mkdtempSync(join(tmpdir(), 'mlex-think-')), 'think'))
-  const cfgPath = join(dir, 'tokenizer_config.json')
-  const cfg = JSON.parse(readFileSync(cfgPath, 'utf8'))
-  cfg.chat_template = cfg.chat_template.replace("<|im_start|>assistant\n{% endif %}", "<|im_start|>assistant\n<think>\n{% endif %}")
-  writeFileSync(cfgPath, JSON.stringify(cfg))
-  return dir
-}
+import { startServer, thinkingModelDir, KEY } from './serve-helpers.mjs'
 
 let server
 let client
 before(async () => {
-  assert.ok(bin, `the mlex binary (cargo build --target ${host}) is needed`)
-  server = spawn(bin, ['serve', '--model', `tiny=${modelDir()}`, '--model', `think=${thinkingModelDir()}`, '--port', '0', '--api-key', KEY], {
-    stdio: ['ignore', 'pipe', 'pipe'],
-  })
-  const base = await new Promise((resolve, reject) => {
-    let out = ''
-    server.stdout.on('data', (d) => {
-      out += d
-      const m = out.match(/listening on (http:\/\/\S+)/)
-      if (m) resolve(m[1])
-    })
-    server.on('exit', (code) => reject(new Error(`mlex serve exited with ${code}`)))
-  })
-  client = new OpenAI({ baseURL: `${base}/v1`, apiKey: KEY, maxRetries: 0 })
+  server = await startServer([], { think: thinkingModelDir() })
+  client = new OpenAI({ baseURL: `${server.base}/v1`, apiKey: KEY, maxRetries: 0 })
 })
 after(async () => {
-  if (!server) return
-  const exited = new Promise((resolve) => server.on('exit', resolve))
-  server.kill('SIGTERM')
-  assert.equal(await exited, 0, 'SIGTERM ends the server cleanly')
+  if (server) await server.stop()
 })
 
 test('responses.create, whole and streamed, with the same greedy text and the event sequence', async () => {

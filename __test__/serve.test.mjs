@@ -5,40 +5,10 @@
 // --max-queue, --request-timeout in each API's shape, 1,000 rapid connect/disconnects.
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { spawn, execFileSync } from 'node:child_process'
-import { existsSync } from 'node:fs'
 import { connect } from 'node:net'
-import { join, dirname } from 'node:path'
-import { fileURLToPath } from 'node:url'
 import OpenAI from 'openai'
 import Anthropic from '@anthropic-ai/sdk'
-import { modelDir } from './helpers.mjs'
-
-const root = join(dirname(fileURLToPath(import.meta.url)), '..')
-const host = execFileSync('rustc', ['-vV']).toString().match(/^host: (.+)$/m)[1]
-const bin = [join(root, 'target', host, 'debug', 'mlex'), join(root, 'target', host, 'release', 'mlex')].find(existsSync)
-const KEY = 'test-key'
-
-/** Starts `mlex serve` on the tiny model with `args`; resolves to { proc, base, stop() }. */
-async function startServer(args) {
-  assert.ok(bin, `the mlex binary (cargo build --target ${host}) is needed`)
-  const proc = spawn(bin, ['serve', '--model', `tiny=${modelDir()}`, '--port', '0', '--api-key', KEY, ...args], { stdio: ['ignore', 'pipe', 'pipe'] })
-  const base = await new Promise((resolve, reject) => {
-    let out = ''
-    proc.stdout.on('data', (d) => {
-      out += d
-      const m = out.match(/listening on (http:\/\/\S+)/)
-      if (m) resolve(m[1])
-    })
-    proc.on('exit', (code) => reject(new Error(`mlex serve exited with ${code}`)))
-  })
-  const stop = async () => {
-    const exited = new Promise((resolve) => proc.on('exit', resolve))
-    proc.kill('SIGTERM')
-    assert.equal(await exited, 0, 'SIGTERM ends the server cleanly')
-  }
-  return { proc, base, stop }
-}
+import { startServer, KEY } from './serve-helpers.mjs'
 
 let main
 let base
