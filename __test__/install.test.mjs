@@ -11,11 +11,11 @@
 //     packaged binaries' runpath holds only $ORIGIN/mlx/lib (@loader_path/mlx/lib), so this
 //     proves relocation.
 // Set MLEX_SKIP_INSTALL_TEST=1 to skip (CI must not).
-import { test } from 'node:test'
+import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { execFileSync, spawnSync } from 'node:child_process'
 import { createHash } from 'node:crypto'
-import { existsSync, mkdtempSync, mkdirSync, writeFileSync, symlinkSync, readdirSync, readFileSync, realpathSync } from 'node:fs'
+import { existsSync, mkdtempSync, mkdirSync, writeFileSync, symlinkSync, readdirSync, readFileSync, realpathSync, rmSync } from 'node:fs'
 import { join, dirname } from 'node:path'
 import { tmpdir } from 'node:os'
 import { modelDir } from './helpers.mjs'
@@ -46,6 +46,8 @@ const consumer = `
 `
 
 let work, dist, bin, env
+// The tarballs and installs take ~400 MB (the CUDA package most): gone after the run.
+after(() => { if (work) rmSync(work, { recursive: true, force: true }) })
 /** Packs once for both tests: scripts/package-<platform>.sh --no-build --debug. */
 function packed() {
   if (dist) return dist
