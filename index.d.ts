@@ -186,6 +186,22 @@ export interface GenerateOptions {
    */
   topLogprobs?: number
   /**
+   * Speculative decoding with this draft model (a directory or repo id with the same
+   * tokenizer as the session's model; a different vocabulary rejects with
+   * `INVALID_ARGUMENT`), loaded on first use and kept. Default: the session's `draftModel`.
+   * Greedy output is the same as without it; sampled output keeps the model's distribution.
+   */
+  draftModel?: string
+  /** Tokens drafted per step (default 3; 0 turns speculation off for this call). */
+  numDraftTokens?: number
+  /**
+   * Speculative decoding with drafts looked up in the context (the tokens that followed the
+   * latest earlier occurrence of its last n-gram, n from `maxNgram` (default 3) down to 1):
+   * no second model; fastest when the reply repeats the prompt (edits, quotes, code).
+   * Speculative calls run alone, outside the session's batch (`usage.batched` false).
+   */
+  promptLookup?: boolean | { maxNgram?: number; numDraftTokens?: number }
+  /**
    * Aborts the generation. Before it starts: the promise rejects with code `'ABORTED'`;
    * while it runs: it resolves with `finishReason: 'abort'` and the text so far.
    */
@@ -260,6 +276,12 @@ export interface LoadOptions {
    * `OUT_OF_MEMORY`. Default: 90 % of what MLX may still allocate after loading.
    */
   kvBudgetBytes?: number
+  /**
+   * A draft model (directory or repo id with the same tokenizer) loaded with the model: every
+   * call then decodes speculatively (alone, outside the batch) unless it sets
+   * `numDraftTokens: 0`. A different vocabulary rejects with `INVALID_ARGUMENT`.
+   */
+  draftModel?: string
   /** Called as loading advances (on the JS thread). */
   onProgress?: (progress: LoadProgress) => void
   /** Aborts the load: the promise rejects with code `'ABORTED'`. */
@@ -432,4 +454,12 @@ export interface Usage {
    * another.
    */
   batched: boolean
+  /** Speculative decoding: tokens proposed by the draft (draft model or prompt lookup). */
+  draftTokens: number
+  /** Of `draftTokens`, those the model accepted. */
+  acceptedDraftTokens: number
+  /** `acceptedDraftTokens / draftTokens` (0 without drafts). */
+  acceptanceRate: number
+  /** Tokens generated per forward pass of the model (1 without speculation). */
+  tokensPerStep: number
 }

@@ -32,6 +32,10 @@ pub struct LoadOptions {
     /// refused with `OUT_OF_MEMORY` before it starts. Default: 90 % of what MLX may still
     /// allocate after loading (its memory limit less the weights).
     pub kv_budget_bytes: Option<usize>,
+    /// A draft model (directory or repo id, same tokenizer) loaded with the model: every request
+    /// then decodes speculatively (outside the continuous batch) unless it sets
+    /// `num_draft_tokens: 0`. A vocabulary that differs from the model's is INVALID_ARGUMENT.
+    pub draft_model: Option<String>,
 }
 
 /// How many requests decode together unless [`LoadOptions::max_batch`] says otherwise.
@@ -39,7 +43,7 @@ pub const DEFAULT_MAX_BATCH: usize = 16;
 
 impl LoadOptions {
     /// Every option, by its snake_case name (`prompt_cache` is an object of [`PROMPT_CACHE_FIELDS`]).
-    pub const FIELDS: &'static [&'static str] = &["device", "dtype", "prompt_cache", "max_batch", "kv_budget_bytes"];
+    pub const FIELDS: &'static [&'static str] = &["device", "dtype", "prompt_cache", "max_batch", "kv_budget_bytes", "draft_model"];
 
     /// Load options from a JSON object, named as `naming` spells them (see [`crate::schema`]):
     /// `device` `"gpu"`/`"cpu"`, `dtype` `"float32"`/`"bfloat16"`/`"float16"`, `prompt_cache`
@@ -75,7 +79,8 @@ impl LoadOptions {
             return Err(format!("{} must be at least 1", f.name("max_batch")));
         }
         let kv_budget_bytes = f.count("kv_budget_bytes")?;
-        Ok(LoadOptions { device, dtype, prompt_cache, max_batch, kv_budget_bytes })
+        let draft_model = f.string("draft_model")?.map(str::to_string);
+        Ok(LoadOptions { device, dtype, prompt_cache, max_batch, kv_budget_bytes, draft_model })
     }
 }
 
@@ -193,6 +198,7 @@ impl Session {
             prompt_cache: options.prompt_cache.clone(),
             max_batch: options.max_batch.unwrap_or(DEFAULT_MAX_BATCH).max(1),
             kv_budget: options.kv_budget_bytes,
+            draft_model: options.draft_model.clone(),
         };
         let max_batch = spec.max_batch;
         let (cmd_tx, cmd_rx) = mpsc::channel();

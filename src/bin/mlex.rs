@@ -221,6 +221,15 @@ struct SamplingArgs {
     /// (shown by --json as top_logprobs).
     #[arg(long, value_name = "N")]
     top_logprobs: Option<usize>,
+    /// Speculative decoding with this draft model (same tokenizer as --model).
+    #[arg(long, value_name = "DIR")]
+    draft_model: Option<String>,
+    /// Tokens drafted per step, by --draft-model or --prompt-lookup (default 3).
+    #[arg(long, value_name = "N")]
+    num_draft_tokens: Option<usize>,
+    /// Speculative decoding with drafts looked up in the context (no second model).
+    #[arg(long)]
+    prompt_lookup: bool,
 }
 
 #[derive(Args)]
@@ -500,6 +509,9 @@ fn options(s: &SamplingArgs, c: &ChatFeatureArgs) -> mlex::Result<GenerateOption
     set("ignore_eos", if s.ignore_eos { json!(true) } else { json!(null) });
     set("prefill_step_size", json!(s.prefill_step_size));
     set("top_logprobs", json!(s.top_logprobs));
+    set("draft_model", json!(s.draft_model));
+    set("num_draft_tokens", json!(s.num_draft_tokens));
+    set("prompt_lookup", if s.prompt_lookup { json!(true) } else { json!(null) });
     set("enable_thinking", json!(c.think.enable_thinking()));
     set("reasoning_budget_tokens", json!(c.reasoning_budget_tokens));
     set("tool_call_format", json!(c.tool_call_format));

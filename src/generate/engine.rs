@@ -9,6 +9,7 @@ use super::generator::{self, TokenStep};
 use super::options::{GenerateOptions, GenerateReply, GeneratedToken};
 use super::prompt_cache::{PromptCacheConfig, PromptCachePool};
 use super::request::{self, Reply};
+use super::speculative::{self, DraftModel, Drafts};
 use crate::chat::{ChatMessage, Tool};
 use crate::error::{Error, Result};
 use crate::loader::{ModelConfig, Vb, WeightStore};
@@ -95,6 +96,8 @@ pub struct EngineSpec {
     pub max_batch: usize,
     /// Cache bytes the requests in flight may set aside together (None: from MLX's memory limit).
     pub kv_budget: Option<usize>,
+    /// A draft model for speculative decoding, loaded with the model (`generate::speculative`).
+    pub draft_model: Option<String>,
 }
 
 /// Facts about the loaded model reported back to the session.
@@ -111,6 +114,8 @@ pub(super) struct Engine {
     pub(super) eos: Vec<u32>,
     /// The grammar compiler over this model's vocabulary, built by the first constrained request.
     grammars: std::cell::OnceCell<std::result::Result<Grammars, String>>,
+    /// Draft models for speculative decoding.
+    drafts: Drafts,
 }
 
 /// Entry point of the engine thread: load, report, serve until Shutdown or all senders drop.
@@ -179,13 +184,14 @@ pub fn run(spec: EngineSpec, ready: Sender<Result<LoadedFacts>>, commands: Recei
         };
         match cmd {
             Some(Command::Generate(job)) => match &mut batch {
-                Some(b) => {
+                // Speculative requests run alone (see `generate::speculative`).
+                Some(b) if !engine.drafts.requested(&job.options) => {
                     b.admit(job);
                     // Take up everything already queued before the next step, so requests
                     // sent together start together.
                     continue;
                 }
-                None => serve_alone(&engine, job, &mut pool),
+                _ => serve_alone(&engine, job, &mut pool),
             },
             Some(Command::Census(reply)) => {
                 let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.decode_step_census()));
@@ -240,7 +246,12 @@ fn load(spec: &EngineSpec) -> Result<(Engine, LoadedFacts)> {
     let dtype = model.dtype();
     drop(params);
     let facts = LoadedFacts { dtype, device: spec.device, weights_bytes };
-    let engine = Engine { model, tokenizer: spec.tokenizer.clone(), eos: spec.eos.clone(), grammars: Default::default() };
+    let mut drafts = Drafts::default();
+    if let Some(path) = &spec.draft_model {
+        let d = DraftModel::load(path, model.dtype(), model.vocab_size(), spec.tokenizer.as_deref())?;
+        drafts.session = Some(std::rc::Rc::new(d));
+    }
+    let engine = Engine { model, tokenizer: spec.tokenizer.clone(), eos: spec.eos.clone(), grammars: Default::default(), drafts };
     Ok((engine, facts))
 }
 
@@ -317,9 +328,16 @@ impl Engine {
         let mut snapshot = None;
         let snap = if use_pool { Some(&mut snapshot) } else { None };
         let constraint = self.constraint(prompt, opts)?;
-        let run = generator::run(self.model.as_ref(), &mut caches, prompt, opts, snap, constraint, |step: TokenStep| {
-            reply.on_token(job, step)
-        });
+        let plan = self.drafts.plan(opts, self.model.as_ref(), self.tokenizer.as_deref(), constraint.is_some())?;
+        let speculated = plan.is_some();
+        let run = match plan {
+            Some((drafter, k)) => speculative::run(self.model.as_ref(), &mut caches, &drafter, k, prompt, opts, |step: TokenStep| {
+                reply.on_token(job, step)
+            }),
+            None => generator::run(self.model.as_ref(), &mut caches, prompt, opts, snap, constraint, |step: TokenStep| {
+                reply.on_token(job, step)
+            }),
+        };
         // The pipelined step after the last token may still be running on MLX's stream thread:
         // wait for it on every path, so nothing of this job outlives it (the host may exit next).
         let _ = mlx::synchronize();
@@ -327,7 +345,7 @@ impl Engine {
         if let Some(snap) = snapshot {
             let _ = pool.store(prompt[..prompt.len() - 1].to_vec(), snap, Instant::now());
         }
-        if use_pool {
+        if use_pool && !speculated {
             store_reply(pool, prompt, &reply.sampled, caches);
         }
         let usage = request::usage(prompt.len(), reply.completion_tokens(), queue_ms, &stats);

@@ -188,6 +188,11 @@ pub struct LoopStats {
     /// Whether it ran as a row of a continuous batch (false: the model's caches cannot batch,
     /// requests run one after another).
     pub batched: bool,
+    /// Speculative decoding: tokens drafted, of those accepted, and the model's forward passes
+    /// that verified them (0 without speculation).
+    pub drafted: usize,
+    pub accepted: usize,
+    pub verify_steps: usize,
 }
 
 /// What to do after a token was handed to the caller.

@@ -7,6 +7,7 @@ pub mod options;
 pub mod prompt_cache;
 pub mod request;
 pub mod sampler;
+pub mod speculative;
 pub mod text;
 
 pub use options::{FinishReason, GenerateOptions, GenerateReply, GeneratedToken, Naming, SamplingConfig, TokenKind, TopLogprob, Usage};

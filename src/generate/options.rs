@@ -104,6 +104,15 @@ pub struct GenerateOptions {
     /// top-k and min-p (mlx-lm's and OpenAI's convention). Computed on the device in the step
     /// that samples the token; when not asked for, nothing is computed or read.
     pub top_logprobs: Option<usize>,
+    /// Speculative decoding with this draft model (a directory or repo id; same tokenizer as
+    /// the session's model), loaded on first use and kept. None: the session's draft model
+    /// ([`crate::LoadOptions::draft_model`]), if any.
+    pub draft_model: Option<String>,
+    /// Tokens drafted per step (default 3; 0 turns speculation off for this request).
+    pub num_draft_tokens: Option<usize>,
+    /// Speculative decoding with drafts looked up in the context (prompt lookup: no second
+    /// model; it takes precedence over a draft model). See `generate::speculative`.
+    pub prompt_lookup: Option<super::speculative::PromptLookup>,
 }
 
 impl Default for GenerateOptions {
@@ -121,6 +130,9 @@ impl Default for GenerateOptions {
             response_format: None,
             tool_choice: None,
             top_logprobs: None,
+            draft_model: None,
+            num_draft_tokens: None,
+            prompt_lookup: None,
         }
     }
 }
@@ -152,6 +164,9 @@ impl GenerateOptions {
         "response_format",
         "tool_choice",
         "top_logprobs",
+        "draft_model",
+        "num_draft_tokens",
+        "prompt_lookup",
     ];
 
     /// Options from a JSON object whose keys are option names as `naming` spells them. Every
@@ -195,6 +210,7 @@ impl GenerateOptions {
             o.tool_choice = Some(ToolChoice::from_json(v, &f.name("tool_choice"))?);
         }
         o.top_logprobs = f.count("top_logprobs")?;
+        super::speculative::read_options(&f, &mut o)?;
         o.validate().map_err(|m| naming.respell(&m, Self::FIELDS))?;
         Ok(o)
     }
@@ -210,6 +226,7 @@ impl GenerateOptions {
         if let Some(n) = self.top_logprobs.filter(|&n| n > MAX_TOP_LOGPROBS) {
             return Err(format!("top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {n}"));
         }
+        super::speculative::validate(self)?;
         self.sampling.validate()
     }
 }
@@ -304,6 +321,14 @@ pub struct Usage {
     /// batch yet (sliding windows, recurrent states, latent caches): requests then run one after
     /// another.
     pub batched: bool,
+    /// Speculative decoding: tokens proposed by the draft (a draft model or prompt lookup).
+    pub draft_tokens: usize,
+    /// Of `draft_tokens`, those the model accepted.
+    pub accepted_draft_tokens: usize,
+    /// `accepted_draft_tokens / draft_tokens` (0 without drafts).
+    pub acceptance_rate: f64,
+    /// Tokens generated per forward pass of the model (1 without speculation).
+    pub tokens_per_step: f64,
 }
 
 /// The result of a generation.
@@ -349,7 +374,7 @@ mod schema_tests {
                     "repetitionContextSize": 8, "seed": 3, "stop": ["x"], "enableThinking": false,
                     "reasoningBudgetTokens": 5, "promptCache": false, "toolCallFormat": "hermes", "ignoreEos": true,
                     "prefillStepSize": 64, "responseFormat": {"type": "regex", "pattern": "a+"}, "toolChoice": "required",
-                    "topLogprobs": 20}),
+                    "topLogprobs": 20, "draftModel": "d", "numDraftTokens": 2, "promptLookup": {"maxNgram": 2}}),
             Naming::Camel,
         )
         .unwrap();
@@ -359,8 +384,10 @@ mod schema_tests {
         assert_eq!(o.response_format, Some(ResponseFormat::Regex("a+".into())));
         assert_eq!(o.tool_choice, Some(ToolChoice::Required));
         assert_eq!(o.top_logprobs, Some(20));
+        assert_eq!((o.draft_model.as_deref(), o.num_draft_tokens), (Some("d"), Some(2)));
+        assert_eq!(o.prompt_lookup.map(|p| (p.max_ngram, p.num_draft_tokens)), Some((2, None)));
         // Every field of FIELDS was set above (so each has a reader).
-        assert_eq!(GenerateOptions::FIELDS.len(), 18);
+        assert_eq!(GenerateOptions::FIELDS.len(), 21);
     }
 
     #[test]

@@ -42,10 +42,24 @@ impl Sampler {
 
     /// Samples from `logprobs` `[1, V]` → token `[1]` (uint32).
     pub fn sample(&mut self, logprobs: &Array) -> Result<Array> {
-        let c = &self.cfg;
-        if c.temperature == 0.0 {
+        if self.cfg.temperature == 0.0 {
             return logprobs.argmax(-1, false)?.astype(Dtype::Uint32);
         }
+        let scaled = self.filtered(logprobs)?;
+        self.draw(&scaled)
+    }
+
+    /// A categorical draw (one per row) from `scaled` logits `[R, V]` ([`Sampler::filtered`]'s).
+    pub fn draw(&mut self, scaled: &Array) -> Result<Array> {
+        let key = self.key.as_mut().expect("a key exists whenever temperature > 0").next()?;
+        random::categorical(scaled, -1, &key)?.astype(Dtype::Uint32)
+    }
+
+    /// The logits a sampled token is drawn from (temperature > 0): `logprobs` `[R, V]` after
+    /// top-p, min-p and top-k, divided by the temperature. Their softmax is the distribution
+    /// the sampler draws from (speculative decoding's acceptance rule needs it explicitly).
+    pub fn filtered(&self, logprobs: &Array) -> Result<Array> {
+        let c = &self.cfg;
         let neg_inf = || Array::scalar_f32(f32::NEG_INFINITY, logprobs.dtype());
         let mut lp = logprobs.clone();
         if c.top_p > 0.0 && c.top_p < 1.0 {
@@ -70,8 +84,6 @@ impl Sampler {
             let fill = neg_inf()?.broadcast_to(&idx.shape())?;
             lp = lp.put_along_axis(&idx, &fill, -1)?;
         }
-        let scaled = lp.multiply(&Array::scalar_f32(1.0 / c.temperature, lp.dtype())?)?;
-        let key = self.key.as_mut().expect("a key exists whenever temperature > 0").next()?;
-        random::categorical(&scaled, -1, &key)?.astype(Dtype::Uint32)
+        lp.multiply(&Array::scalar_f32(1.0 / c.temperature, lp.dtype())?)
     }
 }

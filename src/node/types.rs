@@ -60,6 +60,10 @@ pub struct LoadOptions {
     /// `maxTokens`): one that does not fit waits, one that never can is rejected with
     /// `OUT_OF_MEMORY`. Default: 90 % of what MLX may still allocate after loading.
     pub kv_budget_bytes: Option<f64>,
+    /// A draft model (directory or repo id with the same tokenizer) loaded with the model: every
+    /// call then decodes speculatively (alone, outside the batch) unless it sets
+    /// `numDraftTokens: 0`. A different vocabulary rejects with `INVALID_ARGUMENT`.
+    pub draft_model: Option<String>,
     /// Called as loading advances (on the JS thread).
     #[napi(ts_type = "(progress: LoadProgress) => void")]
     #[serde(skip)]
@@ -210,6 +214,19 @@ pub struct GenerateOptions {
     /// a `responseFormat` mask, before `temperature`, `topP`, `topK` and `minP`. Default: none
     /// (nothing is computed).
     pub top_logprobs: Option<f64>,
+    /// Speculative decoding with this draft model (a directory or repo id with the same
+    /// tokenizer as the session's model; a different vocabulary rejects with
+    /// `INVALID_ARGUMENT`), loaded on first use and kept. Default: the session's `draftModel`.
+    /// Greedy output is the same as without it; sampled output keeps the model's distribution.
+    pub draft_model: Option<String>,
+    /// Tokens drafted per step (default 3; 0 turns speculation off for this call).
+    pub num_draft_tokens: Option<u32>,
+    /// Speculative decoding with drafts looked up in the context (the tokens that followed the
+    /// latest earlier occurrence of its last n-gram, n from `maxNgram` (default 3) down to 1):
+    /// no second model; fastest when the reply repeats the prompt (edits, quotes, code).
+    /// Speculative calls run alone, outside the session's batch (`usage.batched` false).
+    #[napi(ts_type = "boolean | { maxNgram?: number; numDraftTokens?: number }")]
+    pub prompt_lookup: Option<Value>,
     /// Aborts the generation. Before it starts: the promise rejects with code `'ABORTED'`;
     /// while it runs: it resolves with `finishReason: 'abort'` and the text so far.
     #[napi(ts_type = "AbortSignal")]
@@ -307,6 +324,14 @@ pub struct Usage {
     /// batch yet (sliding windows, recurrent states, latent caches) and requests run one after
     /// another.
     pub batched: bool,
+    /// Speculative decoding: tokens proposed by the draft (draft model or prompt lookup).
+    pub draft_tokens: u32,
+    /// Of `draftTokens`, those the model accepted.
+    pub accepted_draft_tokens: u32,
+    /// `acceptedDraftTokens / draftTokens` (0 without drafts).
+    pub acceptance_rate: f64,
+    /// Tokens generated per forward pass of the model (1 without speculation).
+    pub tokens_per_step: f64,
 }
 
 /// The result of a generation.

@@ -1,0 +1,576 @@
+//! Speculative decoding: a cheap drafter proposes the next few tokens, the model checks them
+//! all in one forward pass, and every draft it agrees with is a token that cost no pass of its
+//! own. Two drafters: prompt lookup (the latest earlier occurrence in the context of its last
+//! n-gram, and the tokens that followed it: no second model) and a draft model (a smaller model
+//! of the same vocabulary, decoding autoregressively).
+//!
+//! Greedy requests keep exactly the tokens of plain decoding: the longest prefix of drafts equal
+//! to the model's argmax at each position, then the model's own token. Sampled requests keep the
+//! model's distribution by the standard acceptance rule: draft `x` is accepted with probability
+//! `min(1, p(x) / q(x))`; at the first rejection the token is drawn from the residual
+//! `max(0, p - q)` normalized; when every draft is accepted, from `p` at the next position.
+//! For prompt lookup `q` is a point mass on the draft (accept with probability `p(x)`).
+//! `p` and `q` are the distributions the sampler would draw from (after top-p, min-p, top-k,
+//! at the temperature). A request that speculates runs alone, outside the continuous batch;
+//! after each pass both caches are trimmed back to the tokens kept.
+//!
+//! Not speculated (plain decoding instead): a repetition penalty (each position's penalty
+//! would depend on the drafts before it), an active output constraint (each mask depends on
+//! the token before it), a model whose caches cannot be taken back (recurrent states).
+use super::generator::{self, Flow, LoopStats, TokenStep, TopPending};
+use super::options::{GenerateOptions, SamplingConfig};
+use super::sampler::Sampler;
+use crate::error::{Error, Result};
+use crate::loader::{resolve_model_path, ModelConfig, Vb, WeightStore};
+use crate::mlx::{eval, memory_stats, reset_peak_memory, Array, Dtype};
+use crate::models::{build_model, CausalLm};
+use crate::nn::LayerCaches;
+use crate::schema::Fields;
+use crate::tokenizer::Tokenizer;
+use serde_json::Value;
+use std::cell::RefCell;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::time::Instant;
+
+/// Tokens drafted per pass unless the request says otherwise (mlx-lm's default).
+pub const DEFAULT_NUM_DRAFT_TOKENS: usize = 3;
+/// The longest n-gram prompt lookup matches unless the request says otherwise.
+pub const DEFAULT_MAX_NGRAM: usize = 3;
+/// The most tokens a pass may draft.
+pub const MAX_NUM_DRAFT_TOKENS: usize = 64;
+const MAX_NGRAM_LIMIT: usize = 16;
+const LOOKUP_FIELDS: &[&str] = &["max_ngram", "num_draft_tokens"];
+
+/// Prompt lookup's settings (`prompt_lookup: true` or an object of them).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PromptLookup {
+    /// The longest n-gram matched (tried from this length down to 1).
+    pub max_ngram: usize,
+    /// Tokens drafted per pass (None: the request's `num_draft_tokens`, else 3).
+    pub num_draft_tokens: Option<usize>,
+}
+
+impl Default for PromptLookup {
+    fn default() -> Self {
+        PromptLookup { max_ngram: DEFAULT_MAX_NGRAM, num_draft_tokens: None }
+    }
+}
+
+/// Reads `draft_model`, `num_draft_tokens` and `prompt_lookup` into `o`.
+pub(crate) fn read_options(f: &Fields, o: &mut GenerateOptions) -> std::result::Result<(), String> {
+    o.draft_model = f.string("draft_model")?.map(str::to_string);
+    o.num_draft_tokens = f.count("num_draft_tokens")?;
+    o.prompt_lookup = match f.raw("prompt_lookup") {
+        None | Some(Value::Bool(false)) => None,
+        Some(Value::Bool(true)) => Some(PromptLookup::default()),
+        Some(Value::Object(_)) => {
+            let g = f.nested("prompt_lookup", LOOKUP_FIELDS)?;
+            let max_ngram = g.count("max_ngram")?.unwrap_or(DEFAULT_MAX_NGRAM);
+            if !(1..=MAX_NGRAM_LIMIT).contains(&max_ngram) {
+                return Err(format!("{} must be in [1, {MAX_NGRAM_LIMIT}], got {max_ngram}", g.name("max_ngram")));
+            }
+            let num_draft_tokens = g.count("num_draft_tokens")?;
+            if let Some(k) = num_draft_tokens.filter(|&k| k > MAX_NUM_DRAFT_TOKENS) {
+                return Err(format!("{} must be in [0, {MAX_NUM_DRAFT_TOKENS}], got {k}", g.name("num_draft_tokens")));
+            }
+            Some(PromptLookup { max_ngram, num_draft_tokens })
+        }
+        Some(v) => return Err(format!("{} must be true, false or an object {{max_ngram, num_draft_tokens}}, got {v}", f.name("prompt_lookup"))),
+    };
+    Ok(())
+}
+
+/// Rejects speculative settings no generation could honour (snake_case names).
+pub(crate) fn validate(o: &GenerateOptions) -> std::result::Result<(), String> {
+    if let Some(k) = o.num_draft_tokens.filter(|&k| k > MAX_NUM_DRAFT_TOKENS) {
+        return Err(format!("num_draft_tokens must be in [0, {MAX_NUM_DRAFT_TOKENS}], got {k}"));
+    }
+    if let Some(p) = &o.prompt_lookup {
+        if !(1..=MAX_NGRAM_LIMIT).contains(&p.max_ngram) {
+            return Err(format!("prompt_lookup.max_ngram must be in [1, {MAX_NGRAM_LIMIT}], got {}", p.max_ngram));
+        }
+    }
+    Ok(())
+}
+
+/// The tokens prompt lookup drafts after `ctx`: for n from `max_ngram` down to 1, the latest
+/// earlier occurrence of the last n tokens, and up to `k` tokens that followed it (empty when
+/// no n-gram recurs).
+pub fn lookup(ctx: &[u32], max_ngram: usize, k: usize) -> Vec<u32> {
+    let len = ctx.len();
+    if k == 0 || len < 2 {
+        return vec![];
+    }
+    for n in (1..=max_ngram.min(len - 1)).rev() {
+        let tail = &ctx[len - n..];
+        if let Some(start) = (0..len - n).rev().find(|&s| &ctx[s..s + n] == tail) {
+            let from = start + n;
+            return ctx[from..(from + k).min(len)].to_vec();
+        }
+    }
+    vec![]
+}
+
+/// The acceptance rule over one verified pass. `p`: the model's distributions at the
+/// `drafts.len() + 1` positions (rows of `v` probabilities); `q`: the draft model's at the
+/// drafts' positions (rows of its `vq <= v` probabilities), None for a point mass on each draft
+/// (prompt lookup); `uniform` draws from [0, 1). Returns how many drafts are accepted and the
+/// token that follows them (drawn from the residual at a rejection, from `p` after the last).
+pub fn accept(drafts: &[u32], p: &[f32], q: Option<(&[f32], usize)>, v: usize, uniform: &mut impl FnMut() -> f64) -> (usize, u32) {
+    for (i, &d) in drafts.iter().enumerate() {
+        let pi = &p[i * v..(i + 1) * v];
+        let qi = |t: usize| -> f64 {
+            match q {
+                Some((q, vq)) => if t < vq { q[i * vq + t] as f64 } else { 0.0 },
+                None => if t == d as usize { 1.0 } else { 0.0 },
+            }
+        };
+        let (px, qx) = (pi[d as usize] as f64, qi(d as usize));
+        let ratio = if qx > 0.0 { px / qx } else { 1.0 };
+        if uniform() < ratio.min(1.0) {
+            continue;
+        }
+        let residual: Vec<f64> = (0..v).map(|t| (pi[t] as f64 - qi(t)).max(0.0)).collect();
+        return (i, draw(&residual, uniform()));
+    }
+    let last: Vec<f64> = p[drafts.len() * v..(drafts.len() + 1) * v].iter().map(|&x| x as f64).collect();
+    (drafts.len(), draw(&last, uniform()))
+}
+
+/// The index `u` (in [0, 1)) falls on in the cumulative, normalized weights `w`.
+fn draw(w: &[f64], u: f64) -> u32 {
+    let total: f64 = w.iter().sum();
+    if total <= 0.0 {
+        return w.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(i, _)| i as u32);
+    }
+    let target = u * total;
+    let mut acc = 0.0;
+    let mut last = 0;
+    for (i, &x) in w.iter().enumerate() {
+        if x > 0.0 {
+            acc += x;
+            last = i;
+            if target < acc {
+                return i as u32;
+            }
+        }
+    }
+    last as u32
+}
+
+/// Uniform draws in [0, 1) for the acceptance rule (splitmix64): seeded requests repeat.
+pub struct Uniform(u64);
+
+impl Uniform {
+    pub fn new(seed: u64) -> Self {
+        Uniform(seed ^ 0x9e37_79b9_7f4a_7c15)
+    }
+
+    pub fn next(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// A loaded draft model.
+pub(crate) struct DraftModel {
+    pub(crate) dir: PathBuf,
+    pub(crate) model: Box<dyn CausalLm>,
+}
+
+impl DraftModel {
+    /// Loads the draft model at `path` (computing in `dtype`) for a model of `vocab` rows whose
+    /// tokenizer is `tokenizer`: INVALID_ARGUMENT when their vocabularies differ.
+    pub(crate) fn load(path: &str, dtype: Dtype, vocab: usize, tokenizer: Option<&Tokenizer>) -> Result<DraftModel> {
+        let dir = resolve_model_path(path)?;
+        let config = ModelConfig::from_dir(&dir)?;
+        crate::models::check_config(&config)?;
+        let bad = |why: String| Error::InvalidArgument(format!("draft model {}: {why}", dir.display()));
+        if config.vocab_size > vocab {
+            return Err(bad(format!("its vocabulary ({}) is larger than the model's ({vocab})", config.vocab_size)));
+        }
+        let own = if dir.join("tokenizer.json").is_file() { Some(Tokenizer::from_dir(&dir)?) } else { None };
+        match (tokenizer, &own) {
+            (Some(a), Some(b)) => {
+                let n = a.vocab_size();
+                if n != b.vocab_size() || (0..n as u32).any(|i| a.id_to_token(i) != b.id_to_token(i)) {
+                    return Err(bad("its tokenizer's vocabulary differs from the model's (speculative decoding needs the same tokenizer)".into()));
+                }
+            }
+            (None, None) if config.vocab_size == vocab => {}
+            (None, None) => return Err(bad(format!("its vocabulary ({}) differs from the model's ({vocab})", config.vocab_size))),
+            _ => return Err(bad("one of the two models has a tokenizer.json and the other none: their vocabularies cannot be compared".into())),
+        }
+        let mut weights = WeightStore::open(&dir)?;
+        weights.compute_dtype = Some(dtype);
+        let weights = RefCell::new(weights);
+        let model = build_model(&config, &Vb::new(&weights, config.quantization.as_ref()))?;
+        weights.into_inner().finish()?;
+        eval(&model.parameters())?;
+        if model.make_caches().has_recurrent_state() {
+            return Err(bad("its caches cannot be taken back (a recurrent state): it cannot draft".into()));
+        }
+        Ok(DraftModel { dir, model })
+    }
+}
+
+/// The draft models an engine holds: the session's, and the last one a request named.
+#[derive(Default)]
+pub(crate) struct Drafts {
+    pub(crate) session: Option<Rc<DraftModel>>,
+    by_request: RefCell<Option<Rc<DraftModel>>>,
+}
+
+/// Where one request's drafts come from, and how many per pass.
+pub(crate) enum Drafter {
+    Lookup { max_ngram: usize },
+    Model(Rc<DraftModel>),
+}
+
+impl Drafts {
+    /// Whether `opts` asks for speculation (such requests run outside the continuous batch).
+    pub(crate) fn requested(&self, opts: &GenerateOptions) -> bool {
+        let k = opts.prompt_lookup.and_then(|p| p.num_draft_tokens).or(opts.num_draft_tokens);
+        k != Some(0) && (opts.prompt_lookup.is_some() || opts.draft_model.is_some() || self.session.is_some())
+    }
+
+    /// The drafter of a request on `model` (None: plain decoding), loading a draft model it
+    /// names. `constrained`: an output constraint is attached (it decodes plainly).
+    pub(crate) fn plan(
+        &self,
+        opts: &GenerateOptions,
+        model: &dyn CausalLm,
+        tokenizer: Option<&Tokenizer>,
+        constrained: bool,
+    ) -> Result<Option<(Drafter, usize)>> {
+        if !self.requested(opts) {
+            return Ok(None);
+        }
+        let (drafter, k) = match (&opts.prompt_lookup, &opts.draft_model) {
+            (Some(p), _) => (Drafter::Lookup { max_ngram: p.max_ngram }, p.num_draft_tokens.or(opts.num_draft_tokens)),
+            (None, Some(path)) => {
+                let mut slot = self.by_request.borrow_mut();
+                let dir = resolve_model_path(path)?;
+                let d = match slot.as_ref().filter(|d| d.dir == dir) {
+                    Some(d) => d.clone(),
+                    None => {
+                        *slot = None;
+                        let d = Rc::new(DraftModel::load(path, model.dtype(), model.vocab_size(), tokenizer)?);
+                        *slot = Some(d.clone());
+                        d
+                    }
+                };
+                (Drafter::Model(d), opts.num_draft_tokens)
+            }
+            (None, None) => match &self.session {
+                Some(d) => (Drafter::Model(d.clone()), opts.num_draft_tokens),
+                None => return Ok(None),
+            },
+        };
+        if constrained || opts.sampling.repetition_penalty != 1.0 || model.make_caches().has_recurrent_state() {
+            return Ok(None);
+        }
+        Ok(Some((drafter, k.unwrap_or(DEFAULT_NUM_DRAFT_TOKENS))))
+    }
+}
+
+/// The length of the common prefix of `a` and `b`.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// Forgets what `caches` (holding `held`) hold beyond `ctx` and its last token.
+fn trim(caches: &mut LayerCaches, held: &mut Vec<u32>, ctx: &[u32]) -> Result<()> {
+    let keep = common_prefix(held, ctx).min(ctx.len() - 1);
+    if keep < held.len() {
+        if !caches.can_trim_to(keep) {
+            return Err(Error::Mlx(format!("speculative decoding: the cache cannot go back to {keep} tokens")));
+        }
+        caches.trim_to(keep)?;
+        held.truncate(keep);
+    }
+    Ok(())
+}
+
+/// A draft model's side of a request: its caches (holding `held`) and its sampler.
+struct DraftState<'a> {
+    model: &'a dyn CausalLm,
+    caches: LayerCaches,
+    held: Vec<u32>,
+    sampler: Sampler,
+}
+
+impl DraftState<'_> {
+    /// Drafts `k` tokens after `ctx`, lazily: (tokens `[k]` uint32, with sampling their
+    /// distributions `[k, V_draft]` float32).
+    fn draft(&mut self, ctx: &[u32], k: usize, greedy: bool) -> Result<(Array, Option<Array>)> {
+        let mut input = Array::from_slice(&ctx[self.held.len()..], &[1, (ctx.len() - self.held.len()) as i32])?;
+        self.held = ctx.to_vec();
+        let (mut tokens, mut dists) = (Vec::with_capacity(k), Vec::with_capacity(k));
+        for j in 0..k {
+            let logits = self.model.forward(&input, &mut self.caches)?;
+            let l = logits.dim(1);
+            let logits = logits.slice_axis(1, l - 1, l)?.reshape(&[1, -1])?;
+            let lp = logits.subtract(&logits.logsumexp(&[-1], true)?)?;
+            let t = if greedy {
+                lp.argmax(-1, false)?.astype(Dtype::Uint32)?
+            } else {
+                let scaled = self.sampler.filtered(&lp)?;
+                dists.push(scaled.softmax(-1, true)?.astype(Dtype::Float32)?);
+                self.sampler.draw(&scaled)?
+            };
+            input = t.reshape(&[1, 1])?;
+            tokens.push(t);
+            if j + 1 < k {
+                // Fed by the next iteration; the last draft is fed next pass, if accepted.
+                self.held.push(u32::MAX);
+            }
+        }
+        let tokens = Array::concatenate(&tokens.iter().collect::<Vec<_>>(), 0)?;
+        let dists = if greedy { None } else { Some(Array::concatenate(&dists.iter().collect::<Vec<_>>(), 0)?) };
+        Ok((tokens, dists))
+    }
+}
+
+/// Generates from `prompt` as [`generator::run`] does (same callback contract: tokens handed
+/// over in order, `max_tokens` enforced here, Stop/Force/Replace honoured), speculating with
+/// `drafter`, `k` drafts per pass.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run(
+    model: &dyn CausalLm,
+    caches: &mut LayerCaches,
+    drafter: &Drafter,
+    k: usize,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    mut on_token: impl FnMut(TokenStep) -> Result<Flow>,
+) -> Result<LoopStats> {
+    let cached = generator::prepare(model, caches, prompt, opts)?;
+    let vocab = model.vocab_size();
+    reset_peak_memory();
+    let start = Instant::now();
+    let mut pos = cached;
+    while prompt.len() - pos > 1 {
+        pos = generator::prefill_chunk(model, caches, prompt, pos, opts)?;
+    }
+    let seed = opts.sampling.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos() as u64
+    });
+    let sampler = Sampler::new(&SamplingConfig { seed: Some(seed), ..opts.sampling.clone() })?;
+    let mut uniform = Uniform::new(seed);
+    let mut draft = match drafter {
+        Drafter::Model(d) => {
+            let mut dc = d.model.make_caches();
+            let mut p = 0;
+            while prompt.len() - p > 1 {
+                p = generator::prefill_chunk(d.model.as_ref(), &mut dc, prompt, p, opts)?;
+            }
+            let cfg = SamplingConfig { seed: Some(seed.wrapping_add(1)), ..opts.sampling.clone() };
+            Some(DraftState { model: d.model.as_ref(), caches: dc, held: prompt[..p].to_vec(), sampler: Sampler::new(&cfg)? })
+        }
+        Drafter::Lookup { .. } => None,
+    };
+    let greedy = opts.sampling.temperature == 0.0;
+    let top_n = opts.top_logprobs.unwrap_or(0);
+
+    let mut stats = LoopStats { prefilled: prompt.len() - cached, batch_size: 1, ..Default::default() };
+    let mut ctx = prompt.to_vec();
+    let mut held = prompt[..pos].to_vec();
+    let mut decode_start = None;
+    let mut n = 0usize;
+    'decode: while n < opts.max_tokens {
+        let want = k.min(opts.max_tokens - n - 1);
+        let t0 = Instant::now();
+        // The drafts: on the host (lookup) or lazily on the device (a draft model).
+        let (host_drafts, dev_drafts, q) = match (&mut draft, drafter) {
+            (Some(d), _) if want > 0 => {
+                let (t, q) = d.draft(&ctx, want, greedy)?;
+                (None, Some(t), q)
+            }
+            (None, Drafter::Lookup { max_ngram }) => (Some(lookup(&ctx, *max_ngram, want)), None, None),
+            _ => (Some(vec![]), None, None),
+        };
+        let pending = Array::from_slice(&ctx[held.len()..], &[(ctx.len() - held.len()) as i32])?;
+        let input = match (&host_drafts, &dev_drafts) {
+            (Some(h), _) if h.is_empty() => pending,
+            (Some(h), _) => Array::concatenate(&[&pending, &Array::from_slice(h, &[h.len() as i32])?], 0)?,
+            (None, Some(d)) => Array::concatenate(&[&pending, d], 0)?,
+            (None, None) => unreachable!("drafts come from one side"),
+        };
+        let nd = match (&host_drafts, &dev_drafts) {
+            (Some(h), _) => h.len(),
+            (None, Some(d)) => d.dim(0) as usize,
+            _ => 0,
+        };
+        let l = input.dim(0);
+        let logits = model.forward(&input.reshape(&[1, l])?, caches)?;
+        let rows = nd as i32 + 1;
+        let logits = logits.slice_axis(1, l - rows, l)?.reshape(&[rows, -1])?;
+        let lp = logits.subtract(&logits.logsumexp(&[-1], true)?)?;
+        let top = TopPending::compute(&lp, &vec![top_n.min(vocab); rows as usize])?;
+        // Verify: how many drafts are kept, and the model's token after them.
+        let (drafts, m, next, logprobs): (Vec<u32>, usize, u32, Vec<f32>) = if greedy {
+            let tok = lp.argmax(-1, false)?.astype(Dtype::Uint32)?;
+            let tlp = lp.take_along_axis(&tok.reshape(&[rows, 1])?, -1)?.reshape(&[rows])?.astype(Dtype::Float32)?;
+            let mut arrays = vec![&tok, &tlp];
+            arrays.extend(dev_drafts.as_ref());
+            eval(&arrays)?;
+            let drafts = match (host_drafts, &dev_drafts) {
+                (Some(h), _) => h,
+                (None, Some(d)) => d.to_vec::<u32>()?,
+                _ => vec![],
+            };
+            let (tok, tlp) = (tok.to_vec::<u32>()?, tlp.to_vec::<f32>()?);
+            let m = common_prefix(&drafts, &tok);
+            (drafts, m, tok[m], tlp)
+        } else {
+            let p = sampler.filtered(&lp)?.softmax(-1, true)?.astype(Dtype::Float32)?;
+            let lp32 = lp.astype(Dtype::Float32)?;
+            let mut arrays = vec![&p, &lp32];
+            arrays.extend(dev_drafts.as_ref());
+            arrays.extend(q.as_ref());
+            eval(&arrays)?;
+            let drafts = match (host_drafts, &dev_drafts) {
+                (Some(h), _) => h,
+                (None, Some(d)) => d.to_vec::<u32>()?,
+                _ => vec![],
+            };
+            let (ph, lph) = (p.to_vec::<f32>()?, lp32.to_vec::<f32>()?);
+            let qh = match &q {
+                Some(q) => Some((q.to_vec::<f32>()?, q.dim(-1) as usize)),
+                None => None,
+            };
+            let (m, next) = accept(&drafts, &ph, qh.as_ref().map(|(q, vq)| (q.as_slice(), *vq)), vocab, &mut || uniform.next());
+            let logprobs = (0..=m).map(|i| lph[i * vocab + if i < m { drafts[i] } else { next } as usize]).collect();
+            (drafts, m, next, logprobs)
+        };
+        if let Some(d) = draft.as_mut().filter(|_| dev_drafts.is_some() && nd > 0) {
+            // The drafts it fed itself (all but the last), in place of their placeholders.
+            let base = d.held.len() - (nd - 1);
+            d.held.truncate(base);
+            d.held.extend_from_slice(&drafts[..nd - 1]);
+        }
+        let mut tops = top.read()?.into_iter();
+        stats.steps_scheduled += 1;
+        stats.verify_steps += 1;
+        stats.drafted += drafts.len();
+        stats.accepted += m;
+        stats.schedule_s += t0.elapsed().as_secs_f64();
+        // The caches now hold the context and every draft.
+        held.extend_from_slice(&ctx[held.len()..]);
+        held.extend_from_slice(&drafts);
+        let emitted = drafts[..m].iter().copied().chain(std::iter::once(next));
+        let mut stop = false;
+        for (id, logprob) in emitted.zip(logprobs) {
+            if n >= opts.max_tokens {
+                break;
+            }
+            if n == 0 {
+                stats.ttft_s = start.elapsed().as_secs_f64();
+                decode_start = Some(Instant::now());
+            }
+            n += 1;
+            ctx.push(id);
+            let top = tops.next().unwrap_or_default();
+            let (forced, replace) = match on_token(TokenStep { id, logprob, forced: false, top })? {
+                Flow::Continue => continue,
+                Flow::Stop => {
+                    stop = true;
+                    break;
+                }
+                Flow::Force(t) => (t, false),
+                Flow::Replace(t) => (t, true),
+            };
+            // The rest of this pass is dropped for the forced tokens.
+            if replace {
+                ctx.pop();
+                n -= 1;
+            }
+            if let Some(bad) = forced.iter().find(|&&t| t as usize >= vocab) {
+                return Err(Error::InvalidArgument(format!("forced token id {bad} is outside the vocabulary (size {vocab})")));
+            }
+            for t in forced {
+                if n >= opts.max_tokens {
+                    break;
+                }
+                n += 1;
+                ctx.push(t);
+                if on_token(TokenStep { id: t, logprob: 0.0, forced: true, top: vec![] })? == Flow::Stop {
+                    stop = true;
+                    break;
+                }
+            }
+            break;
+        }
+        trim(caches, &mut held, &ctx)?;
+        if let Some(d) = &mut draft {
+            trim(&mut d.caches, &mut d.held, &ctx)?;
+        }
+        if stop {
+            break 'decode;
+        }
+    }
+    stats.generated = n;
+    stats.decode_s = decode_start.map_or(0.0, |t| t.elapsed().as_secs_f64());
+    stats.peak_memory = memory_stats().peak;
+    Ok(stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_proposes_what_followed_the_latest_occurrence_of_the_longest_ngram() {
+        // "1 2 3 9 ... 1 2 3 7 8 ... 2 3" → the latest "2 3" was followed by 7 8.
+        let ctx = [1, 2, 3, 9, 5, 1, 2, 3, 7, 8, 6, 2, 3];
+        assert_eq!(lookup(&ctx, 3, 2), vec![7, 8]);
+        assert_eq!(lookup(&ctx, 3, 10), vec![7, 8, 6, 2, 3]);
+        // No 3-gram or 2-gram recurs: falls back to the last token.
+        assert_eq!(lookup(&[4, 5, 6, 4], 3, 2), vec![5, 6]);
+        assert_eq!(lookup(&[4, 5, 6], 3, 2), Vec::<u32>::new());
+        assert_eq!(lookup(&[4, 4], 3, 0), Vec::<u32>::new());
+    }
+
+    /// Frequencies of the first token a pass emits over `n` passes, its draft drawn from `q`
+    /// (a draft model) or fixed (`fixed`: prompt lookup, q a point mass on it).
+    fn first_token_freq(fixed: Option<u32>, p: &[f32], q: &[f32], v: usize, n: usize) -> Vec<f64> {
+        let mut u = Uniform::new(7);
+        let mut counts = vec![0usize; v];
+        for _ in 0..n {
+            let (d, q) = match fixed {
+                Some(d) => (d, None),
+                None => (draw(&q.iter().map(|&x| x as f64).collect::<Vec<_>>(), u.next()), Some((q, v))),
+            };
+            let (m, next) = accept(&[d], p, q, v, &mut || u.next());
+            counts[if m > 0 { d } else { next } as usize] += 1;
+        }
+        counts.iter().map(|&c| c as f64 / n as f64).collect()
+    }
+
+    #[test]
+    fn accepted_or_resampled_tokens_follow_the_models_distribution() {
+        let v = 4;
+        // Two positions of the model's distribution (p), the draft model's (q).
+        let p = [0.1, 0.5, 0.3, 0.1, 0.25, 0.25, 0.25, 0.25];
+        let n = 200_000;
+        for q in [[0.6, 0.1, 0.2, 0.1], [0.1, 0.5, 0.3, 0.1], [0.0, 0.0, 0.0, 1.0]] {
+            for fixed in [None, Some(0), Some(1), Some(3)] {
+                let f = first_token_freq(fixed, &p, &q, v, n);
+                for t in 0..v {
+                    assert!((f[t] - p[t] as f64).abs() < 0.005, "draft {fixed:?} q {q:?}: token {t} at {} (want {})", f[t], p[t]);
+                }
+            }
+        }
+        // A draft the model cannot produce is never accepted; a sure one always is.
+        let mut u = Uniform::new(1);
+        let p0 = [0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0];
+        assert_eq!(accept(&[0], &p0, None, v, &mut || u.next()), (0, 1));
+        assert_eq!(accept(&[1], &p0, None, v, &mut || u.next()), (1, 0));
+    }
+}
