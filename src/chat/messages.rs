@@ -191,11 +191,35 @@ pub fn parse_messages_json(text: &str) -> Result<Vec<ChatMessage>> {
         }
     };
     let Value::Array(items) = list else { unreachable!() };
-    items
+    let messages = items
         .into_iter()
         .enumerate()
         .map(|(i, item)| message_from_value(item).map_err(|e| prefix_index("message", i, e)))
-        .collect()
+        .collect::<Result<Vec<_>>>()?;
+    check_tool_results(&messages)?;
+    Ok(messages)
+}
+
+/// A tool result whose `tool_call_id` names none of the calls the assistant made earlier in the
+/// conversation answers nothing (OpenAI refuses it too). Results without an id are matched by
+/// position, and a conversation with no earlier calls (history cut short) is left alone.
+fn check_tool_results(messages: &[ChatMessage]) -> Result<()> {
+    let mut ids: Vec<&str> = vec![];
+    for (i, m) in messages.iter().enumerate() {
+        ids.extend(m.tool_calls.iter().map(|c| c.id.as_str()).filter(|id| !id.is_empty()));
+        if m.role != Role::Tool {
+            continue;
+        }
+        if let Some(id) = m.tool_call_id.as_deref() {
+            if !ids.is_empty() && !ids.contains(&id) {
+                return Err(invalid(format!(
+                    "message {i}: tool_call_id {id:?} matches no earlier tool call (ids: {})",
+                    ids.join(", ")
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Parses a tools list: a bare array or `{"tools": [...]}`.
@@ -210,11 +234,18 @@ pub fn parse_tools_json(text: &str) -> Result<Vec<Tool>> {
         },
         _ => return Err(Error::InvalidArgument("expected a JSON array of tools".into())),
     };
-    items
+    let tools = items
         .into_iter()
         .enumerate()
         .map(|(i, item)| tool_from_value(item).map_err(|e| prefix_index("tool", i, e)))
-        .collect()
+        .collect::<Result<Vec<_>>>()?;
+    // Two tools of one name: a call could not say which it means.
+    for (i, t) in tools.iter().enumerate() {
+        if let Some(j) = tools[..i].iter().position(|u| u.function.name == t.function.name) {
+            return Err(invalid(format!("tool {i}: duplicate tool name {:?} (tool {j} has it too)", t.function.name)));
+        }
+    }
+    Ok(tools)
 }
 
 fn prefix_index(what: &str, i: usize, e: Error) -> Error {
@@ -361,6 +392,16 @@ fn tool_from_value(v: Value) -> Result<Tool> {
     };
     let function: FunctionDef = serde_json::from_value(func)
         .map_err(|e| invalid(format!("invalid function definition: {e}")))?;
+    if function.name.trim().is_empty() {
+        return Err(invalid("function \"name\" is empty"));
+    }
+    // The JSON Schema of the arguments: an object (or absent).
+    if !matches!(function.parameters, Value::Null | Value::Object(_)) {
+        return Err(invalid(format!(
+            "function {:?}: \"parameters\" must be a JSON Schema object, got {}",
+            function.name, function.parameters
+        )));
+    }
     Ok(Tool { kind, function })
 }
 
