@@ -6,10 +6,13 @@
 //! here in test code.
 #[path = "common/gguf.rs"]
 mod common;
+#[path = "common/skip.rs"]
+mod skips;
 
 use std::path::{Path, PathBuf};
 
 use common::*;
+use skips::{skip, skip_unless_ci};
 use mlex::convert::{affine, convert_gguf, ConvertOptions, FloatDtype};
 use mlex::error::Error;
 use mlex::gguf::writer::GgufWriter;
@@ -45,7 +48,7 @@ fn gguf_quants_match_reference() {
 #[test]
 fn gguf_quants_match_live_python() {
     let Ok(py) = std::env::var("MLEX_GGUF_PYTHON") else {
-        eprintln!("MLEX_GGUF_PYTHON not set: skipped");
+        skip("gguf_quants_match_live_python", "MLEX_GGUF_PYTHON not set (a Python with gguf and numpy)");
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -693,7 +696,7 @@ fn oracle_python(test: &str) -> Option<PathBuf> {
     let ci = std::env::var("CI").map(|v| !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("false")).unwrap_or(false);
     if py.is_none() {
         assert!(!ci, "{test}: no oracle venv (scripts/setup-oracle.sh); CI is set, so this is a failure");
-        eprintln!("{test}: no oracle venv: mlx-lm comparison skipped");
+        skip(&format!("{test} (mlx-lm comparison)"), "no oracle venv (run scripts/setup-oracle.sh or set MLEX_ORACLE_VENV)");
     }
     py
 }
@@ -886,7 +889,7 @@ fn smollm2_path() -> Option<PathBuf> {
 #[test]
 fn convert_real_smollm2() {
     let Some(src) = smollm2_path() else {
-        eprintln!("SmolLM2 GGUF not found (run scripts/fetch-smollm2.sh): skipped");
+        skip_unless_ci("convert_real_smollm2", "SmolLM2 GGUF not found (run scripts/fetch-smollm2.sh)");
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -929,7 +932,7 @@ fn gemma3_path() -> Option<PathBuf> {
 #[test]
 fn convert_real_gemma3() {
     let Some(src) = gemma3_path() else {
-        eprintln!("Gemma-3-270M GGUF not found (run scripts/fetch-gemma3-270m.sh): skipped");
+        skip_unless_ci("convert_real_gemma3", "Gemma-3-270M GGUF not found (run scripts/fetch-gemma3-270m.sh)");
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -977,7 +980,7 @@ fn convert_real_gemma3() {
             assert_eq!(a.get_ids(), b.get_ids(), "{s:?}");
         }
     } else {
-        eprintln!("{} not found (scripts/fetch-test-assets.sh): tokenizer comparison skipped", reference.display());
+        skip_unless_ci("convert_real_gemma3 (tokenizer comparison)", &format!("{} not found (scripts/fetch-test-assets.sh)", reference.display()));
     }
 
     let s = mlex::Session::load(&out).unwrap();
@@ -993,7 +996,7 @@ fn convert_real_gemma3() {
 #[test]
 fn tokenizer_matches_llama_cpp_vocab_tests() {
     let Ok(dir) = std::env::var("MLEX_GGML_VOCAB_DIR") else {
-        eprintln!("MLEX_GGML_VOCAB_DIR not set: skipped");
+        skip("tokenizer_matches_llama_cpp_vocab_tests", "MLEX_GGML_VOCAB_DIR not set (llama.cpp's vocab test files)");
         return;
     };
     let dir = PathBuf::from(dir);

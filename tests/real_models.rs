@@ -167,7 +167,10 @@ fn real_models_match_mlx_lm() {
     let mut dirs = discover(&root);
     dirs.extend(converted_cached_ggufs(&mut failures));
     if dirs.is_empty() && failures.is_empty() {
-        println!("skipping real_models_match_mlx_lm: no model directories under {} and no GGUF in the mlex cache", root.display());
+        common::skip(
+            "real_models_match_mlx_lm",
+            &format!("no model directories under {} and no GGUF in the mlex cache", root.display()),
+        );
         return;
     }
     let python = oracle_python();

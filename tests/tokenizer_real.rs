@@ -2,7 +2,10 @@
 //!
 //! Expected strings: tests/templates/expected/*.json, written by tests/templates/make_expected.py
 //! (transformers is the reference renderer). Tokenizer assets: scripts/fetch-test-assets.sh
-//! (`--templates` adds llama.cpp's 70 templates). Tests whose assets are absent print a note and pass.
+//! (`--templates` adds llama.cpp's 70 templates). Tests whose assets are absent are recorded as
+//! skipped (`common::skip`: a `SKIPPED:` line the test command prints), and fail under CI.
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -38,17 +41,16 @@ fn expected(name: &str) -> Value {
 fn load(name: &str) -> Option<Tokenizer> {
     static CACHE: Mutex<BTreeMap<String, Option<Tokenizer>>> = Mutex::new(BTreeMap::new());
     let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
-    cache
+    let dir = assets_dir().join(name);
+    let tok = cache
         .entry(name.to_string())
-        .or_insert_with(|| {
-            let dir = assets_dir().join(name);
-            if !dir.join("tokenizer.json").exists() {
-                eprintln!("note: skipping {name}: no {} (run scripts/fetch-test-assets.sh)", dir.display());
-                return None;
-            }
-            Some(Tokenizer::from_dir(&dir).unwrap())
-        })
-        .clone()
+        .or_insert_with(|| dir.join("tokenizer.json").exists().then(|| Tokenizer::from_dir(&dir).unwrap()))
+        .clone();
+    if tok.is_none() {
+        let test = std::thread::current().name().unwrap_or("tokenizer_real").to_string();
+        common::skip_unless_ci(&test, &format!("no {} (run scripts/fetch-test-assets.sh)", dir.join("tokenizer.json").display()));
+    }
+    tok
 }
 
 struct Case {
@@ -218,7 +220,8 @@ fn llama_cpp_templates_dir() -> Option<PathBuf> {
         .map(PathBuf::from)
         .unwrap_or_else(|| assets_dir().join("llama.cpp-templates"));
     if !dir.is_dir() {
-        eprintln!("note: skipping: no {} (run scripts/fetch-test-assets.sh --templates)", dir.display());
+        let test = std::thread::current().name().unwrap_or("tokenizer_real").to_string();
+        common::skip_unless_ci(&test, &format!("no {} (run scripts/fetch-test-assets.sh --templates)", dir.display()));
         return None;
     }
     Some(dir)
