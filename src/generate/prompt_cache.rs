@@ -38,8 +38,20 @@ pub struct PromptCacheConfig {
     pub ttl: Duration,
     /// Prompts shorter than this are not worth caching.
     pub min_cacheable_tokens: usize,
-    /// Upper bound on the bytes of KV state kept (None = no byte budget).
+    /// Upper bound on the bytes of KV state kept. None: [`default_max_bytes`], a quarter of what
+    /// MLX may still allocate once the model is loaded (its memory limit, derived from the
+    /// device's memory, less the bytes already in use); `usize::MAX` for no bound.
     pub max_bytes: Option<usize>,
+}
+
+/// The prompt cache's byte budget when [`PromptCacheConfig::max_bytes`] is None: a quarter of
+/// MLX's memory limit (which MLX derives from the device's memory: the recommended working set
+/// on Metal, the system RAM on CPU and CUDA) less what is already allocated (the weights), so
+/// sixteen long contexts of a large model cannot take a laptop's memory. At least 64 MiB.
+pub fn default_max_bytes() -> usize {
+    let limit = mlx::memory_limit();
+    let used = mlx::memory_stats().active;
+    (limit.saturating_sub(used) / 4).max(64 << 20)
 }
 
 impl Default for PromptCacheConfig {
@@ -66,6 +78,8 @@ pub struct PromptCachePool {
     config: PromptCacheConfig,
     entries: Vec<Entry>,
     bytes: usize,
+    /// `config.max_bytes`, or [`default_max_bytes`] when that is None.
+    max_bytes: usize,
 }
 
 /// Length of the common prefix of `a` and `b`.
@@ -75,12 +89,18 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 
 impl PromptCachePool {
     pub fn new(config: PromptCacheConfig) -> Self {
-        PromptCachePool { config, entries: vec![], bytes: 0 }
+        let max_bytes = config.max_bytes.unwrap_or_else(default_max_bytes);
+        PromptCachePool { config, entries: vec![], bytes: 0, max_bytes }
     }
 
     /// False when the configuration keeps nothing (`max_entries: 0` or `max_bytes: Some(0)`).
     pub fn enabled(&self) -> bool {
-        self.config.max_entries > 0 && self.config.max_bytes != Some(0)
+        self.config.max_entries > 0 && self.max_bytes != 0
+    }
+
+    /// The byte budget in force (`max_bytes`, or the default derived from the device's memory).
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes
     }
 
     pub fn len(&self) -> usize {
@@ -185,7 +205,7 @@ impl PromptCachePool {
             return Ok(());
         }
         let bytes = caches.nbytes();
-        if self.config.max_bytes.is_some_and(|max| bytes > max) {
+        if bytes > self.max_bytes {
             return Ok(());
         }
         // Make sure nothing lazy (and the graph behind it) is kept alive by the pool.
@@ -206,7 +226,7 @@ impl PromptCachePool {
         // Room for the new entry, least recently used first (it fits the byte budget alone).
         while !self.entries.is_empty()
             && (self.entries.len() + 1 > self.config.max_entries
-                || self.config.max_bytes.is_some_and(|max| self.bytes + bytes > max))
+                || self.bytes + bytes > self.max_bytes)
         {
             let lru = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used).expect("non-empty");
             self.remove(lru);
@@ -366,5 +386,19 @@ mod tests {
         // Storing a prefix of an entry that cannot be trimmed to it is a new entry, not a refresh.
         p.store(full[..11].to_vec(), hybrid(11), now).unwrap();
         assert_eq!(seqs(&p).len(), 3);
+    }
+
+    #[test]
+    fn the_byte_budget_defaults_to_a_share_of_the_device_memory() {
+        let p = pool(16, 2);
+        let limit = mlx::memory_limit();
+        assert!(p.max_bytes() >= 64 << 20, "default budget {}", p.max_bytes());
+        if limit > 256 << 20 {
+            assert!(p.max_bytes() <= limit / 4, "default budget {} vs MLX memory limit {limit}", p.max_bytes());
+        }
+        let explicit = PromptCachePool::new(PromptCacheConfig { max_bytes: Some(1000), ..Default::default() });
+        assert_eq!(explicit.max_bytes(), 1000);
+        let off = PromptCachePool::new(PromptCacheConfig { max_bytes: Some(0), ..Default::default() });
+        assert!(!off.enabled());
     }
 }
