@@ -64,6 +64,21 @@ export type ToolCallFormat = 'hermes' | 'qwen3_coder' | 'gemma4' | 'gemma_tool_c
  */
 export declare function parseToolCalls(text: string, format?: ToolCallFormat): ParsedToolCalls
 
+/** MLX's memory in this process (all sessions together), in bytes. */
+export interface MemoryStats {
+  /** In live arrays: weights, KV caches, pooled prompt caches, arrays in flight. */
+  activeBytes: number
+  /** The most `activeBytes` has been (a high-water mark). */
+  peakBytes: number
+  /** Freed buffers MLX keeps for reuse. */
+  cacheBytes: number
+  /** MLX's memory limit: allocations beyond it fail. */
+  limitBytes: number
+}
+
+/** MLX's memory figures of this process (to watch for growth: a soak, a long-running server). */
+export declare function memoryStats(): MemoryStats
+
 /** Every error code, for exhaustive handling. */
 export declare const ERROR_CODES: readonly ErrorCode[]
 

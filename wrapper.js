@@ -53,7 +53,9 @@ function loadNative() {
 const native = loadNative()
 // Stop every running generation before Node calls exit(): MLX's static destructors must not run
 // under an engine thread that is still computing (see shutdownForExit in src/node/mod.rs).
-process.once('exit', () => native.shutdownForExit())
+// Only the main thread's exit is the process's: a worker_threads Worker that ends must not abort
+// the generations of the other threads (its sessions are released when its environment goes).
+if (require('node:worker_threads').isMainThread) process.once('exit', () => native.shutdownForExit())
 
 function mlexError(code, message, cause) {
   const err = new Error(message)
@@ -367,4 +369,13 @@ function parseToolCalls(text, format) {
   }
 }
 
-module.exports = { Session, parseToolCalls, ERROR_CODES: [...ERROR_CODES] }
+/**
+ * MLX's memory in this process, in bytes (all sessions together): `activeBytes` in live arrays
+ * (weights, KV and prompt caches), `peakBytes` its high-water mark, `cacheBytes` freed buffers kept
+ * for reuse, `limitBytes` MLX's limit.
+ */
+function memoryStats() {
+  return { ...native.nativeMemoryStats() }
+}
+
+module.exports = { Session, parseToolCalls, memoryStats, ERROR_CODES: [...ERROR_CODES] }

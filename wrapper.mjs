@@ -7,4 +7,5 @@ const mlex = require('./wrapper.js')
 export const Session = mlex.Session
 export const ERROR_CODES = mlex.ERROR_CODES
 export const parseToolCalls = mlex.parseToolCalls
+export const memoryStats = mlex.memoryStats
 export default mlex

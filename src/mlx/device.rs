@@ -65,6 +65,33 @@ pub fn memory_stats() -> MemoryStats {
     m
 }
 
+/// Node (`memoryStats()` of the package): MLX's memory figures for the whole process, in bytes.
+#[cfg(feature = "node")]
+#[napi_derive::napi(object, js_name = "NativeMemoryStats")]
+pub struct NodeMemoryStats {
+    /// Bytes in live arrays (weights, KV caches, pooled prompt caches, arrays in flight).
+    pub active_bytes: f64,
+    /// The most `active_bytes` has been (a high-water mark).
+    pub peak_bytes: f64,
+    /// Freed buffers MLX keeps for reuse.
+    pub cache_bytes: f64,
+    /// MLX's memory limit (allocations beyond it fail).
+    pub limit_bytes: f64,
+}
+
+/// Internal: MLX's memory figures (the wrapper's `memoryStats()`).
+#[cfg(feature = "node")]
+#[napi_derive::napi(js_name = "nativeMemoryStats")]
+pub fn node_memory_stats() -> NodeMemoryStats {
+    let m = memory_stats();
+    NodeMemoryStats {
+        active_bytes: m.active as f64,
+        peak_bytes: m.peak as f64,
+        cache_bytes: m.cache as f64,
+        limit_bytes: memory_limit() as f64,
+    }
+}
+
 /// MLX's memory limit in bytes (allocations beyond it fail).
 pub fn memory_limit() -> usize {
     let mut n = 0;

@@ -10,6 +10,7 @@ mod error;
 mod ops;
 pub mod quant;
 pub mod random;
+pub mod threads;
 pub(crate) mod sys;
 
 pub use array::{async_eval, eval, graph_census, Array};
