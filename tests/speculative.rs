@@ -99,6 +99,22 @@ fn greedy_speculation_equals_plain_decoding() {
 }
 
 #[test]
+fn a_speculative_reply_leaves_its_state_in_the_prompt_cache() {
+    let target = model(0x6d6c_6578);
+    let s = load(target.path(), None);
+    let spec = |max| GenerateOptions { prompt_lookup: lookup(), ..greedy(max) };
+    let first = s.generate_tokens(&prompt(), spec(20), |_| true).unwrap();
+    // The next turn: the first prompt, its reply and more.
+    let mut next = prompt();
+    next.extend(&first.tokens);
+    next.extend(b" again".iter().map(|&b| b as u32));
+    let warm = s.generate_tokens(&next, spec(12), |_| true).unwrap();
+    assert!(warm.usage.cached_tokens >= prompt().len() + first.tokens.len() - 1, "{:?}", warm.usage);
+    let cold = s.generate_tokens(&next, GenerateOptions { prompt_cache: Some(false), ..greedy(12) }, |_| true).unwrap();
+    assert_same(&cold, &warm, "resumed from the cache");
+}
+
+#[test]
 fn stops_and_limits_behave_as_in_plain_decoding() {
     let target = model(0x6d6c_6578);
     let other = model(99);

@@ -329,7 +329,6 @@ impl Engine {
         let snap = if use_pool { Some(&mut snapshot) } else { None };
         let constraint = self.constraint(prompt, opts)?;
         let plan = self.drafts.plan(opts, self.model.as_ref(), self.tokenizer.as_deref(), constraint.is_some())?;
-        let speculated = plan.is_some();
         let run = match plan {
             Some((drafter, k)) => speculative::run(self.model.as_ref(), &mut caches, &drafter, k, prompt, opts, |step: TokenStep| {
                 reply.on_token(job, step)
@@ -345,7 +344,7 @@ impl Engine {
         if let Some(snap) = snapshot {
             let _ = pool.store(prompt[..prompt.len() - 1].to_vec(), snap, Instant::now());
         }
-        if use_pool && !speculated {
+        if use_pool {
             store_reply(pool, prompt, &reply.sampled, caches);
         }
         let usage = request::usage(prompt.len(), reply.completion_tokens(), queue_ms, &stats);
