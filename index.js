@@ -839,5 +839,6 @@ module.exports.NativeGeneration = nativeBinding.NativeGeneration
 module.exports.NativeSession = nativeBinding.NativeSession
 module.exports.generateOptionNames = nativeBinding.generateOptionNames
 module.exports.loadNativeSession = nativeBinding.loadNativeSession
+module.exports.nativeMemoryStats = nativeBinding.nativeMemoryStats
 module.exports.parseToolCalls = nativeBinding.parseToolCalls
 module.exports.shutdownForExit = nativeBinding.shutdownForExit
