@@ -108,7 +108,8 @@ pub struct ModelInfo {
 
 struct Inner {
     commands: Mutex<mpsc::Sender<Command>>,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The engine's job on a pooled thread ([`mlx::threads`]: no MLX stream thread is left behind).
+    thread: Mutex<Option<mlx::threads::JobHandle>>,
 }
 
 impl Drop for Inner {
@@ -117,7 +118,7 @@ impl Drop for Inner {
             let _ = tx.send(Command::Shutdown);
         }
         if let Some(t) = self.thread.lock().ok().and_then(|mut t| t.take()) {
-            let _ = t.join();
+            t.join();
         }
     }
 }
@@ -203,9 +204,7 @@ impl Session {
         let max_batch = spec.max_batch;
         let (cmd_tx, cmd_rx) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("mlex-engine".into())
-            .spawn(move || engine::run(spec, ready_tx, cmd_rx))
+        let thread = mlx::threads::spawn("mlex-engine", move || engine::run(spec, ready_tx, cmd_rx))
             .map_err(|e| Error::io("spawning the engine thread", e))?;
         let facts: LoadedFacts = match ready_rx.recv() {
             Ok(r) => r?,
