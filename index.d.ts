@@ -202,6 +202,28 @@ export interface GenerateOptions {
    */
   promptLookup?: boolean | { maxNgram?: number; numDraftTokens?: number }
   /**
+   * Hold at most this many tokens of keys/values per layer: the first 4 and the most recent
+   * (mlx-lm's `max_kv_size`): memory stays bounded and generation may go past the context
+   * length. Greater than 4. Such calls run alone, without the prompt cache (`usage.batched`
+   * false). Models whose every layer is plain full attention only (llama, qwen2, qwen3, …).
+   */
+  maxKvSize?: number
+  /**
+   * Quantize the keys/values to this many bits (2, 3, 4, 5, 6 or 8; mlx-lm's `kv_bits`), read
+   * by quantized attention. Not with `maxKvSize`. Runs alone, without the prompt cache.
+   */
+  kvBits?: number
+  /**
+   * Elements per quantization group of `kvBits` (32, 64 or 128; default 64); it must divide
+   * the model's head dimension.
+   */
+  kvGroupSize?: number
+  /**
+   * Tokens kept in full precision before the cache switches to `kvBits` (default 5000, as
+   * mlx-lm's `quantized_kv_start`; 0: from the first forward pass on).
+   */
+  quantizedKvStart?: number
+  /**
    * Aborts the generation. Before it starts: the promise rejects with code `'ABORTED'`;
    * while it runs: it resolves with `finishReason: 'abort'` and the text so far.
    */
@@ -282,6 +304,13 @@ export interface LoadOptions {
    * `numDraftTokens: 0`. A different vocabulary rejects with `INVALID_ARGUMENT`.
    */
   draftModel?: string
+  /**
+   * The most tokens a sequence may hold, prompt and reply together: a generation that
+   * reaches it ends with `finishReason: 'length'`; a prompt that leaves no room rejects with
+   * `INVALID_ARGUMENT`. Default: config.json's `max_position_embeddings` (none with dynamic
+   * rope scaling). Calls with a `maxKvSize` at most this long are not limited.
+   */
+  contextLength?: number
   /** Called as loading advances (on the JS thread). */
   onProgress?: (progress: LoadProgress) => void
   /** Aborts the load: the promise rejects with code `'ABORTED'`. */
@@ -308,7 +337,10 @@ export interface ModelInfo {
   numLayers: number
   /** Vocabulary size. */
   vocabSize: number
-  /** Longest context the model was trained for, when config.json says. */
+  /**
+   * The context length generation keeps to (`LoadOptions.contextLength`, else the longest
+   * context config.json declares); none when unlimited.
+   */
   contextLength?: number
   /** Quantization, e.g. `'affine 4-bit g64'`; null for float checkpoints. */
   quantization?: string
@@ -333,6 +365,21 @@ export interface NativeBatch {
   tokens: Array<GeneratedToken>
   /** Set once, when generation has ended. */
   reply?: GenerateReply
+}
+
+/** Internal: MLX's memory figures (the wrapper's `memoryStats()`). */
+export declare function nativeMemoryStats(): NativeMemoryStats
+
+/** Node (`memoryStats()` of the package): MLX's memory figures for the whole process, in bytes. */
+export interface NativeMemoryStats {
+  /** Bytes in live arrays (weights, KV caches, pooled prompt caches, arrays in flight). */
+  activeBytes: number
+  /** The most `active_bytes` has been (a high-water mark). */
+  peakBytes: number
+  /** Freed buffers MLX keeps for reuse. */
+  cacheBytes: number
+  /** MLX's memory limit (allocations beyond it fail). */
+  limitBytes: number
 }
 
 /** Text with its tool calls parsed out (`parseToolCalls`). */

@@ -4,6 +4,7 @@ model, printing one JSON line per run with the same keys as `mlex bench --json`.
   python scripts/mlxlm_bench.py --model DIR
   python scripts/mlxlm_bench.py --shape qwen3-0.6b --bits 4 [--dtype bf16|f32]
   options: --prompt-len 512 --gen 256 --runs 3
+           --max-kv-size N --kv-bits B --kv-group-size G --quantized-kv-start N   (generate_step's KV cache options)
   python scripts/mlxlm_bench.py --shape qwen3-0.6b --bits 4 --graph   # ops of one decode step
 
 Shapes are the same configs as `mlex bench --shape` (src/bench.rs)."""
@@ -146,7 +147,13 @@ def main():
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--graph", action="store_true", help="print the ops of one decode step instead of timing")
     p.add_argument("--concurrency", type=int, help="N requests at once through mlx-lm's BatchGenerator")
+    p.add_argument("--max-kv-size", type=int)
+    p.add_argument("--kv-bits", type=int)
+    p.add_argument("--kv-group-size", type=int, default=64)
+    p.add_argument("--quantized-kv-start", type=int, default=5000)
     a = p.parse_args()
+    kv = dict(max_kv_size=a.max_kv_size, kv_bits=a.kv_bits, kv_group_size=a.kv_group_size,
+              quantized_kv_start=a.quantized_kv_start)
     if a.graph:
         model, _ = build(a)
         census = decode_step_census(model)
@@ -169,14 +176,14 @@ def main():
         t0 = time.perf_counter()
         t1 = None
         n = 0
-        for _tok, _lp in generate_step(prompt, model, max_tokens=a.gen):
+        for _tok, _lp in generate_step(prompt, model, max_tokens=a.gen, **kv):
             if t1 is None:
                 t1 = time.perf_counter()
             n += 1
         t2 = time.perf_counter()
         print(json.dumps({
             "engine": "mlx-lm", "model": a.model or a.shape, "bits": a.bits, "run": run,
-            "prompt_tokens": a.prompt_len, "gen_tokens": n,
+            "prompt_tokens": a.prompt_len, "gen_tokens": n, "max_kv_size": a.max_kv_size, "kv_bits": a.kv_bits,
             "prefill_tok_s": round(a.prompt_len / (t1 - t0), 1), "ttft_ms": round((t1 - t0) * 1e3, 2),
             "decode_tok_s": round((n - 1) / (t2 - t1), 2) if n > 1 else 0.0,
             "weights_gib": round(weights / 2**30, 3), "peak_gib": round(mx.get_peak_memory() / 2**30, 3),

@@ -84,6 +84,10 @@ pub struct BenchSpec {
     pub prompt_len: usize,
     pub gen: usize,
     pub runs: usize,
+    /// KV cache options of every measured generation (`max_kv_size`, `kv_bits`, …).
+    pub kv: crate::generate::KvCacheOptions,
+    /// Prompt tokens per prefill forward pass (None: the default).
+    pub prefill_step_size: Option<usize>,
 }
 
 /// Runs the benchmark, calling `report` with one JSON object per measured run.
@@ -93,7 +97,11 @@ pub fn run(spec: &BenchSpec, mut report: impl FnMut(Value)) -> Result<()> {
     let load_s = t0.elapsed().as_secs_f64();
     let prompt = random_prompt(session.info().vocab_size as u64, spec.prompt_len, 0);
     // Every run recomputes the prompt: the prompt cache would otherwise serve it.
-    let opts = |n| GenerateOptions { max_tokens: n, ignore_eos: true, prompt_cache: Some(false), ..Default::default() };
+    let opts = |n| {
+        let mut o = GenerateOptions { max_tokens: n, ignore_eos: true, prompt_cache: Some(false), kv_cache: spec.kv, ..Default::default() };
+        o.prefill_step_size = spec.prefill_step_size.unwrap_or(o.prefill_step_size);
+        o
+    };
     session.generate_tokens(&prompt, opts(4), |_| true)?; // warm-up at the measured shape
     for run in 0..spec.runs {
         let r = session.generate_tokens(&prompt, opts(spec.gen), |_| true)?;
@@ -102,6 +110,7 @@ pub fn run(spec: &BenchSpec, mut report: impl FnMut(Value)) -> Result<()> {
         report(json!({
             "engine": "mlex", "model": label, "bits": spec.bits, "run": run,
             "prompt_tokens": u.prompt_tokens, "gen_tokens": u.completion_tokens,
+            "max_kv_size": spec.kv.max_kv_size, "kv_bits": spec.kv.kv_bits,
             "prefill_tok_s": (u.prefill_tokens_per_second * 10.0).round() / 10.0,
             "ttft_ms": (u.ttft_ms * 100.0).round() / 100.0,
             "decode_tok_s": (u.decode_tokens_per_second * 100.0).round() / 100.0,

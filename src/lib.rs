@@ -36,7 +36,7 @@ pub mod tokenizer;
 
 pub use chat::{ChatMessage, Role, Tool, ToolCall};
 pub use error::{Error, Result};
-pub use generate::{FinishReason, GenerateOptions, GenerateReply, GeneratedToken, SamplingConfig, TokenKind, TopLogprob, Usage};
+pub use generate::{FinishReason, GenerateOptions, GenerateReply, GeneratedToken, KvCacheOptions, SamplingConfig, TokenKind, TopLogprob, Usage};
 pub use mlx::{Device, Dtype};
 pub use generate::PromptCacheConfig;
 pub use generate::engine::{Event, Sink};

@@ -36,6 +36,11 @@ pub struct LoadOptions {
     /// then decodes speculatively (outside the continuous batch) unless it sets
     /// `num_draft_tokens: 0`. A vocabulary that differs from the model's is INVALID_ARGUMENT.
     pub draft_model: Option<String>,
+    /// The most tokens a sequence may hold, prompt and reply together: a generation that reaches
+    /// it ends with finish reason `length`, a prompt that leaves no room is INVALID_ARGUMENT.
+    /// Default: config.json's `max_position_embeddings` (none with dynamic NTK rope scaling, which
+    /// adapts to any length). A request with `max_kv_size` at most this long is not limited.
+    pub context_length: Option<usize>,
 }
 
 /// How many requests decode together unless [`LoadOptions::max_batch`] says otherwise.
@@ -43,7 +48,7 @@ pub const DEFAULT_MAX_BATCH: usize = 16;
 
 impl LoadOptions {
     /// Every option, by its snake_case name (`prompt_cache` is an object of [`PROMPT_CACHE_FIELDS`]).
-    pub const FIELDS: &'static [&'static str] = &["device", "dtype", "prompt_cache", "max_batch", "kv_budget_bytes", "draft_model"];
+    pub const FIELDS: &'static [&'static str] = &["device", "dtype", "prompt_cache", "max_batch", "kv_budget_bytes", "draft_model", "context_length"];
 
     /// Load options from a JSON object, named as `naming` spells them (see [`crate::schema`]):
     /// `device` `"gpu"`/`"cpu"`, `dtype` `"float32"`/`"bfloat16"`/`"float16"`, `prompt_cache`
@@ -80,7 +85,25 @@ impl LoadOptions {
         }
         let kv_budget_bytes = f.count("kv_budget_bytes")?;
         let draft_model = f.string("draft_model")?.map(str::to_string);
-        Ok(LoadOptions { device, dtype, prompt_cache, max_batch, kv_budget_bytes, draft_model })
+        let context_length = f.count("context_length")?;
+        if context_length == Some(0) {
+            return Err(format!("{} must be at least 1", f.name("context_length")));
+        }
+        Ok(LoadOptions { device, dtype, prompt_cache, max_batch, kv_budget_bytes, draft_model, context_length })
+    }
+}
+
+/// The context length a checkpoint declares: `max_position_embeddings`, except with dynamic NTK
+/// rope scaling, whose base grows with the sequence so that it has no fixed limit.
+fn default_context_length(config: &ModelConfig) -> Option<usize> {
+    let rope = |key: &str| config.raw.get(key).filter(|v| v.is_object());
+    let dynamic = rope("rope_scaling").or_else(|| rope("rope_parameters")).is_some_and(|r| {
+        ["type", "rope_type"].iter().any(|k| r.get(*k).and_then(|t| t.as_str()) == Some("dynamic"))
+    });
+    if dynamic {
+        None
+    } else {
+        config.context_length()
     }
 }
 
@@ -94,6 +117,7 @@ pub struct ModelInfo {
     pub model_type: String,
     pub num_layers: usize,
     pub vocab_size: usize,
+    /// The context length generation keeps to ([`LoadOptions::context_length`]); None: unlimited.
     pub context_length: Option<usize>,
     /// e.g. "affine 4-bit g64", None for float checkpoints.
     pub quantization: Option<String>,
@@ -200,7 +224,9 @@ impl Session {
             max_batch: options.max_batch.unwrap_or(DEFAULT_MAX_BATCH).max(1),
             kv_budget: options.kv_budget_bytes,
             draft_model: options.draft_model.clone(),
+            context_length: options.context_length.or_else(|| default_context_length(&config)),
         };
+        let context_length = spec.context_length;
         let max_batch = spec.max_batch;
         let (cmd_tx, cmd_rx) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::channel();
@@ -218,7 +244,7 @@ impl Session {
             model_type: config.model_type.clone(),
             num_layers: config.num_hidden_layers,
             vocab_size: config.vocab_size,
-            context_length: config.context_length(),
+            context_length,
             quantization,
             dtype: facts.dtype.name().to_string(),
             device: facts.device.as_str().to_string(),

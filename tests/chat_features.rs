@@ -19,7 +19,8 @@ const THINK_TEMPLATE: &str = "{% for m in messages %}{{ '<|im_start|>' + m['role
 /// The tiny llama with `<think>` and `</think>` added to its vocabulary and a thinking template.
 fn thinking_model() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    TinyLlama { vocab: TINY_VOCAB + 2, ..Default::default() }.write(dir.path());
+    // A context long enough for tool prompts (generation stops at the context length).
+    TinyLlama { vocab: TINY_VOCAB + 2, max_position_embeddings: 4096, ..Default::default() }.write(dir.path());
     edit_json(&dir.path().join("tokenizer.json"), |t| {
         for (id, content) in [(THINK, "<think>"), (END_THINK, "</think>")] {
             t["model"]["vocab"][content] = id.into();
@@ -234,7 +235,7 @@ fn tool_choice_required_and_named_produce_valid_calls() {
 /// (whose text decides Mistral's call variant).
 fn model_with(template: &str, markers: &[&str]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    TinyLlama { vocab: TINY_VOCAB + 2 + markers.len(), ..Default::default() }.write(dir.path());
+    TinyLlama { vocab: TINY_VOCAB + 2 + markers.len(), max_position_embeddings: 4096, ..Default::default() }.write(dir.path());
     edit_json(&dir.path().join("tokenizer.json"), |t| {
         let added = [("<think>", false), ("</think>", false)].into_iter().chain(markers.iter().map(|m| (*m, true)));
         for (k, (content, special)) in added.enumerate() {

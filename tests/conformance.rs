@@ -158,9 +158,25 @@ fn run_case(case: &OracleCase) -> Row {
     if let Some(n) = case.prefill_step_size {
         options.prefill_step_size = n;
     }
+    // The generate_step options the oracle ran with (the KV cache options), by mlx-lm's names.
+    match generate_options(case) {
+        Ok(kv) => options.kv_cache = kv,
+        Err(e) => return fail(format!("generate_options: {e}")),
+    }
     match session.generate_tokens(&case.prompt, options, |_tok| true) {
         Ok(reply) => compare(case, &reply.tokens, &reply.logprobs),
         Err(e) => fail(format!("generate: {e}")),
+    }
+}
+
+/// The KV cache options of `expected.json`'s `generate_options` (mlx-lm's keyword arguments of
+/// `generate_step`, which are mlex's option names in snake_case); default when absent.
+fn generate_options(case: &OracleCase) -> Result<mlex::KvCacheOptions, String> {
+    let file = case.dir.join("expected.json");
+    let e: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&file).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+    match e.get("generate_options").filter(|v| v.as_object().is_some_and(|o| !o.is_empty())) {
+        Some(v) => Ok(GenerateOptions::from_json(v, mlex::generate::Naming::Snake)?.kv_cache),
+        None => Ok(Default::default()),
     }
 }
 
@@ -285,6 +301,13 @@ fn conformance_gemma4() {
 #[test]
 fn conformance_deepseek() {
     check("conformance_deepseek", "deepseek", &["deepseek_v3", "deepseek_v2"]);
+}
+
+/// mlx-lm's `max_kv_size` (rotating cache keeping the first 4 tokens) and `kv_bits` /
+/// `kv_group_size` / `quantized_kv_start` (quantized cache and attention): tests/oracle/archs/kv.py.
+#[test]
+fn conformance_kv_cache() {
+    check("conformance_kv_cache", "kv", &["qwen3", "qwen2", "llama"]);
 }
 
 #[test]

@@ -423,7 +423,9 @@ fn eviction_by_max_bytes_and_entries_larger_than_the_budget() {
 /// returns the pooled reply. None (skipped) without the oracle venv, outside CI.
 fn fixture_runner(test: &str, family: &str, case: &str, prefill_step: usize) -> Option<impl Fn(&[u32]) -> GenerateReply> {
     common::require_oracle(test)?;
-    let session = Session::load(common::family_fixtures_dir(family).join(case)).unwrap();
+    // Prompts here run past the fixtures' max_position_embeddings (256): lift the context limit.
+    let load = LoadOptions { context_length: Some(1 << 16), ..Default::default() };
+    let session = Session::load_with_options(common::family_fixtures_dir(family).join(case), load).unwrap();
     let opts = move |cache: bool| {
         let mut o = greedy(8);
         o.prefill_step_size = prefill_step;

@@ -163,6 +163,12 @@ struct BenchArgs {
     /// With --concurrency, --max-batch up to --concurrency batches all streams (default 16).
     #[command(flatten)]
     batch: BatchArgs,
+    /// Every measured generation with these KV cache options (peak memory with and without).
+    #[command(flatten)]
+    kv: KvCacheArgs,
+    /// Prompt tokens per prefill forward pass (default 512).
+    #[arg(long)]
+    prefill_step_size: Option<usize>,
     /// JSON lines only (default also prints a summary line per run to stderr).
     #[arg(long)]
     json: bool,
@@ -230,6 +236,38 @@ struct SamplingArgs {
     /// Speculative decoding with drafts looked up in the context (no second model).
     #[arg(long)]
     prompt_lookup: bool,
+    #[command(flatten)]
+    kv: KvCacheArgs,
+}
+
+/// mlx-lm's KV cache options (`GenerateOptions::kv_cache`), as `mlx_lm.generate` spells them.
+#[derive(Args, Default)]
+struct KvCacheArgs {
+    /// Hold at most N tokens of keys/values per layer: the first 4 and the most recent (memory
+    /// stays bounded; generation may go past the context length).
+    #[arg(long, value_name = "N")]
+    max_kv_size: Option<usize>,
+    /// Quantize the keys/values to this many bits (2, 3, 4, 5, 6 or 8).
+    #[arg(long, value_name = "BITS")]
+    kv_bits: Option<u32>,
+    /// Group size of --kv-bits (32, 64, 128; default 64).
+    #[arg(long, value_name = "N")]
+    kv_group_size: Option<u32>,
+    /// Tokens kept in full precision before --kv-bits applies (default 5000).
+    #[arg(long, value_name = "N")]
+    quantized_kv_start: Option<usize>,
+}
+
+impl KvCacheArgs {
+    /// The flags, by option name (snake_case), for the core schema to read.
+    fn values(&self) -> [(&'static str, serde_json::Value); 4] {
+        [
+            ("max_kv_size", json!(self.max_kv_size)),
+            ("kv_bits", json!(self.kv_bits)),
+            ("kv_group_size", json!(self.kv_group_size)),
+            ("quantized_kv_start", json!(self.quantized_kv_start)),
+        ]
+    }
 }
 
 #[derive(Args)]
@@ -446,6 +484,11 @@ fn bench(a: BenchArgs) -> mlex::Result<()> {
         prompt_len: a.prompt_len,
         gen: a.gen,
         runs: a.runs,
+        kv: {
+            let o = a.kv.values().into_iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (Naming::Kebab.spell(k), v)).collect();
+            GenerateOptions::from_json(&serde_json::Value::Object(o), Naming::Kebab).map_err(mlex::Error::InvalidArgument)?.kv_cache
+        },
+        prefill_step_size: a.prefill_step_size,
     };
     let json = a.json;
     if a.graph {
@@ -512,6 +555,9 @@ fn options(s: &SamplingArgs, c: &ChatFeatureArgs) -> mlex::Result<GenerateOption
     set("draft_model", json!(s.draft_model));
     set("num_draft_tokens", json!(s.num_draft_tokens));
     set("prompt_lookup", if s.prompt_lookup { json!(true) } else { json!(null) });
+    for (name, v) in s.kv.values() {
+        set(name, v);
+    }
     set("enable_thinking", json!(c.think.enable_thinking()));
     set("reasoning_budget_tokens", json!(c.reasoning_budget_tokens));
     set("tool_call_format", json!(c.tool_call_format));

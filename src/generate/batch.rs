@@ -385,16 +385,17 @@ fn finish(mut row: Row, error: Option<Error>, caches: Option<LayerCaches>, pool:
 /// back with the error when it cannot start.
 fn start(
     engine: &Engine,
-    job: GenerateJob,
+    mut job: GenerateJob,
     pool: &mut PromptCachePool,
     kv_per_token: usize,
 ) -> std::result::Result<Solo, (GenerateJob, Error)> {
     let queue_ms = job.queued_at.elapsed().as_secs_f64() * 1e3;
-    let r = (|| -> Result<(Vec<u32>, LayerCaches, usize, bool, Reply, Stepper)> {
+    let r = (|| -> Result<(Vec<u32>, LayerCaches, usize, bool, Reply, Stepper, usize)> {
         if job.abort.load(Ordering::Relaxed) {
             return Err(Error::Aborted);
         }
         let prompt = engine.prompt_ids(&job)?;
+        let max_tokens = engine.max_tokens_in_context(prompt.len(), &job.options)?;
         let opts = &job.options;
         let use_pool = opts.prompt_cache != Some(false) && pool.cacheable(&prompt);
         let reuse = if use_pool { pool.lookup(&prompt, Instant::now()) } else { None };
@@ -405,10 +406,12 @@ fn start(
         let cached = generator::prepare(engine.model.as_ref(), &mut caches, &prompt, opts)?;
         let reply = Reply::new(engine.tokenizer.as_deref(), &engine.eos, &prompt, opts)?;
         let stepper = Stepper::new(opts, &prompt, engine.constraint(&prompt, opts)?)?;
-        Ok((prompt, caches, cached, use_pool, reply, stepper))
+        Ok((prompt, caches, cached, use_pool, reply, stepper, max_tokens))
     })();
     match r {
-        Ok((prompt, caches, cached, use_pool, reply, stepper)) => {
+        Ok((prompt, caches, cached, use_pool, reply, stepper, max_tokens)) => {
+            // The context length cuts max_tokens (the reply ends there with `length`).
+            job.options.max_tokens = max_tokens;
             let stats = LoopStats { prefilled: prompt.len() - cached, batched: true, ..Default::default() };
             let reserve = prompt.len().saturating_add(job.options.max_tokens).saturating_mul(kv_per_token);
             Ok(Solo {

@@ -98,6 +98,8 @@ pub struct EngineSpec {
     pub kv_budget: Option<usize>,
     /// A draft model for speculative decoding, loaded with the model (`generate::speculative`).
     pub draft_model: Option<String>,
+    /// The most tokens a sequence may hold, prompt and reply (None: no limit).
+    pub context_length: Option<usize>,
 }
 
 /// Facts about the loaded model reported back to the session.
@@ -116,6 +118,8 @@ pub(super) struct Engine {
     grammars: std::cell::OnceCell<std::result::Result<Grammars, String>>,
     /// Draft models for speculative decoding.
     drafts: Drafts,
+    /// The most tokens a sequence may hold ([`EngineSpec::context_length`]).
+    context_length: Option<usize>,
 }
 
 /// Entry point of the engine thread: load, report, serve until Shutdown or all senders drop.
@@ -185,7 +189,8 @@ pub fn run(spec: EngineSpec, ready: Sender<Result<LoadedFacts>>, commands: Recei
         match cmd {
             Some(Command::Generate(job)) => match &mut batch {
                 // Speculative requests run alone (see `generate::speculative`).
-                Some(b) if !engine.drafts.requested(&job.options) => {
+                // So do requests with caches of their own (`generate::kv_options`).
+                Some(b) if !engine.drafts.requested(&job.options) && !job.options.kv_cache.runs_alone() => {
                     b.admit(job);
                     // Take up everything already queued before the next step, so requests
                     // sent together start together.
@@ -251,7 +256,7 @@ fn load(spec: &EngineSpec) -> Result<(Engine, LoadedFacts)> {
         let d = DraftModel::load(path, model.dtype(), model.vocab_size(), spec.tokenizer.as_deref())?;
         drafts.session = Some(std::rc::Rc::new(d));
     }
-    let engine = Engine { model, tokenizer: spec.tokenizer.clone(), eos: spec.eos.clone(), grammars: Default::default(), drafts };
+    let engine = Engine { model, tokenizer: spec.tokenizer.clone(), eos: spec.eos.clone(), grammars: Default::default(), drafts, context_length: spec.context_length };
     Ok((engine, facts))
 }
 
@@ -280,6 +285,41 @@ impl Engine {
         });
         let grammars = grammars.as_ref().map_err(|e| Error::Tokenizer(e.clone()))?;
         Ok(Some(grammars.constraint(format, reasoning_gate(Some(tok), prompt)?)?))
+    }
+
+    /// Fresh caches for a request: the model's own, or those its KV cache options ask for
+    /// (`generate::kv_options`) in every full-attention layer.
+    pub(super) fn make_caches(&self, opts: &GenerateOptions) -> Result<LayerCaches> {
+        let caches = self.model.make_caches();
+        let Some(kind) = opts.kv_cache.kind() else { return Ok(caches) };
+        // The models whose layers all batch are those whose every layer is attention over a plain
+        // key/value cache with standard masks: the caches these options replace.
+        if !self.model.batchable() {
+            return Err(Error::InvalidArgument(format!(
+                "{} needs a model whose every layer is plain full attention over a key/value cache (llama, qwen2, qwen3, \
+                 mistral, their MoE variants); this model's layers keep other state (sliding windows, recurrent states, \
+                 latent attention, attention sinks or a length-dependent rope)",
+                opts.kv_cache.option_name()
+            )));
+        }
+        Ok(caches.with_kind(kind))
+    }
+
+    /// `opts.max_tokens` cut to what the context length leaves after a prompt of `prompt_len`
+    /// tokens (the reply then ends there with finish reason `length`). A prompt that leaves no
+    /// room is INVALID_ARGUMENT, unless `max_kv_size` keeps the cache within the context.
+    pub(super) fn max_tokens_in_context(&self, prompt_len: usize, opts: &GenerateOptions) -> Result<usize> {
+        let Some(ctx) = self.context_length else { return Ok(opts.max_tokens) };
+        if opts.kv_cache.max_kv_size.is_some_and(|m| m <= ctx) {
+            return Ok(opts.max_tokens);
+        }
+        if prompt_len >= ctx {
+            return Err(Error::InvalidArgument(format!(
+                "the prompt has {prompt_len} tokens but the context length is {ctx}: the prompt and the reply must fit in it \
+                 (a max_kv_size of at most {ctx} bounds the cache instead)"
+            )));
+        }
+        Ok(opts.max_tokens.min(ctx - prompt_len))
     }
 
     /// Cache bytes one more token takes in every layer (measured on a one-token step).
@@ -315,12 +355,14 @@ impl Engine {
         }
         let prompt = self.prompt_ids(job)?;
         let prompt = &prompt;
-        let opts = &job.options;
-        let use_pool = opts.prompt_cache != Some(false) && pool.cacheable(prompt);
+        let max_tokens = self.max_tokens_in_context(prompt.len(), &job.options)?;
+        let fitted = (max_tokens != job.options.max_tokens).then(|| GenerateOptions { max_tokens, ..job.options.clone() });
+        let opts = fitted.as_ref().unwrap_or(&job.options);
+        let use_pool = opts.prompt_cache != Some(false) && !opts.kv_cache.runs_alone() && pool.cacheable(prompt);
         let reuse = if use_pool { pool.lookup(prompt, Instant::now()) } else { None };
         let mut caches = match reuse {
             Some(r) => r.caches,
-            None => self.model.make_caches(),
+            None => self.make_caches(opts)?,
         };
         let mut reply = Reply::new(self.tokenizer.as_deref(), &self.eos, prompt, opts)?;
         // States that cannot be trimmed back are also kept where the prompt ends, so that a next
@@ -329,6 +371,12 @@ impl Engine {
         let snap = if use_pool { Some(&mut snapshot) } else { None };
         let constraint = self.constraint(prompt, opts)?;
         let plan = self.drafts.plan(opts, self.model.as_ref(), self.tokenizer.as_deref(), constraint.is_some())?;
+        let speculated = plan.is_some();
+        if speculated && opts.kv_cache.max_kv_size.is_some() {
+            return Err(Error::InvalidArgument(
+                "max_kv_size cannot be combined with speculative decoding (a bounded cache cannot take back rejected drafts): set num_draft_tokens to 0".into(),
+            ));
+        }
         let run = match plan {
             Some((drafter, k)) => speculative::run(self.model.as_ref(), &mut caches, &drafter, k, prompt, opts, |step: TokenStep| {
                 reply.on_token(job, step)

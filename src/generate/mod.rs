@@ -3,6 +3,7 @@ mod batch;
 pub mod constraint;
 pub mod engine;
 pub mod generator;
+pub mod kv_options;
 pub mod options;
 pub mod prompt_cache;
 pub mod request;
@@ -12,4 +13,5 @@ pub mod text;
 
 pub use options::{FinishReason, GenerateOptions, GenerateReply, GeneratedToken, Naming, SamplingConfig, TokenKind, TopLogprob, Usage};
 pub use prompt_cache::PromptCacheConfig;
+pub use kv_options::KvCacheOptions;
 pub use constraint::ResponseFormat;

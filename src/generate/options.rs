@@ -113,6 +113,9 @@ pub struct GenerateOptions {
     /// Speculative decoding with drafts looked up in the context (prompt lookup: no second
     /// model; it takes precedence over a draft model). See `generate::speculative`.
     pub prompt_lookup: Option<super::speculative::PromptLookup>,
+    /// mlx-lm's KV cache options: a bounded cache (`max_kv_size`) or a quantized one (`kv_bits`,
+    /// `kv_group_size`, `quantized_kv_start`). See `generate::kv_options`.
+    pub kv_cache: super::kv_options::KvCacheOptions,
 }
 
 impl Default for GenerateOptions {
@@ -133,6 +136,7 @@ impl Default for GenerateOptions {
             draft_model: None,
             num_draft_tokens: None,
             prompt_lookup: None,
+            kv_cache: Default::default(),
         }
     }
 }
@@ -167,6 +171,10 @@ impl GenerateOptions {
         "draft_model",
         "num_draft_tokens",
         "prompt_lookup",
+        "max_kv_size",
+        "kv_bits",
+        "kv_group_size",
+        "quantized_kv_start",
     ];
 
     /// Options from a JSON object whose keys are option names as `naming` spells them. Every
@@ -211,6 +219,7 @@ impl GenerateOptions {
         }
         o.top_logprobs = f.count("top_logprobs")?;
         super::speculative::read_options(&f, &mut o)?;
+        o.kv_cache = super::kv_options::KvCacheOptions::read(&f)?;
         o.validate().map_err(|m| naming.respell(&m, Self::FIELDS))?;
         Ok(o)
     }
@@ -227,6 +236,7 @@ impl GenerateOptions {
             return Err(format!("top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {n}"));
         }
         super::speculative::validate(self)?;
+        self.kv_cache.validate()?;
         self.sampling.validate()
     }
 }
@@ -374,7 +384,8 @@ mod schema_tests {
                     "repetitionContextSize": 8, "seed": 3, "stop": ["x"], "enableThinking": false,
                     "reasoningBudgetTokens": 5, "promptCache": false, "toolCallFormat": "hermes", "ignoreEos": true,
                     "prefillStepSize": 64, "responseFormat": {"type": "regex", "pattern": "a+"}, "toolChoice": "required",
-                    "topLogprobs": 20, "draftModel": "d", "numDraftTokens": 2, "promptLookup": {"maxNgram": 2}}),
+                    "topLogprobs": 20, "draftModel": "d", "numDraftTokens": 2, "promptLookup": {"maxNgram": 2},
+                    "kvBits": 4, "kvGroupSize": 32, "quantizedKvStart": 0}),
             Naming::Camel,
         )
         .unwrap();
@@ -387,7 +398,9 @@ mod schema_tests {
         assert_eq!((o.draft_model.as_deref(), o.num_draft_tokens), (Some("d"), Some(2)));
         assert_eq!(o.prompt_lookup.map(|p| (p.max_ngram, p.num_draft_tokens)), Some((2, None)));
         // Every field of FIELDS was set above (so each has a reader).
-        assert_eq!(GenerateOptions::FIELDS.len(), 21);
+        // (max_kv_size, which kv_bits excludes, is read in kv_options' tests.)
+        assert_eq!((o.kv_cache.kv_bits, o.kv_cache.kv_group_size, o.kv_cache.quantized_kv_start), (Some(4), Some(32), Some(0)));
+        assert_eq!(GenerateOptions::FIELDS.len(), 25);
     }
 
     #[test]

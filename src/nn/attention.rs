@@ -6,6 +6,7 @@ use super::cache::{Cache, Mask};
 use super::linear::{Linear, Projections};
 use super::module::Params;
 use super::norm::RmsNorm;
+use super::quantized_kv_cache::quantized_attention;
 use super::rope::Rope;
 use crate::error::Result;
 use crate::loader::Vb;
@@ -87,6 +88,14 @@ impl Attention {
             None => At::Offset(cache.offset()),
         };
         let (q, k, v) = if l == 1 { self.decode_qkv(x, b, &at)? } else { self.prefill_qkv(x, b, l, &at)? };
+        if self.sinks.is_none() {
+            // A quantized cache (`kv_bits`) is read by quantized matmuls, as mlx-lm does.
+            if let Some(kv) = cache.update_and_fetch_quantized(&k, &v)? {
+                let o = quantized_attention(&q, &kv, self.scale)?;
+                let o = if l == 1 { o.reshape(&[b, 1, -1])? } else { o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])? };
+                return self.o_proj.forward(&o);
+            }
+        }
         let (k, v, mask) = cache.update_and_fetch(&k, &v)?;
         let o = match (&self.sinks, &mask) {
             (None, Mask::Padded { key_start, causal }) => {

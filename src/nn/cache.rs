@@ -4,7 +4,8 @@
 //! `create_attention_mask` / `cache.make_mask`), since only the cache knows which keys it holds.
 use crate::error::{Error, Result};
 use crate::mlx::fast::AttentionMask;
-use super::{BatchKvCache, KvCache, RotatingKvCache, StateCache};
+use super::quantized_kv_cache::QuantizedKv;
+use super::{BatchKvCache, BoundedKvCache, KvCache, QuantizedKvCache, RotatingKvCache, StateCache};
 use crate::mlx::Array;
 
 /// The mask a layer's queries need over the keys its cache returned.
@@ -50,6 +51,13 @@ pub trait Cache {
         Err(Error::Mlx("this layer's cache holds no keys/values".into()))
     }
 
+    /// A cache that holds its keys/values quantized (`kv_bits`: see `nn::quantized_kv_cache`)
+    /// appends `[B, Hkv, L, D]` keys/values and returns them packed, for attention by quantized
+    /// matmuls. None (nothing appended): this cache returns plain arrays ([`Cache::update_and_fetch`]).
+    fn update_and_fetch_quantized(&mut self, _k: &Array, _v: &Array) -> Result<Option<QuantizedKv>> {
+        Ok(None)
+    }
+
     /// The rope position of each row's first new token (int32 `[B]`) when the rows of a batch
     /// stand at different positions (continuous batching); None: all at [`Cache::offset`].
     fn positions(&self) -> Option<&Array> {
@@ -89,6 +97,26 @@ pub trait Cache {
     }
 }
 
+/// mlx-lm's generate-time cache options (`max_kv_size`, `kv_bits`), for the layers that would
+/// otherwise hold a plain growing [`KvCache`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvCacheKind {
+    /// At most `max_size` tokens, the first `keep` always among them ([`BoundedKvCache`]).
+    Bounded { max_size: usize, keep: usize },
+    /// Quantized to `bits` in groups of `group_size` once `start` tokens are held ([`QuantizedKvCache`]).
+    Quantized { bits: u32, group_size: u32, start: usize },
+}
+
+impl KvCacheKind {
+    /// An empty cache of this kind.
+    pub fn make(self) -> Box<dyn Cache> {
+        match self {
+            KvCacheKind::Bounded { max_size, keep } => Box::new(BoundedKvCache::new(max_size, keep)),
+            KvCacheKind::Quantized { bits, group_size, start } => Box::new(QuantizedKvCache::new(bits, group_size, start)),
+        }
+    }
+}
+
 /// The caches of every layer of a model, in layer order.
 pub struct LayerCaches(pub Vec<Box<dyn Cache>>);
 
@@ -111,6 +139,12 @@ impl LayerCaches {
                 })
                 .collect(),
         )
+    }
+
+    /// Every layer that holds a plain [`KvCache`] given an empty cache of `kind` instead (the
+    /// others, sliding windows and recurrent states, are kept).
+    pub fn with_kind(self, kind: KvCacheKind) -> Self {
+        LayerCaches(self.0.into_iter().map(|c| if c.as_kv().is_some() { kind.make() } else { c }).collect())
     }
 
     pub fn len(&self) -> usize {

@@ -1,6 +1,7 @@
 //! Layers shared by the architectures in `crate::models`.
 pub mod attention;
 pub mod batch_kv_cache;
+pub mod bounded_kv_cache;
 pub mod cache;
 pub mod embedding;
 pub mod gated_delta;
@@ -10,6 +11,7 @@ pub mod mlp;
 pub mod module;
 pub mod moe;
 pub mod norm;
+pub mod quantized_kv_cache;
 pub mod rope;
 pub mod rotating_kv_cache;
 pub mod state_cache;
@@ -17,7 +19,8 @@ pub mod switch;
 
 pub use attention::{Attention, AttentionSpec};
 pub use batch_kv_cache::{BatchCaches, BatchKvCache};
-pub use cache::{Cache, LayerCaches, Mask};
+pub use bounded_kv_cache::BoundedKvCache;
+pub use cache::{Cache, KvCacheKind, LayerCaches, Mask};
 pub use embedding::Embedding;
 pub use kv_cache::KvCache;
 pub use linear::{Linear, Projections};
@@ -25,6 +28,7 @@ pub use mlp::{GateActivation, GatedMlp};
 pub use module::Params;
 pub use moe::{Routing, SparseMoe};
 pub use norm::RmsNorm;
+pub use quantized_kv_cache::QuantizedKvCache;
 pub use rope::Rope;
 pub use rotating_kv_cache::RotatingKvCache;
 pub use state_cache::StateCache;

@@ -21,7 +21,7 @@ pub struct PromptCacheOptions {
     pub ttl_ms: Option<f64>,
     /// Prompts shorter than this many tokens are not cached (default 8).
     pub min_cacheable_tokens: Option<f64>,
-    /// Upper bound on the bytes of cached KV state (default: no byte budget).
+    /// Upper bound on the bytes of cached KV state (default: a quarter of what MLX may still allocate after the weights load, at least 64 MiB).
     pub max_bytes: Option<f64>,
 }
 
@@ -64,6 +64,11 @@ pub struct LoadOptions {
     /// call then decodes speculatively (alone, outside the batch) unless it sets
     /// `numDraftTokens: 0`. A different vocabulary rejects with `INVALID_ARGUMENT`.
     pub draft_model: Option<String>,
+    /// The most tokens a sequence may hold, prompt and reply together: a generation that
+    /// reaches it ends with `finishReason: 'length'`; a prompt that leaves no room rejects with
+    /// `INVALID_ARGUMENT`. Default: config.json's `max_position_embeddings` (none with dynamic
+    /// rope scaling). Calls with a `maxKvSize` at most this long are not limited.
+    pub context_length: Option<f64>,
     /// Called as loading advances (on the JS thread).
     #[napi(ts_type = "(progress: LoadProgress) => void")]
     #[serde(skip)]
@@ -227,6 +232,20 @@ pub struct GenerateOptions {
     /// Speculative calls run alone, outside the session's batch (`usage.batched` false).
     #[napi(ts_type = "boolean | { maxNgram?: number; numDraftTokens?: number }")]
     pub prompt_lookup: Option<Value>,
+    /// Hold at most this many tokens of keys/values per layer: the first 4 and the most recent
+    /// (mlx-lm's `max_kv_size`): memory stays bounded and generation may go past the context
+    /// length. Greater than 4. Such calls run alone, without the prompt cache (`usage.batched`
+    /// false). Models whose every layer is plain full attention only (llama, qwen2, qwen3, …).
+    pub max_kv_size: Option<f64>,
+    /// Quantize the keys/values to this many bits (2, 3, 4, 5, 6 or 8; mlx-lm's `kv_bits`), read
+    /// by quantized attention. Not with `maxKvSize`. Runs alone, without the prompt cache.
+    pub kv_bits: Option<f64>,
+    /// Elements per quantization group of `kvBits` (32, 64 or 128; default 64); it must divide
+    /// the model's head dimension.
+    pub kv_group_size: Option<f64>,
+    /// Tokens kept in full precision before the cache switches to `kvBits` (default 5000, as
+    /// mlx-lm's `quantized_kv_start`; 0: from the first forward pass on).
+    pub quantized_kv_start: Option<f64>,
     /// Aborts the generation. Before it starts: the promise rejects with code `'ABORTED'`;
     /// while it runs: it resolves with `finishReason: 'abort'` and the text so far.
     #[napi(ts_type = "AbortSignal")]
@@ -377,7 +396,8 @@ pub struct ModelInfo {
     pub num_layers: u32,
     /// Vocabulary size.
     pub vocab_size: u32,
-    /// Longest context the model was trained for, when config.json says.
+    /// The context length generation keeps to (`LoadOptions.contextLength`, else the longest
+    /// context config.json declares); none when unlimited.
     pub context_length: Option<u32>,
     /// Quantization, e.g. `'affine 4-bit g64'`; null for float checkpoints.
     pub quantization: Option<String>,

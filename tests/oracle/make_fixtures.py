@@ -6,7 +6,8 @@
 Families: "core" (llama, qwen2, qwen3: the cases below) and one module per architecture family
 in tests/oracle/archs/<name>.py, whose `cases()` returns case dicts {"name", "config" (a full
 mlx-lm config dict), "variant" (a key of VARIANTS), optional "dtype", "prompt_len",
-"prefill_step_size", "max_tokens"} and may define `peaky(path, param, profile, key)` for weights the
+"prefill_step_size", "max_tokens", "generate" (more keyword arguments of generate_step, e.g. the
+KV cache options: recorded as "generate_options")} and may define `peaky(path, param, profile, key)` for weights the
 shared rules below do not cover (routers, sinks), `before_save` and `after_save` (see build_case). Each family is generated into its own folder.
 
 For every case: a tiny random model built by mlx-lm itself from a config dict, cast to its dtype,
@@ -453,14 +454,14 @@ def teacher_forced(path: Path, prompt: list[int], tokens: list[int], logprobs: l
 
 
 def run_oracle(path: Path, prompt_ids: list[int], max_tokens: int, prefill_step_size: int,
-               dtype_override=None) -> dict:
+               dtype_override=None, gen_opts=None) -> dict:
     model, _ = load_model(path)
     if dtype_override is not None:
         model.set_dtype(dtype_override)
     prompt = mx.array(prompt_ids, dtype=mx.uint32)
     tokens, logprobs, margins, stats = [], [], [], []
     for tok, lp in generate_step(prompt, model, max_tokens=max_tokens, sampler=lambda x: mx.argmax(x, axis=-1),
-                                 prefill_step_size=prefill_step_size):
+                                 prefill_step_size=prefill_step_size, **(gen_opts or {})):
         lp = lp.astype(mx.float32)
         top2 = mx.topk(lp, 2)
         mx.eval(top2)
@@ -544,19 +545,24 @@ def main() -> int:
         max_tokens = case.get("max_tokens", MAX_TOKENS)
         # mlx-lm's default prefill chunk is 2048; a case may make it small to cross chunk borders.
         step = case.get("prefill_step_size", 2048)
-        ref = run_oracle(case_dir, prompt, max_tokens, step)
+        gen_opts = case.get("generate") or {}
+        ref = run_oracle(case_dir, prompt, max_tokens, step, gen_opts=gen_opts)
         logit_std = ref.pop("logit_std")
         # How far the oracle's own low-precision logprobs sit from the same files run in f32:
         # a sanity check that the tolerance used for this case is realistic.
         precision_noise = 0.0
         if facts["dtype"] != "float32":
-            hi = run_oracle(case_dir, prompt, max_tokens, step, mx.float32)
+            hi = run_oracle(case_dir, prompt, max_tokens, step, mx.float32, gen_opts=gen_opts)
             hi.pop("logit_std")
             for a, b, la, lb in zip(ref["tokens"], hi["tokens"], ref["logprobs"], hi["logprobs"]):
                 if a != b:
                     break
                 precision_noise = max(precision_noise, abs(la - lb))
-        impl_noise, lp_f32_head = teacher_forced(case_dir, prompt, ref["tokens"], ref["logprobs"])
+        if gen_opts:
+            # The cache options change what each step attends to: there is no cache-free reference.
+            impl_noise, lp_f32_head = 0.0, list(ref["logprobs"])
+        else:
+            impl_noise, lp_f32_head = teacher_forced(case_dir, prompt, ref["tokens"], ref["logprobs"])
         head_rounding = max(abs(a - b) for a, b in zip(lp_f32_head, ref["logprobs"]))
         quant = facts["quantization"]
         expected = {
@@ -571,6 +577,7 @@ def main() -> int:
             "model_type": json.loads((case_dir / "config.json").read_text())["model_type"],
             "max_tokens": max_tokens,
             "prefill_step_size": step,
+            "generate_options": gen_opts,
             "oracle": "mlx-lm generate_step, greedy (argmax), reloaded from these files",
         }
         (case_dir / "expected.json").write_text(json.dumps(expected, indent=1))
