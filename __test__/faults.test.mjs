@@ -7,6 +7,7 @@ import assert from 'node:assert/strict'
 import { spawn } from 'node:child_process'
 import { Session } from 'mlex'
 import { modelDir, user } from './helpers.mjs'
+import { rng } from './fixtures.mjs'
 
 const root = new URL('..', import.meta.url).pathname
 const REPEATS = Number(process.env.MLEX_EXIT_REPEATS || 10)
@@ -43,18 +44,6 @@ test('a request past the session memory budget fails with OUT_OF_MEMORY and the 
     await s.close()
   }
 })
-
-/** mulberry32 */
-function rng(seed) {
-  let a = seed >>> 0
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0
-    let t = a
-    t = Math.imul(t ^ (t >>> 15), t | 1)
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
-  }
-}
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
 

@@ -19,8 +19,8 @@ function byteToUnicode() {
   return table
 }
 
-/** mulberry32: a small deterministic PRNG. */
-function rng(seed) {
+/** mulberry32: a small deterministic PRNG (seed → a function giving floats in [0, 1)). */
+export function rng(seed) {
   let a = seed >>> 0
   return () => {
     a = (a + 0x6d2b79f5) >>> 0

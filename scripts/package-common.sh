@@ -64,3 +64,33 @@ new_stage() {
   mkdir -p "$stage"
   echo "$stage"
 }
+
+# Linux: builds the addon and the CLI against BACKEND's MLX unless --no-build (both link the
+# same headers; the backend only picks which libmlx.so ships), then sets $cli to the binary.
+build_linux() {
+  local triple=x86_64-unknown-linux-gnu flags=()
+  [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ] || { echo "$(basename "$0"): run on Linux x86_64" >&2; exit 2; }
+  if [ "$build" = 1 ]; then
+    [ "$profile" = release ] && flags=(--release)
+    MLEX_BACKEND=cpu npx napi build --platform "${flags[@]}" --no-default-features --features node -- --lib
+    MLEX_BACKEND=cpu cargo build "${flags[@]}" --target "$triple" --bin mlex
+  fi
+  cli="$root/target/$triple/$profile/mlex"
+  [ -x "$cli" ] || { echo "$(basename "$0"): $cli is missing (build it, or drop --no-build)" >&2; exit 1; }
+}
+
+# Linux: stages the CLI archive of PLATFORM with BACKEND's MLX (cpu | cuda) and the wheel's
+# bundled libraries folder LIBS: the stripped binary (RUNPATH $ORIGIN/mlx/lib only), libmlx.so,
+# LIBS beside mlx/, MLX's licence and the README. Sets $stage.
+stage_linux_cli() {
+  local platform=$1 backend=$2 libs=$3 prefix
+  prefix=$(bash "$root/vendor/fetch-mlx.sh" "$backend")
+  stage=$(new_stage "$platform")
+  objcopy --strip-debug "$cli" "$stage/mlex"
+  python3 "$root/scripts/elf-runpath.py" --origin-only "$stage/mlex" 2>/dev/null
+  mkdir -p "$stage/mlx/lib"
+  cp "$prefix/mlx/lib/libmlx.so" "$stage/mlx/lib/"
+  cp -r "$prefix/$libs" "$stage/"
+  cp "$prefix"/*.dist-info/licenses/LICENSE "$stage/mlx/LICENSE"
+  cp "$root/README.md" "$stage/"
+}

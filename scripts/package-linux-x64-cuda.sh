@@ -20,29 +20,13 @@ cd "$root"
 source scripts/package-common.sh
 parse_package_args "$@"
 
-triple=x86_64-unknown-linux-gnu
-[ "$(uname -s)-$(uname -m)" = Linux-x86_64 ] || { echo "package-linux-x64-cuda: run on Linux x86_64" >&2; exit 2; }
-if [ "$build" = 1 ]; then
-  flags=(); [ "$profile" = release ] && flags=(--release)
-  MLEX_BACKEND=cpu npx napi build --platform "${flags[@]}" --no-default-features --features node -- --lib
-  MLEX_BACKEND=cpu cargo build "${flags[@]}" --target "$triple" --bin mlex
-fi
-cli="$root/target/$triple/$profile/mlex"
-[ -x "$cli" ] || { echo "package-linux-x64-cuda: $cli is missing (build it, or drop --no-build)" >&2; exit 1; }
+build_linux
 
 bash scripts/build-npm.sh --no-build cuda
 platform_tgz=$(pack_npm npm/linux-x64-gnu-cuda)
 echo "package-linux-x64-cuda: $platform_tgz" >&2
 
-prefix=$(bash vendor/fetch-mlx.sh cuda)
-stage=$(new_stage linux-x64-gnu-cuda)
-objcopy --strip-debug "$cli" "$stage/mlex"
-python3 scripts/elf-runpath.py --origin-only "$stage/mlex" 2>/dev/null
-mkdir -p "$stage/mlx/lib"
-cp "$prefix/mlx/lib/libmlx.so" "$stage/mlx/lib/"
-cp -r "$prefix/mlx_cuda_13.libs" "$stage/"
-cp "$prefix"/*.dist-info/licenses/LICENSE "$stage/mlx/LICENSE"
-cp README.md "$stage/"
+stage_linux_cli linux-x64-gnu-cuda cuda mlx_cuda_13.libs
 
 # Self-check without a GPU: with no LD_LIBRARY_PATH, libmlx.so and the BLAS it bundles resolve
 # inside the archive, and the only libraries not found are NVIDIA's (or, on a machine that has

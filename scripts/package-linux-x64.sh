@@ -23,15 +23,7 @@ cd "$root"
 source scripts/package-common.sh
 parse_package_args "$@"
 
-triple=x86_64-unknown-linux-gnu
-[ "$(uname -s)-$(uname -m)" = Linux-x86_64 ] || { echo "package-linux-x64: run on Linux x86_64" >&2; exit 2; }
-if [ "$build" = 1 ]; then
-  flags=(); [ "$profile" = release ] && flags=(--release)
-  MLEX_BACKEND=cpu npx napi build --platform "${flags[@]}" --no-default-features --features node -- --lib
-  MLEX_BACKEND=cpu cargo build "${flags[@]}" --target "$triple" --bin mlex
-fi
-cli="$root/target/$triple/$profile/mlex"
-[ -x "$cli" ] || { echo "package-linux-x64: $cli is missing (build it, or drop --no-build)" >&2; exit 1; }
+build_linux
 
 # npm: the platform package (build-npm.sh assembles and checks it), then both tarballs.
 bash scripts/build-npm.sh --no-build cpu
@@ -40,15 +32,7 @@ platform_tgz=$(pack_npm npm/linux-x64-gnu)
 echo "package-linux-x64: $main_tgz, $platform_tgz" >&2
 
 # The CLI archive.
-prefix=$(bash vendor/fetch-mlx.sh cpu)
-stage=$(new_stage linux-x64-gnu)
-objcopy --strip-debug "$cli" "$stage/mlex"
-python3 scripts/elf-runpath.py --origin-only "$stage/mlex" 2>/dev/null
-mkdir -p "$stage/mlx/lib"
-cp "$prefix/mlx/lib/libmlx.so" "$stage/mlx/lib/"
-cp -r "$prefix/mlx_cpu.libs" "$stage/"
-cp "$prefix"/*.dist-info/licenses/LICENSE "$stage/mlx/LICENSE"
-cp README.md "$stage/"
+stage_linux_cli linux-x64-gnu cpu mlx_cpu.libs
 # Self-check: every library resolves inside the folder, from another directory, with no
 # LD_LIBRARY_PATH, and the binary runs.
 missing=$(cd / && LD_LIBRARY_PATH= ldd "$stage/mlex" | grep -E 'not found|^\s*(libmlx\.so|lib(blas|lapack|gfortran|quadmath)-)' | grep -v "=> $stage/" || true)

@@ -15,21 +15,10 @@ import { readdirSync, readFileSync } from 'node:fs'
 import { setFlagsFromString } from 'node:v8'
 import { runInNewContext } from 'node:vm'
 import { Session, memoryStats } from 'mlex'
+import { rng, tinyModelDir } from '../__test__/fixtures.mjs'
 
 setFlagsFromString('--expose-gc')
 const gc = runInNewContext('gc')
-
-/** mulberry32 */
-function rng(seed) {
-  let a = seed >>> 0
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0
-    let t = a
-    t = Math.imul(t ^ (t >>> 15), t | 1)
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
-  }
-}
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
 export const threads = () => readdirSync('/proc/self/task').length
@@ -201,7 +190,7 @@ if (import.meta.url === `file://${process.argv[1]}`) {
     return i > 0 ? process.argv[i + 1] : d
   }
   let model = arg('model')
-  if (!model) model = (await import('../__test__/fixtures.mjs')).tinyModelDir()
+  if (!model) model = tinyModelDir()
   const figures = await runSoak({
     model,
     generations: Number(arg('generations', 1000)),
