@@ -11,6 +11,7 @@
 //! | `MLEX_ABLATE_CPU_QMM` | our CPU quantized matmul |
 //! | `MLEX_ABLATE_CPU_FAST_OPS` | our CPU RMSNorm / RoPE / attention |
 //! | `MLEX_ABLATE_CUDA_QMV` | our CUDA decode matrix-vector kernel |
+//! | `MLEX_ABLATE_CUDA_EPILOGUE` | the residual add and SwiGLU folded into that kernel |
 //! | `MLEX_ABLATE_GATED_DELTA` | our gated delta kernels (CPU and CUDA) |
 use crate::mlx::sys;
 use std::sync::OnceLock;
@@ -41,6 +42,7 @@ impl Ablations {
             ("MLEX_ABLATE_CPU_QMM", sys::MLEX_ABLATE_KERNEL_CPU_QMM),
             ("MLEX_ABLATE_CPU_FAST_OPS", sys::MLEX_ABLATE_KERNEL_CPU_FAST_OPS),
             ("MLEX_ABLATE_CUDA_QMV", sys::MLEX_ABLATE_KERNEL_CUDA_QMV),
+            ("MLEX_ABLATE_CUDA_EPILOGUE", sys::MLEX_ABLATE_KERNEL_CUDA_EPILOGUE),
             ("MLEX_ABLATE_GATED_DELTA", sys::MLEX_ABLATE_KERNEL_GATED_DELTA),
         ]
         .iter()

@@ -513,6 +513,54 @@ fn cpu_gated_delta_portable_path_matches_too() {
 /// the GPU: the warp sums run in another order, so float32 within rounding and bfloat16 within
 /// its 2^-8 relative rounding. Runs only where the CUDA backend is (the GPU machine, see
 /// BENCHMARKS.md).
+/// A quantized product with the op that follows it folded in (the residual add after an
+/// output projection, SwiGLU after a fused gate/up projection) gives exactly the unfused ops'
+/// values, on every device; on CUDA it is one kernel, for one row of x and for a batch's rows.
+#[test]
+fn quantized_matmul_epilogues_equal_the_unfused_ops() {
+    use mlex::mlx::quant::Epilogue;
+    use mlex::mlx::{gpu_available, set_default_device, Device};
+    let cuda = gpu_available() && !cfg!(target_os = "macos");
+    if cuda {
+        set_default_device(Device::Gpu).unwrap();
+    }
+    let dtypes: &[Dtype] = if cuda { &[Dtype::Bfloat16, Dtype::Float16] } else { &[Dtype::Float32, Dtype::Bfloat16] };
+    for (n, k) in [(96i32, 256i32), (1024, 576)] {
+        let wa = arr(&rand_vec((n * k) as usize, 41), &[n, k]);
+        for &dtype in dtypes {
+            let q = quant::quantize(&wa.astype(dtype).unwrap(), 64, 4, QuantMode::Affine).unwrap();
+            let biases = q.biases.as_ref().unwrap();
+            for m in [1i32, 3, 8] {
+                let what = format!("{n}x{k} {dtype:?} {m} rows");
+                let x = arr(&rand_vec((m * k) as usize, 42 + m as u64), &[m, 1, k]).astype(dtype).unwrap();
+                let res = arr(&rand_vec((m * n) as usize, 52 + m as u64), &[m, 1, n]).astype(dtype).unwrap();
+                mlex::mlx::eval(&[&x, &res, &q.weight, &q.scales, biases]).unwrap();
+                let y = quant::quantized_matmul(&x, &q.weight, &q.scales, Some(biases), true, 64, 4, QuantMode::Affine).unwrap();
+                let halves = y.split_at(&[n / 2], -1).unwrap();
+                let cases = [
+                    ("add", Epilogue::AddResidual(&res), res.add(&y).unwrap()),
+                    ("swiglu", Epilogue::SwiGlu, fast::swiglu(&halves[0], &halves[1]).unwrap()),
+                ];
+                for (name, epi, want) in cases {
+                    let got = quant::quantized_matmul_epilogue(&x, &q.weight, &q.scales, Some(biases), 64, 4, QuantMode::Affine, epi)
+                        .unwrap();
+                    if cuda {
+                        let census = mlex::mlx::graph_census(&[&got]).unwrap();
+                        let kernels: usize = census.iter().filter(|(p, _)| p == "CustomKernel").map(|(_, c)| c).sum();
+                        assert_eq!((kernels, census.len()), (1, 1), "{what} {name}: one kernel, nothing else: {census:?}");
+                    }
+                    assert_eq!(got.shape(), want.shape(), "{what} {name}");
+                    let (g, w) = (got.astype(Dtype::Float32).unwrap(), want.astype(Dtype::Float32).unwrap());
+                    let (g, w) = (g.to_vec::<f32>().unwrap(), w.to_vec::<f32>().unwrap());
+                    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+                        assert!(a.to_bits() == b.to_bits(), "{what} {name}: element {i}: {a} vs {b}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn cuda_gated_delta_kernel_matches_ops_reference() {
     use mlex::mlx::{gpu_available, set_default_device, Device};

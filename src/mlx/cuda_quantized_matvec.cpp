@@ -21,6 +21,8 @@ constexpr int kMaxRowsOfX = 32;
 // Helpers NVRTC compiles ahead of the kernel body (MLX's default header brings the CUDA
 // bfloat16/half types).
 constexpr const char* kHeader = R"(
+#include "mlx/backend/cuda/device/binary_ops.cuh"
+#include "mlx/backend/cuda/device/unary_ops.cuh"
 __device__ __forceinline__ float2 mlex_unpack2(uint32_t u, const __nv_bfloat16*) {
   // bfloat16 is the top half of a float32.
   return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
@@ -41,7 +43,7 @@ __device__ __forceinline__ float mlex_nibble(uint32_t word, uint32_t mask) {
 )";
 
 // Template constants: N rows, K columns, GS group size, ROWS rows of w per warp, WARPS per
-// block, MB rows of x per block. The grid's y extent is the number of rows of x (M, known only
+// block, MB rows of x per block, EPI the epilogue (kEpi* below). The grid's y extent is the number of rows of x (M, known only
 // at run time, so that the kernel is compiled once per MB bucket rather than once per batch
 // size): block (bx, y) with y % MB == 0 takes rows y .. y + MB of x (those that exist); the
 // others exit at once.
@@ -54,10 +56,15 @@ __device__ __forceinline__ float mlex_nibble(uint32_t word, uint32_t mask) {
 constexpr const char* kSource = R"(
   constexpr int CHUNKS = K / 32;
   constexpr int GROUPS = K / GS;
+  // Outputs per row of x: N, or N / 2 where the epilogue joins rows o and o + N / 2 (SwiGLU).
+  constexpr int NO = EPI == 2 ? N / 2 : N;
   const int lane = threadIdx.x & 31;
-  const int row0 = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * ROWS;
+  const int o0 = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * (EPI == 2 ? 1 : ROWS);
+  // The warp's r-th row of w: consecutive rows, or the gate and up rows of output o0.
+  auto wrow = [&](int r) { return EPI == 2 ? o0 + r * NO : o0 + r; };
+  auto has_row = [&](int r) { return EPI == 2 ? o0 < NO : o0 + r < N; };
   const int m0 = blockIdx.y;
-  if (row0 >= N || m0 % MB != 0) return;
+  if (o0 >= NO || m0 % MB != 0) return;
   const int rows_x = min(MB, (int)gridDim.y - m0);
   const uint4* wq = reinterpret_cast<const uint4*>(w);
   // 16-byte loads need 16-byte aligned buffers; a view into a larger buffer may not be.
@@ -74,9 +81,9 @@ constexpr const char* kSource = R"(
     float wf[ROWS][32];
     #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
-      const size_t at = (size_t)(row0 + r) * CHUNKS + c;
+      const size_t at = (size_t)wrow(r) * CHUNKS + c;
       uint4 wv;
-      if (row0 + r >= N) {
+      if (!has_row(r)) {
         wv = make_uint4(0, 0, 0, 0);
       } else if (aligned) {
         wv = wq[at];
@@ -129,7 +136,7 @@ constexpr const char* kSource = R"(
       }
       #pragma unroll
       for (int r = 0; r < ROWS; ++r) {
-        if (row0 + r >= N) break;
+        if (!has_row(r)) break;
         float d0 = 0.0f, d1 = 0.0f;
         #pragma unroll
         for (int j = 0; j < 4; ++j) {
@@ -142,7 +149,7 @@ constexpr const char* kSource = R"(
           d0 += wf[r][8 * j + 6] * xs[8 * j + 6];
           d1 += wf[r][8 * j + 7] * xs[8 * j + 7];
         }
-        const size_t sg = (size_t)(row0 + r) * GROUPS + g;
+        const size_t sg = (size_t)wrow(r) * GROUPS + g;
         acc[r][m] += mlex_float(scales[sg]) * (d0 + d1) + mlex_float(biases[sg]) * xsum;
       }
     }
@@ -150,19 +157,38 @@ constexpr const char* kSource = R"(
   #pragma unroll
   for (int m = 0; m < MB; ++m) {
     if (m >= rows_x) break;
+    T y[ROWS];
     #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       float v = acc[r][m];
       #pragma unroll
       for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0 && row0 + r < N) mlex_store(out + (size_t)(m0 + m) * N + row0 + r, v);
+      mlex_store(&y[r], v);
+    }
+    if (lane != 0) continue;
+    // The epilogues are MLX's own element-wise functors on the rounded products, in the order
+    // the unfused graph applies them, so the result is bit for bit the unfused one's.
+    if constexpr (EPI == 2) {
+      // silu(gate) * up, as the compiled SwiGLU: each step rounded to T.
+      const T s = mlx::core::cu::Sigmoid{}(y[0]);
+      const T t = mlx::core::cu::Multiply{}(y[0], s);
+      out[(size_t)(m0 + m) * NO + o0] = mlx::core::cu::Multiply{}(t, y[1]);
+    } else {
+      #pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        if (o0 + r >= N) break;
+        const size_t at = (size_t)(m0 + m) * N + o0 + r;
+        // residual + product (the residual stream's add, as the unfused graph writes it).
+        out[at] = EPI == 1 ? mlx::core::cu::Add{}(res[at], y[r]) : y[r];
+      }
     }
   }
 )";
 
+// `res` is the residual of kEpiAdd; the other epilogues get x in its place (never read).
 const mx::fast::CustomKernelFunction& kernel() {
   static const mx::fast::CustomKernelFunction k =
-      mx::fast::cuda_kernel("mlex_qmv4", {"x", "w", "scales", "biases"}, {"out"}, kSource, kHeader);
+      mx::fast::cuda_kernel("mlex_qmv4", {"x", "w", "scales", "biases", "res"}, {"out"}, kSource, kHeader);
   return k;
 }
 
@@ -170,7 +196,8 @@ const mx::fast::CustomKernelFunction& kernel() {
 
 std::optional<mx::array> cuda_quantized_matvec(const mx::array& x, const mx::array& w, const mx::array& scales,
                                                const std::optional<mx::array>& biases, bool transpose,
-                                               int group_size, int bits, const std::string& mode) {
+                                               int group_size, int bits, const std::string& mode, Epilogue epilogue,
+                                               const std::optional<mx::array>& residual) {
   // Benchmark ablation only (BENCHMARKS.md): MLX's own kernel everywhere.
   const bool ablated = mlex::ablated(MLEX_ABLATE_KERNEL_CUDA_QMV);
   static const bool cuda = mx::cu::is_available();
@@ -180,6 +207,7 @@ std::optional<mx::array> cuda_quantized_matvec(const mx::array& x, const mx::arr
       scales.dtype() != x.dtype() || biases->dtype() != x.dtype()) {
     return std::nullopt;
   }
+  if (epilogue != Epilogue::None && mlex::ablated(MLEX_ABLATE_KERNEL_CUDA_EPILOGUE)) return std::nullopt;
   const int n = w.shape(0);
   const int k = x.shape(-1);
   const int m = k > 0 ? static_cast<int>(x.size() / k) : 0;
@@ -190,19 +218,26 @@ std::optional<mx::array> cuda_quantized_matvec(const mx::array& x, const mx::arr
     return std::nullopt;
   }
   auto shape = x.shape();
-  shape.back() = n;
+  shape.back() = epilogue == Epilogue::SwiGlu ? n / 2 : n;
+  if (epilogue == Epilogue::SwiGlu && n % 2 != 0) return std::nullopt;
+  if (epilogue == Epilogue::AddResidual &&
+      (!residual || residual->shape() != shape || residual->dtype() != x.dtype())) {
+    return std::nullopt;
+  }
   // Rows of x per block: one, or up to eight. Each instantiation is compiled (NVRTC) once per
   // process on first use, and MLX keeps no disk cache of custom kernels: with buckets 2/4/8 the
   // first batched steps of a process took ~20 s more on the H200 (qwen3-0.6b shape), so a batch
   // of any size takes the 8-row kernel (rows past the batch's are skipped at run time).
   const int mb = m == 1 ? 1 : 8;
-  const int rows_per_warp = mb == 1 ? kRowsPerWarp : 1;
-  const int rows_per_block = rows_per_warp * kWarps;
-  const int blocks = (n + rows_per_block - 1) / rows_per_block;
-  auto outs = kernel()({x, w, scales, *biases}, {shape}, {x.dtype()}, {blocks * kWarps * 32, m, 1},
+  // A warp's rows of w: two for one row of x (or the gate and up rows of one SwiGLU output).
+  const int rows_per_warp = (mb == 1 || epilogue == Epilogue::SwiGlu) ? kRowsPerWarp : 1;
+  const int outputs_per_block = (epilogue == Epilogue::SwiGlu ? 1 : rows_per_warp) * kWarps;
+  const int blocks = (static_cast<int>(shape.back()) + outputs_per_block - 1) / outputs_per_block;
+  const mx::array& res = epilogue == Epilogue::AddResidual ? *residual : x;
+  auto outs = kernel()({x, w, scales, *biases, res}, {shape}, {x.dtype()}, {blocks * kWarps * 32, m, 1},
                        {kWarps * 32, 1, 1},
                        {{"T", x.dtype()}, {"N", n}, {"K", k}, {"GS", group_size}, {"ROWS", rows_per_warp},
-                        {"WARPS", kWarps}, {"MB", mb}},
+                        {"WARPS", kWarps}, {"MB", mb}, {"EPI", static_cast<int>(epilogue)}},
                        std::nullopt, false, {});
   return outs[0];
 }

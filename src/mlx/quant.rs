@@ -140,6 +140,50 @@ pub fn quantized_matmul(
     })
 }
 
+/// What [`quantized_matmul_epilogue`] applies to the product.
+#[derive(Clone, Copy)]
+pub enum Epilogue<'a> {
+    /// `residual + x @ Wᵀ`.
+    AddResidual(&'a Array),
+    /// `silu(g) · u` where `x @ Wᵀ = [g, u]` (a fused gate/up projection; half the columns).
+    SwiGlu,
+}
+
+/// `x @ dequantize(w).T` followed by `epilogue`: one kernel on CUDA for decode rows of 4-bit
+/// affine weights (the op that follows costs no launch of its own), else the same ops unfused;
+/// the result is the same either way, bit for bit.
+#[allow(clippy::too_many_arguments)]
+pub fn quantized_matmul_epilogue(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: Option<&Array>,
+    group_size: i32,
+    bits: i32,
+    mode: QuantMode,
+    epilogue: Epilogue<'_>,
+) -> Result<Array> {
+    let m = mode_cstr(mode);
+    let (kind, residual) = match epilogue {
+        Epilogue::AddResidual(r) => (1, r.raw()),
+        Epilogue::SwiGlu => (2, std::ptr::null_mut()),
+    };
+    Array::try_from_op(|out| unsafe {
+        sys::mlex_quantized_matmul_epilogue(
+            x.raw(),
+            w.raw(),
+            scales.raw(),
+            biases.map_or(std::ptr::null_mut(), |b| b.raw()),
+            group_size,
+            bits,
+            m.as_ptr(),
+            kind,
+            residual,
+            out,
+        )
+    })
+}
+
 /// Mixture-of-experts product over quantized experts: for every index `i` of `rhs_indices`,
 /// `x @ dequantize(w[i]).T` (`w` `[E, out, in·bits/32]`). `sorted` promises ascending indices
 /// (MLX then walks each expert's weights once: the prefill path).

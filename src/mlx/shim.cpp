@@ -580,24 +580,51 @@ int mlex_dequantize(mlex_array w, mlex_array scales, mlex_array biases, int32_t 
                                mode ? mode : "affine", std::nullopt, dt));
   });
 }
+namespace {
+mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
+                           const std::optional<mx::array>& biases, bool transpose, int group_size, int bits,
+                           const std::string& mode) {
+  // Our own CPU kernel where it applies (MLX's runs a scalar loop on one thread on x86).
+  if (auto fast = mlex::cpu_quantized_matmul(x, w, scales, biases, transpose, group_size, bits, mode)) {
+    return *fast;
+  }
+  // And on CUDA for the decode step's matrix-vector products (MLX's qmv is far from bandwidth).
+  if (auto fast = mlex::cuda_quantized_matvec(x, w, scales, biases, transpose, group_size, bits, mode)) {
+    return *fast;
+  }
+  return mx::quantized_matmul(x, w, scales, biases, transpose, group_size, bits, mode);
+}
+mx::array swiglu(const mx::array& gate, const mx::array& up);
+}  // namespace
+
 int mlex_quantized_matmul(mlex_array x, mlex_array w, mlex_array scales, mlex_array biases, bool transpose,
                           int32_t group_size, int32_t bits, const char* mode, mlex_array* out) {
   return guard([&] {
+    *out = wrap(quantized_matmul(unwrap(x), unwrap(w), unwrap(scales), opt(biases), transpose, group_size, bits,
+                                 mode ? mode : "affine"));
+  });
+}
+int mlex_quantized_matmul_epilogue(mlex_array x, mlex_array w, mlex_array scales, mlex_array biases,
+                                   int32_t group_size, int32_t bits, const char* mode, int32_t epilogue,
+                                   mlex_array residual, mlex_array* out) {
+  return guard([&] {
     const std::string m = mode ? mode : "affine";
-    // Our own CPU kernel where it applies (MLX's runs a scalar loop on one thread on x86).
-    if (auto fast = mlex::cpu_quantized_matmul(unwrap(x), unwrap(w), unwrap(scales), opt(biases), transpose,
-                                               group_size, bits, m)) {
+    if (epilogue != 1 && epilogue != 2) throw std::invalid_argument("unknown epilogue " + std::to_string(epilogue));
+    if (epilogue == 1 && !residual) throw std::invalid_argument("the residual epilogue needs a residual");
+    const auto epi = static_cast<mlex::Epilogue>(epilogue);
+    if (auto fast = mlex::cuda_quantized_matvec(unwrap(x), unwrap(w), unwrap(scales), opt(biases), true, group_size,
+                                                bits, m, epi, opt(residual))) {
       *out = wrap(*fast);
       return;
     }
-    // And on CUDA for the decode step's matrix-vector products (MLX's qmv is far from bandwidth).
-    if (auto fast = mlex::cuda_quantized_matvec(unwrap(x), unwrap(w), unwrap(scales), opt(biases), transpose,
-                                                group_size, bits, m)) {
-      *out = wrap(*fast);
-      return;
+    // The same ops unfused, as the model would write them.
+    auto y = quantized_matmul(unwrap(x), unwrap(w), unwrap(scales), opt(biases), true, group_size, bits, m);
+    if (epilogue == 1) {
+      *out = wrap(mx::add(unwrap(residual), y));
+    } else {
+      auto halves = mx::split(y, 2, -1);
+      *out = wrap(swiglu(halves[0], halves[1]));
     }
-    *out = wrap(mx::quantized_matmul(unwrap(x), unwrap(w), unwrap(scales), opt(biases), transpose,
-                                     group_size, bits, m));
   });
 }
 
@@ -644,12 +671,15 @@ std::vector<mx::array> precise_swiglu_impl(const std::vector<mx::array>& in) {
 
 void mlex_set_ablations(uint32_t kernels) { mlex::ablated_kernels().store(kernels); }
 
+namespace {
+mx::array swiglu(const mx::array& gate, const mx::array& up) {
+  // Compiled once, shapeless: one fused kernel instead of three element-wise ops per layer.
+  static auto fn = mx::compile(swiglu_impl, /*shapeless=*/true);
+  return fn({gate, up})[0];
+}
+}  // namespace
 int mlex_compiled_swiglu(mlex_array gate, mlex_array up, mlex_array* out) {
-  return guard([&] {
-    // Compiled once, shapeless: one fused kernel instead of three element-wise ops per layer.
-    static auto fn = mx::compile(swiglu_impl, /*shapeless=*/true);
-    *out = wrap(fn({unwrap(gate), unwrap(up)})[0]);
-  });
+  return guard([&] { *out = wrap(swiglu(unwrap(gate), unwrap(up))); });
 }
 int mlex_compiled_geglu(mlex_array gate, mlex_array up, mlex_array* out) {
   return guard([&] {

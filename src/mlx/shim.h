@@ -223,6 +223,13 @@ int mlex_dequantize(mlex_array w, mlex_array scales, mlex_array biases, int32_t 
                     const char* mode, int32_t out_dtype, mlex_array* out);
 int mlex_quantized_matmul(mlex_array x, mlex_array w, mlex_array scales, mlex_array biases, bool transpose,
                           int32_t group_size, int32_t bits, const char* mode, mlex_array* out);
+/* x @ dequantize(w)ᵀ followed by the op that comes after it in a decode step, in one kernel
+   where our CUDA matrix-vector kernel applies (else as separate ops, with the same result):
+   epilogue 1: residual + product; epilogue 2: silu(g) * u of the product's halves [g, u]
+   (a fused gate/up projection). residual is NULL unless epilogue is 1. */
+int mlex_quantized_matmul_epilogue(mlex_array x, mlex_array w, mlex_array scales, mlex_array biases,
+                                   int32_t group_size, int32_t bits, const char* mode, int32_t epilogue,
+                                   mlex_array residual, mlex_array* out);
 
 /* Mixture-of-experts products: for each index in rhs_indices, x @ w[index] (w [E, …]).
    lhs_indices may be NULL; sorted_indices promises rhs_indices ascending (prefill). */
@@ -246,6 +253,7 @@ int mlex_random_categorical(mlex_array logits, int32_t axis, mlex_array key, mle
 #define MLEX_ABLATE_KERNEL_CPU_FAST_OPS 2u
 #define MLEX_ABLATE_KERNEL_CUDA_QMV 4u
 #define MLEX_ABLATE_KERNEL_GATED_DELTA 8u
+#define MLEX_ABLATE_KERNEL_CUDA_EPILOGUE 16u
 void mlex_set_ablations(uint32_t kernels);
 
 /* ---- compile: fused element-wise helpers used by the models ---- */

@@ -13,6 +13,11 @@ use crate::nn::{Attention, Cache, Embedding, GatedMlp, LayerCaches, Params, RmsN
 pub trait Mixer: Params {
     fn forward(&self, x: &Array, cache: &mut dyn Cache) -> Result<Array>;
 
+    /// `residual + forward(x)`: a mixer may fold the add into its last kernel.
+    fn forward_add(&self, x: &Array, cache: &mut dyn Cache, residual: &Array) -> Result<Array> {
+        residual.add(&self.forward(x, cache)?)
+    }
+
     /// Whether it can run the rows of a continuous batch (see `nn::batch_kv_cache`).
     fn batchable(&self) -> bool {
         false
@@ -22,11 +27,20 @@ pub trait Mixer: Params {
 /// A layer's feed-forward part.
 pub trait FeedForwardPart: Params {
     fn forward(&self, x: &Array) -> Result<Array>;
+
+    /// `residual + forward(x)`: a part may fold the add into its last kernel.
+    fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
+        residual.add(&self.forward(x)?)
+    }
 }
 
 impl Mixer for Attention {
     fn forward(&self, x: &Array, cache: &mut dyn Cache) -> Result<Array> {
         Attention::forward(self, x, cache)
+    }
+
+    fn forward_add(&self, x: &Array, cache: &mut dyn Cache, residual: &Array) -> Result<Array> {
+        Attention::forward_add(self, x, cache, residual)
     }
 
     fn batchable(&self) -> bool {
@@ -37,6 +51,10 @@ impl Mixer for Attention {
 impl FeedForwardPart for GatedMlp {
     fn forward(&self, x: &Array) -> Result<Array> {
         GatedMlp::forward(self, x)
+    }
+
+    fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
+        GatedMlp::forward_add(self, x, residual)
     }
 }
 
@@ -79,8 +97,8 @@ impl<A: Mixer, F: FeedForwardPart> PreNormBlock<A, F> {
 
 impl<A: Mixer, F: FeedForwardPart> Layer for PreNormBlock<A, F> {
     fn forward(&self, x: &Array, cache: &mut dyn Cache) -> Result<Array> {
-        let h = x.add(&self.self_attn.forward(&self.input_layernorm.forward(x)?, cache)?)?;
-        h.add(&self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)
+        let h = self.self_attn.forward_add(&self.input_layernorm.forward(x)?, cache, x)?;
+        self.mlp.forward_add(&self.post_attention_layernorm.forward(&h)?, &h)
     }
 
     fn batchable(&self) -> bool {

@@ -158,6 +158,13 @@ impl FeedForwardPart for FeedForward {
     fn forward(&self, x: &Array) -> Result<Array> {
         FeedForward::forward(self, x)
     }
+
+    fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
+        match self {
+            FeedForward::Dense(m) => m.forward_add(x, residual),
+            FeedForward::Sparse(m) => residual.add(&m.forward(x)?),
+        }
+    }
 }
 
 /// A llama-family layer: attention and a dense or sparse feed-forward part, pre-norm.

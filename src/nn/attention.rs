@@ -80,6 +80,23 @@ impl Attention {
 
     /// `x`: `[B, L, hidden]` → `[B, L, hidden]`, extending `cache`.
     pub fn forward(&self, x: &Array, cache: &mut dyn Cache) -> Result<Array> {
+        self.forward_then(x, cache, None)
+    }
+
+    /// `residual + self.forward(x, cache)`, the add folded into the output projection where it
+    /// can be (one kernel fewer per layer in a decode step).
+    pub fn forward_add(&self, x: &Array, cache: &mut dyn Cache, residual: &Array) -> Result<Array> {
+        self.forward_then(x, cache, Some(residual))
+    }
+
+    fn project_out(&self, o: &Array, residual: Option<&Array>) -> Result<Array> {
+        match residual {
+            Some(r) => self.o_proj.forward_add(o, r),
+            None => self.o_proj.forward(o),
+        }
+    }
+
+    fn forward_then(&self, x: &Array, cache: &mut dyn Cache, residual: Option<&Array>) -> Result<Array> {
         let s = x.shape();
         let (b, l) = (s[0], s[1]);
         // Rows of a continuous batch each sit at their own position.
@@ -93,7 +110,7 @@ impl Attention {
             if let Some(kv) = cache.update_and_fetch_quantized(&k, &v)? {
                 let o = quantized_attention(&q, &kv, self.scale)?;
                 let o = if l == 1 { o.reshape(&[b, 1, -1])? } else { o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])? };
-                return self.o_proj.forward(&o);
+                return self.project_out(&o, residual);
             }
         }
         let (k, v, mask) = cache.update_and_fetch(&k, &v)?;
@@ -106,7 +123,7 @@ impl Attention {
         };
         // [B, H, L, D] → [B, L, H·D]; with one query the transpose is only a reshape.
         let o = if l == 1 { o.reshape(&[b, 1, -1])? } else { o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])? };
-        self.o_proj.forward(&o)
+        self.project_out(&o, residual)
     }
 
     fn norm(x: Array, norm: Option<&RmsNorm>) -> Result<Array> {

@@ -2,7 +2,8 @@
 use crate::error::Result;
 use super::module::Params;
 use crate::loader::{QuantSpec, TensorKind, Vb};
-use crate::mlx::{quant, Array};
+use crate::mlx::quant::{self, Epilogue};
+use crate::mlx::Array;
 
 /// Rows of input from which a CPU build with OpenBLAS dequantizes and uses sgemm (see `matmul_t`).
 const DEQUANT_GEMM_MIN_ROWS: usize = 32;
@@ -38,9 +39,7 @@ impl QuantWeight {
     /// OpenBLAS: there dequantizing once and calling sgemm is many times faster than MLX's CPU
     /// quantized-matmul kernel (the decode path, one row at a time, keeps the quantized kernel).
     pub fn matmul_t(&self, x: &Array) -> Result<Array> {
-        if cfg!(mlex_openblas) && x.size() / x.dim(-1).max(1) as usize >= DEQUANT_GEMM_MIN_ROWS
-            && crate::mlx::default_device()? == crate::mlx::Device::Cpu
-        {
+        if self.dequantize_for_gemm(x)? {
             let w = quant::dequantize(
                 &self.weight,
                 &self.scales,
@@ -60,6 +59,41 @@ impl QuantWeight {
             self.spec.group_size as i32,
             self.spec.bits as i32,
             self.spec.mode,
+        )
+    }
+}
+
+impl QuantWeight {
+    /// Whether [`QuantWeight::matmul_t`] dequantizes for a BLAS GEMM (long CPU prefill chunks).
+    fn dequantize_for_gemm(&self, x: &Array) -> Result<bool> {
+        Ok(cfg!(mlex_openblas)
+            && x.size() / x.dim(-1).max(1) as usize >= DEQUANT_GEMM_MIN_ROWS
+            && crate::mlx::default_device()? == crate::mlx::Device::Cpu)
+    }
+
+    /// [`QuantWeight::matmul_t`] followed by `epilogue`, folded into the product's kernel where
+    /// ours applies (CUDA decode rows): the same values, one launch fewer.
+    pub fn matmul_t_then(&self, x: &Array, epilogue: Epilogue<'_>) -> Result<Array> {
+        if self.dequantize_for_gemm(x)? {
+            let y = self.matmul_t(x)?;
+            return match epilogue {
+                Epilogue::AddResidual(r) => r.add(&y),
+                Epilogue::SwiGlu => {
+                    let half = y.dim(-1) / 2;
+                    let gu = y.split_at(&[half], -1)?;
+                    crate::mlx::fast::swiglu(&gu[0], &gu[1])
+                }
+            };
+        }
+        quant::quantized_matmul_epilogue(
+            x,
+            &self.weight,
+            &self.scales,
+            self.biases.as_ref(),
+            self.spec.group_size as i32,
+            self.spec.bits as i32,
+            self.spec.mode,
+            epilogue,
         )
     }
 }
@@ -90,6 +124,15 @@ impl Linear {
     /// A dense layer from an `[out, in]` weight.
     pub fn dense(weight: Array, bias: Option<Array>) -> Result<Linear> {
         Ok(Linear::Dense { weight_t: weight.transpose(&[1, 0])?, bias })
+    }
+
+    /// `residual + self.forward(x)` (a residual stream's add after an output projection), the
+    /// add folded into the product's kernel where it can be.
+    pub fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
+        match self {
+            Linear::Quantized { q, bias: None } => q.matmul_t_then(x, Epilogue::AddResidual(residual)),
+            _ => residual.add(&self.forward(x)?),
+        }
     }
 
     /// Output features.
@@ -205,6 +248,18 @@ impl Projections {
             Projections::Fused { linear, splits } => linear.forward(x)?.split_at(splits, -1),
             Projections::Separate(parts) => parts.iter().map(|p| p.forward(x)).collect(),
         }
+    }
+
+    /// `silu(gate) · up` of a two-projection group [gate, up] (the SwiGLU MLP), folded into the
+    /// fused product's kernel where it can be.
+    pub fn swiglu(&self, x: &Array) -> Result<Array> {
+        if let Projections::Fused { linear: Linear::Quantized { q, bias: None }, splits } = self {
+            if splits.len() == 1 && splits[0] * 2 == q.weight.dim(0) {
+                return q.matmul_t_then(x, Epilogue::SwiGlu);
+            }
+        }
+        let gu = self.forward(x)?;
+        crate::mlx::fast::swiglu(&gu[0], &gu[1])
     }
 
     pub fn linears(&self) -> Vec<&Linear> {

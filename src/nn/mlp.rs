@@ -34,12 +34,23 @@ impl GatedMlp {
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let gu = self.gate_up.forward(x)?;
-        let h = match self.activation {
-            GateActivation::Silu => fast::swiglu(&gu[0], &gu[1])?,
-            GateActivation::GeluTanh => fast::geglu(&gu[0], &gu[1])?,
-        };
-        self.down_proj.forward(&h)
+        self.down_proj.forward(&self.gated(x)?)
+    }
+
+    /// `residual + self.forward(x)`, the add folded into the down projection where it can be.
+    pub fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
+        self.down_proj.forward_add(&self.gated(x)?, residual)
+    }
+
+    /// act(gate(x)) · up(x).
+    fn gated(&self, x: &Array) -> Result<Array> {
+        match self.activation {
+            GateActivation::Silu => self.gate_up.swiglu(x),
+            GateActivation::GeluTanh => {
+                let gu = self.gate_up.forward(x)?;
+                fast::geglu(&gu[0], &gu[1])
+            }
+        }
     }
 }
 
