@@ -52,7 +52,8 @@ impl LoadOptions {
 
     /// Load options from a JSON object, named as `naming` spells them (see [`crate::schema`]):
     /// `device` `"gpu"`/`"cpu"`, `dtype` `"float32"`/`"bfloat16"`/`"float16"`, `prompt_cache`
-    /// `{max_entries, ttl_ms, min_cacheable_tokens, max_bytes}`. Absent or null: the defaults.
+    /// `{max_entries, ttl_ms, min_cacheable_tokens, max_bytes, dir, disk_max_bytes}`. Absent or
+    /// null: the defaults.
     pub fn from_json(v: &serde_json::Value, naming: Naming) -> std::result::Result<LoadOptions, String> {
         let f = Fields::new(v, naming, Self::FIELDS)?;
         let device = match f.string("device")? {
@@ -79,6 +80,14 @@ impl LoadOptions {
             prompt_cache.min_cacheable_tokens = n;
         }
         prompt_cache.max_bytes = pc.count("max_bytes")?;
+        match pc.string("dir")? {
+            Some("") => return Err(format!("{} must name a directory, got an empty string", pc.name("dir"))),
+            Some(d) => prompt_cache.dir = Some(PathBuf::from(d)),
+            None => {}
+        }
+        if let Some(n) = pc.count("disk_max_bytes")? {
+            prompt_cache.disk_max_bytes = n as u64;
+        }
         let max_batch = f.count("max_batch")?;
         if max_batch == Some(0) {
             return Err(format!("{} must be at least 1", f.name("max_batch")));
@@ -108,7 +117,7 @@ fn default_context_length(config: &ModelConfig) -> Option<usize> {
 }
 
 /// The fields of [`LoadOptions`]' `prompt_cache` object.
-pub const PROMPT_CACHE_FIELDS: &[&str] = &["max_entries", "ttl_ms", "min_cacheable_tokens", "max_bytes"];
+pub const PROMPT_CACHE_FIELDS: &[&str] = &["max_entries", "ttl_ms", "min_cacheable_tokens", "max_bytes", "dir", "disk_max_bytes"];
 
 /// What a loaded model is.
 #[derive(Debug, Clone)]
@@ -551,5 +560,10 @@ mod tests {
         assert!(err(json!({"prompt_cache": {"ttl": 3}}), Naming::Snake).contains("unknown option prompt_cache.\"ttl\""));
         assert!(err(json!({"--device": "tpu"}), Naming::Kebab).starts_with("--device must be 'gpu' or 'cpu'"));
         assert!(err(json!({"promptCache": 5}), Naming::Camel).contains("promptCache must be an object"));
+        let o = LoadOptions::from_json(&json!({"promptCache": {"dir": "/tmp/pc", "diskMaxBytes": 1000}}), Naming::Camel).unwrap();
+        assert_eq!((o.prompt_cache.dir.as_deref(), o.prompt_cache.disk_max_bytes), (Some(Path::new("/tmp/pc")), 1000));
+        assert_eq!(LoadOptions::from_json(&json!({}), Naming::Camel).unwrap().prompt_cache.disk_max_bytes, 4 << 30);
+        assert!(err(json!({"prompt_cache": {"dir": 3}}), Naming::Snake).starts_with("prompt_cache.dir must be a string"));
+        assert!(err(json!({"promptCache": {"dir": ""}}), Naming::Camel).starts_with("promptCache.dir must name a directory"));
     }
 }

@@ -79,6 +79,8 @@ struct ServeArgs {
     dtype: Option<String>,
     #[command(flatten)]
     batch: BatchArgs,
+    #[command(flatten)]
+    prompt_cache: PromptCacheArgs,
 }
 
 #[cfg(feature = "serve")]
@@ -96,7 +98,7 @@ fn serve(a: ServeArgs) -> mlex::Result<()> {
             return Err(mlex::Error::InvalidArgument(format!("two models share the id {id:?}: name them with ID=DIR")));
         }
         eprintln!("loading {id} from {path}");
-        let session = Session::load_with_options(&path, load_options(a.device.as_deref(), a.dtype.as_deref(), &a.batch)?)?;
+        let session = Session::load_with_options(&path, a.prompt_cache.apply(load_options(a.device.as_deref(), a.dtype.as_deref(), &a.batch)?))?;
         models.push((id, session));
     }
     mlex::serve::run(mlex::serve::ServeConfig {
@@ -185,6 +187,33 @@ struct ModelArgs {
     /// Compute dtype: float32, bfloat16 or float16 (default: float32 on CPU, the checkpoint's on GPU).
     #[arg(long)]
     dtype: Option<String>,
+    #[command(flatten)]
+    prompt_cache: PromptCacheArgs,
+}
+
+/// The prompt cache on disk (LoadOptions.prompt_cache.dir / disk_max_bytes).
+#[derive(Args, Default)]
+struct PromptCacheArgs {
+    /// Also keep prompt cache entries (KV states of prompts) in this directory, so that later
+    /// runs sharing a prompt prefix (a long system prompt) start from it.
+    #[arg(long, value_name = "DIR")]
+    prompt_cache_dir: Option<std::path::PathBuf>,
+    /// Upper bound on the bytes of entries in --prompt-cache-dir, least recently used deleted
+    /// first (default 4 GiB).
+    #[arg(long, value_name = "BYTES")]
+    prompt_cache_disk_max_bytes: Option<u64>,
+}
+
+impl PromptCacheArgs {
+    fn apply(&self, mut o: LoadOptions) -> LoadOptions {
+        if let Some(d) = &self.prompt_cache_dir {
+            o.prompt_cache.dir = Some(d.clone());
+        }
+        if let Some(n) = self.prompt_cache_disk_max_bytes {
+            o.prompt_cache.disk_max_bytes = n;
+        }
+        o
+    }
 }
 
 /// A generation's options as flags: each is an option of the core schema (`GenerateOptions`,
@@ -444,7 +473,7 @@ fn main() {
 }
 
 fn load(m: &ModelArgs) -> mlex::Result<Session> {
-    Session::load_with_options(&m.model, load_options(m.device.as_deref(), m.dtype.as_deref(), &BatchArgs::default())?)
+    Session::load_with_options(&m.model, m.prompt_cache.apply(load_options(m.device.as_deref(), m.dtype.as_deref(), &BatchArgs::default())?))
 }
 
 /// How many requests decode together, and the cache bytes they may set aside (LoadOptions).

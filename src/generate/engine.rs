@@ -8,6 +8,7 @@ use super::constraint::{reasoning_gate, Constraint, Grammars};
 use super::generator::{self, TokenStep};
 use super::options::{GenerateOptions, GenerateReply, GeneratedToken};
 use super::prompt_cache::{PromptCacheConfig, PromptCachePool};
+use super::prompt_disk::{self, DiskCache};
 use super::request::{self, Reply};
 use super::speculative::{self, DraftModel, Drafts};
 use crate::chat::{ChatMessage, Tool};
@@ -128,17 +129,24 @@ pub(super) struct Engine {
 pub fn run(spec: EngineSpec, ready: Sender<Result<LoadedFacts>>, commands: Receiver<Command>) {
     // Benchmark ablations reach the kernels before the model is built.
     crate::ablation::get();
-    let engine = match load(&spec) {
-        Ok((engine, facts)) => {
-            let _ = ready.send(Ok(facts));
-            engine
-        }
+    let (engine, facts) = match load(&spec) {
+        Ok(loaded) => loaded,
         Err(e) => {
             let _ = ready.send(Err(e));
             return;
         }
     };
     let mut pool = PromptCachePool::new(spec.prompt_cache.clone());
+    // A directory that cannot be used fails the load with an error naming it.
+    match open_disk_cache(&spec, &engine, &facts, pool.enabled()) {
+        Ok(Some(disk)) => pool.attach_disk(disk),
+        Ok(None) => {}
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    }
+    let _ = ready.send(Ok(facts));
     // By default the requests in flight may set aside for their caches 90 % of what MLX may
     // still allocate once the weights are in.
     let facts_budget = mlx::memory_limit().saturating_sub(mlx::memory_stats().active) / 10 * 9;
@@ -196,7 +204,11 @@ pub fn run(spec: EngineSpec, ready: Sender<Result<LoadedFacts>>, commands: Recei
                     // sent together start together.
                     continue;
                 }
-                _ => serve_alone(&engine, job, &mut pool),
+                _ => {
+                    serve_alone(&engine, job, &mut pool);
+                    // The reply is out: now the new entries go to disk.
+                    pool.persist();
+                }
             },
             Some(Command::Census(reply)) => {
                 let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.decode_step_census()));
@@ -211,7 +223,23 @@ pub fn run(spec: EngineSpec, ready: Sender<Result<LoadedFacts>>, commands: Recei
             _ if closing => break,
             _ => {}
         }
+        // Entries of requests that finished in this step go to disk (the copy briefly holds up
+        // the others still decoding, once per finished request).
+        if pool.has_pending() {
+            pool.persist();
+        }
     }
+}
+
+/// The disk side of the prompt cache when `prompt_cache.dir` is set (and the pool is on): the
+/// model's fingerprint from its directory (random-weight sessions have none: memory only).
+fn open_disk_cache(spec: &EngineSpec, engine: &Engine, facts: &LoadedFacts, enabled: bool) -> Result<Option<DiskCache>> {
+    let Some(dir) = &spec.prompt_cache.dir else { return Ok(None) };
+    if spec.synthetic_seed.is_some() || !enabled {
+        return Ok(None);
+    }
+    let fingerprint = prompt_disk::fingerprint(&spec.dir, facts.dtype, facts.device)?;
+    Ok(Some(DiskCache::open(dir, spec.prompt_cache.disk_max_bytes, fingerprint, engine.model.make_caches())?))
 }
 
 /// Serves one job start to end (a model whose caches cannot batch).

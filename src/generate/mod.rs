@@ -6,6 +6,7 @@ pub mod generator;
 pub mod kv_options;
 pub mod options;
 pub mod prompt_cache;
+pub mod prompt_disk;
 pub mod request;
 pub mod sampler;
 pub mod speculative;

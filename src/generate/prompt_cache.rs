@@ -17,14 +17,21 @@
 //! the whole byte budget is not stored. Near-duplicates are avoided: a new entry that extends an
 //! existing one replaces it, and one already covered by an existing entry only refreshes that entry.
 //!
+//! With `dir` set, entries also go to disk (`generate::prompt_disk`), written after the reply
+//! went out ([`PromptCachePool::persist`]), and a lookup that finds a longer prefix on disk than
+//! in memory (a new process, an evicted entry) loads that entry into the pool and goes on as
+//! with any hit.
+//!
 //! Recurrent states (hybrid and state-space models, `nn::StateCache`) cannot be trimmed: an entry
 //! serves only prompts that extend all of it. So for such models the engine also stores a
 //! snapshot where each prompt ends (its last token excluded), and an entry that extends another
 //! does not replace it: a next turn whose history re-renders the reply differently still resumes
 //! from the previous prompt. Snapshots count against the byte budget like any entry.
+use super::prompt_disk::{DiskCache, DEFAULT_DISK_MAX_BYTES};
 use crate::error::Result;
 use crate::mlx::{self, Array};
 use crate::nn::LayerCaches;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// Settings of the automatic prompt cache: a pool of KV states of earlier calls on the engine
@@ -42,6 +49,12 @@ pub struct PromptCacheConfig {
     /// MLX may still allocate once the model is loaded (its memory limit, derived from the
     /// device's memory, less the bytes already in use); `usize::MAX` for no bound.
     pub max_bytes: Option<usize>,
+    /// A directory where entries are also kept on disk, for other processes (and later runs) to
+    /// reuse (`generate::prompt_disk`). None: memory only.
+    pub dir: Option<PathBuf>,
+    /// Upper bound on the bytes of entries in `dir` (every model's together), least recently
+    /// used deleted first. Default [`DEFAULT_DISK_MAX_BYTES`] (4 GiB).
+    pub disk_max_bytes: u64,
 }
 
 /// The prompt cache's byte budget when [`PromptCacheConfig::max_bytes`] is None: a quarter of
@@ -56,7 +69,14 @@ pub fn default_max_bytes() -> usize {
 
 impl Default for PromptCacheConfig {
     fn default() -> Self {
-        PromptCacheConfig { max_entries: 16, ttl: Duration::from_secs(300), min_cacheable_tokens: 8, max_bytes: None }
+        PromptCacheConfig {
+            max_entries: 16,
+            ttl: Duration::from_secs(300),
+            min_cacheable_tokens: 8,
+            max_bytes: None,
+            dir: None,
+            disk_max_bytes: DEFAULT_DISK_MAX_BYTES,
+        }
     }
 }
 
@@ -65,6 +85,12 @@ struct Entry {
     caches: LayerCaches,
     last_used: Instant,
     bytes: usize,
+}
+
+/// An entry stored in memory, waiting to be written to disk ([`PromptCachePool::persist`]).
+struct Pending {
+    tokens: Vec<u32>,
+    caches: LayerCaches,
 }
 
 /// KV state taken from the pool for one call.
@@ -80,6 +106,10 @@ pub struct PromptCachePool {
     bytes: usize,
     /// `config.max_bytes`, or [`default_max_bytes`] when that is None.
     max_bytes: usize,
+    /// The entries on disk (`config.dir`), once attached ([`PromptCachePool::attach_disk`]).
+    disk: Option<DiskCache>,
+    /// Entries stored since the last [`PromptCachePool::persist`].
+    pending: Vec<Pending>,
 }
 
 /// Length of the common prefix of `a` and `b`.
@@ -90,7 +120,29 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 impl PromptCachePool {
     pub fn new(config: PromptCacheConfig) -> Self {
         let max_bytes = config.max_bytes.unwrap_or_else(default_max_bytes);
-        PromptCachePool { config, entries: vec![], bytes: 0, max_bytes }
+        PromptCachePool { config, entries: vec![], bytes: 0, max_bytes, disk: None, pending: vec![] }
+    }
+
+    /// Keeps entries on disk too, in `disk` (see `generate::prompt_disk`).
+    pub fn attach_disk(&mut self, disk: DiskCache) {
+        self.disk = Some(disk);
+    }
+
+    /// Writes the entries stored since the last call to disk (the arrays are copied here, the
+    /// file is written by the disk cache's own thread). The engine calls this once the replies
+    /// are out, so that the copy does not delay a first token. A failure only costs reuse.
+    pub fn persist(&mut self) {
+        let Some(disk) = &mut self.disk else { return };
+        for p in std::mem::take(&mut self.pending) {
+            if let Err(e) = disk.save(&p.tokens, &p.caches) {
+                eprintln!("mlex: prompt cache on disk: not saved: {e}");
+            }
+        }
+    }
+
+    /// Whether entries wait for [`PromptCachePool::persist`].
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
     }
 
     /// False when the configuration keeps nothing (`max_entries: 0` or `max_bytes: Some(0)`).
@@ -178,6 +230,10 @@ impl PromptCachePool {
                 best = Some((i, n));
             }
         }
+        let in_memory = best.map_or(0, |(_, n)| n);
+        if let Some(reuse) = self.lookup_disk(prompt, usable, in_memory, now) {
+            return Some(reuse);
+        }
         let (i, n) = best?;
         if n < self.min_tokens() {
             return None;
@@ -189,8 +245,29 @@ impl PromptCachePool {
         Some(Reuse { caches, tokens: n })
     }
 
+    /// The state of a prefix of `prompt` longer than `in_memory` tokens from disk, if any: the
+    /// entry joins the pool (as if stored, not written again) and a trimmed copy is handed out.
+    fn lookup_disk(&mut self, prompt: &[u32], usable: usize, in_memory: usize, now: Instant) -> Option<Reuse> {
+        let min = self.min_tokens();
+        let disk = self.disk.as_mut()?;
+        let (name, n) = disk.best(prompt, usable)?;
+        if n <= in_memory || n < min {
+            return None;
+        }
+        let (tokens, caches) = disk.load(&name)?;
+        let mut copy = caches.clone();
+        copy.trim_to(n).ok()?;
+        let _ = self.store_entry(tokens, caches, now, false);
+        Some(Reuse { caches: copy, tokens: n })
+    }
+
     /// Stores the KV state `caches` of exactly `tokens` (prompt + fed generated tokens).
     pub fn store(&mut self, tokens: Vec<u32>, caches: LayerCaches, now: Instant) -> Result<()> {
+        self.store_entry(tokens, caches, now, true)
+    }
+
+    /// [`PromptCachePool::store`]; `to_disk`: also queue it for the disk.
+    fn store_entry(&mut self, tokens: Vec<u32>, caches: LayerCaches, now: Instant, to_disk: bool) -> Result<()> {
         self.expire(now);
         if !self.enabled() || tokens.len() < self.min_tokens() {
             return Ok(());
@@ -230,6 +307,11 @@ impl PromptCachePool {
         {
             let lru = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used).expect("non-empty");
             self.remove(lru);
+        }
+        if to_disk && self.disk.is_some() {
+            // Entries this one extends are dropped (their files too, once it is written).
+            self.pending.retain(|p| !(tokens.starts_with(&p.tokens) && caches.can_trim_to(p.tokens.len())));
+            self.pending.push(Pending { tokens: tokens.clone(), caches: caches.clone() });
         }
         self.entries.push(Entry { tokens, caches, last_used: now, bytes });
         self.bytes += bytes;

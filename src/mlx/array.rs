@@ -192,6 +192,14 @@ impl Array {
         Ok(v)
     }
 
+    /// Evaluates the array and copies out its bytes as they are (its own dtype, row-major).
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let n = self.nbytes();
+        let mut v = vec![0u8; n];
+        check(unsafe { sys::mlex_array_read(self.raw, self.dtype().to_sys(), v.as_mut_ptr() as *mut c_void, n) })?;
+        Ok(v)
+    }
+
     /// The single element of a size-1 array as f32.
     pub fn item_f32(&self) -> Result<f32> {
         let v = self.to_vec::<f32>()?;

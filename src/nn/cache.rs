@@ -95,6 +95,33 @@ pub trait Cache {
     fn nbytes(&self) -> usize {
         self.state().iter().map(|a| a.nbytes()).sum()
     }
+
+    /// This layer's state as the disk prompt cache writes it (`generate::prompt_disk`); None for
+    /// the kinds it does not persist (quantized, bounded and batch caches: never pooled).
+    fn save(&self) -> Result<Option<SavedCache>> {
+        Ok(None)
+    }
+
+    /// Takes `saved` (as [`Cache::save`] gave it) into this fresh cache of the same kind; a kind,
+    /// window or slot count that differs from this cache's is an error.
+    fn restore(&mut self, saved: SavedCache) -> Result<()> {
+        Err(Error::Mlx(format!("a {} cache cannot be restored into this layer's cache", saved.kind)))
+    }
+}
+
+/// One layer's state as the disk prompt cache stores it: its kind (`"kv"`, `"rotating"`,
+/// `"state"`), the integers that kind needs (offsets, window) and its arrays (None: an empty slot).
+pub struct SavedCache {
+    pub kind: String,
+    pub ints: Vec<usize>,
+    pub arrays: Vec<Option<Array>>,
+}
+
+impl SavedCache {
+    /// The error of a saved state that does not fit the cache it is restored into.
+    pub fn mismatch(&self, what: impl std::fmt::Display) -> Error {
+        Error::Mlx(format!("saved {} cache {:?} does not fit this layer: {what}", self.kind, self.ints))
+    }
 }
 
 /// mlx-lm's generate-time cache options (`max_kv_size`, `kv_bits`), for the layers that would
@@ -191,5 +218,48 @@ impl LayerCaches {
 
     pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut Box<dyn Cache>> {
         self.0.iter_mut()
+    }
+
+    /// Every layer's state for the disk prompt cache; None when a layer's kind is not persisted.
+    pub fn save(&self) -> Result<Option<Vec<SavedCache>>> {
+        let mut out = Vec::with_capacity(self.0.len());
+        for c in &self.0 {
+            match c.save()? {
+                Some(s) => out.push(s),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// `saved` restored into these (fresh) caches, layer by layer.
+    pub fn restore(&mut self, saved: Vec<SavedCache>) -> Result<()> {
+        if saved.len() != self.0.len() {
+            return Err(Error::Mlx(format!("saved state has {} layers, the model {}", saved.len(), self.0.len())));
+        }
+        for (c, s) in self.0.iter_mut().zip(saved) {
+            c.restore(s)?;
+        }
+        if self.0.iter().any(|c| c.offset() != self.offset()) {
+            return Err(Error::Mlx("saved layers hold different numbers of tokens".into()));
+        }
+        Ok(())
+    }
+
+    /// The fewest tokens these caches can be trimmed back to (0 for plain key/value caches, the
+    /// whole offset with a recurrent state; a sliding window that moved on sits in between).
+    pub fn trim_floor(&self) -> usize {
+        let n = self.offset();
+        // can_trim_to is false below the floor and true from it up to the offset.
+        let (mut lo, mut hi) = (0, n);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.can_trim_to(mid) {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        lo
     }
 }

@@ -1,6 +1,6 @@
 //! The per-layer key/value cache of full attention: a buffer that grows in fixed steps (as
 //! mlx-lm's `KVCache`), written in place with `slice_update`, read as a prefix view.
-use super::cache::{Cache, Mask};
+use super::cache::{Cache, Mask, SavedCache};
 use crate::error::Result;
 use crate::mlx::Array;
 
@@ -104,6 +104,23 @@ impl Cache for KvCache {
 
     fn as_kv(&self) -> Option<&KvCache> {
         Some(self)
+    }
+
+    /// Kind `"kv"`, ints `[offset]`, arrays the keys and values of the tokens held.
+    fn save(&self) -> Result<Option<SavedCache>> {
+        let held = |b: &Option<Array>| b.as_ref().filter(|_| self.offset > 0).map(|a| a.slice_axis(2, 0, self.offset as i32)).transpose();
+        Ok(Some(SavedCache { kind: "kv".into(), ints: vec![self.offset], arrays: vec![held(&self.keys)?, held(&self.values)?] }))
+    }
+
+    fn restore(&mut self, saved: SavedCache) -> Result<()> {
+        match (saved.kind.as_str(), saved.ints.as_slice(), saved.arrays.as_slice()) {
+            ("kv", [0], [None, None]) => *self = KvCache::new(),
+            ("kv", &[n], [Some(k), Some(v)]) if k.ndim() == 4 && k.shape() == v.shape() && k.dim(2) as usize == n => {
+                *self = KvCache::from_arrays(k, v)?;
+            }
+            _ => return Err(saved.mismatch("expected a key/value cache: keys and values [B, H, offset, D]")),
+        }
+        Ok(())
     }
 
     fn boxed_clone(&self) -> Box<dyn Cache> {

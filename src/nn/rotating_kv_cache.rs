@@ -6,7 +6,7 @@
 //! Instead of a ring buffer written modulo W (whose reordering mlx-lm has to undo for prefill),
 //! this keeps positions `start..offset` in order and drops the front when the buffer would grow:
 //! the same keys reach attention, and masks are plain position comparisons.
-use super::cache::{Cache, Mask};
+use super::cache::{Cache, Mask, SavedCache};
 use super::kv_cache::{grow, write};
 use crate::error::{Error, Result};
 use crate::mlx::{Array, Dtype};
@@ -111,5 +111,31 @@ impl Cache for RotatingKvCache {
 
     fn boxed_clone(&self) -> Box<dyn Cache> {
         Box::new(self.clone())
+    }
+
+    /// Kind `"rotating"`, ints `[window, start, offset]`, arrays the keys and values of
+    /// positions `start..offset`.
+    fn save(&self) -> Result<Option<SavedCache>> {
+        let used = (self.offset - self.start) as i32;
+        let held = |b: &Option<Array>| b.as_ref().filter(|_| used > 0).map(|a| a.slice_axis(2, 0, used)).transpose();
+        Ok(Some(SavedCache {
+            kind: "rotating".into(),
+            ints: vec![self.window, self.start, self.offset],
+            arrays: vec![held(&self.keys)?, held(&self.values)?],
+        }))
+    }
+
+    fn restore(&mut self, saved: SavedCache) -> Result<()> {
+        let fits = |k: &Array, v: &Array, used: usize| k.ndim() == 4 && k.shape() == v.shape() && k.dim(2) as usize == used;
+        match (saved.kind.as_str(), saved.ints.as_slice(), saved.arrays.as_slice()) {
+            ("rotating", &[w, 0, 0], [None, None]) if w == self.window => *self = RotatingKvCache::new(w),
+            ("rotating", &[w, start, offset], [Some(k), Some(v)])
+                if w == self.window && start < offset && fits(k, v, offset - start) =>
+            {
+                *self = RotatingKvCache { window: w, keys: Some(k.clone()), values: Some(v.clone()), start, offset };
+            }
+            _ => return Err(saved.mismatch(format!("expected a sliding-window cache of window {}", self.window))),
+        }
+        Ok(())
     }
 }

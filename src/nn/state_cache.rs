@@ -3,7 +3,7 @@
 //! each step replaces rather than extends. Unlike keys and values, such a state cannot be taken
 //! back to an earlier position: it can only be "trimmed" to exactly what it holds, so the prompt
 //! cache reuses it only where a stored snapshot ends (see `generate::prompt_cache`).
-use super::cache::Cache;
+use super::cache::{Cache, SavedCache};
 use crate::error::{Error, Result};
 use crate::mlx::Array;
 
@@ -68,5 +68,20 @@ impl Cache for StateCache {
 
     fn as_state(&mut self) -> Option<&mut StateCache> {
         Some(self)
+    }
+
+    /// Kind `"state"`, ints `[offset]`, arrays the slots.
+    fn save(&self) -> Result<Option<SavedCache>> {
+        Ok(Some(SavedCache { kind: "state".into(), ints: vec![self.offset], arrays: self.states.clone() }))
+    }
+
+    fn restore(&mut self, saved: SavedCache) -> Result<()> {
+        match (saved.kind.as_str(), saved.ints.as_slice()) {
+            ("state", &[offset]) if saved.arrays.len() == self.states.len() => {
+                *self = StateCache { states: saved.arrays, offset };
+                Ok(())
+            }
+            _ => Err(saved.mismatch(format!("expected a recurrent state of {} slots", self.states.len()))),
+        }
     }
 }
