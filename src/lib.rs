@@ -27,6 +27,7 @@ pub mod mlx;
 pub mod models;
 pub mod nn;
 pub mod schema;
+pub mod startup_trace;
 #[cfg(feature = "serve")]
 pub mod serve;
 #[cfg(feature = "node")]

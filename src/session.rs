@@ -181,8 +181,15 @@ impl Session {
 
     pub fn load_with_options(model: impl AsRef<Path>, options: LoadOptions) -> Result<Session> {
         let dir = resolve_model_path(&model.as_ref().to_string_lossy())?;
+        crate::startup_trace::mark("load start");
         let config = ModelConfig::from_dir(&dir)?;
-        let tokenizer = if dir.join("tokenizer.json").is_file() { Some(Arc::new(Tokenizer::from_dir(&dir)?)) } else { None };
+        crate::startup_trace::mark("config read");
+        let tokenizer_dir = dir.clone();
+        let tokenizer = move || -> Result<Option<Arc<Tokenizer>>> {
+            let t = if tokenizer_dir.join("tokenizer.json").is_file() { Some(Arc::new(Tokenizer::from_dir(&tokenizer_dir)?)) } else { None };
+            crate::startup_trace::mark("tokenizer loaded");
+            Ok(t)
+        };
         Self::spawn_engine(dir, config, tokenizer, options, None)
     }
 
@@ -191,22 +198,18 @@ impl Session {
     pub fn load_random(config_json: &str, seed: u64, options: LoadOptions) -> Result<Session> {
         let dir = PathBuf::from("<random weights>");
         let config = ModelConfig::from_json(config_json, &dir.join("config.json"))?;
-        Self::spawn_engine(dir, config, None, options, Some(seed))
+        Self::spawn_engine(dir, config, || Ok(None), options, Some(seed))
     }
 
     fn spawn_engine(
         dir: PathBuf,
         config: ModelConfig,
-        tokenizer: Option<Arc<Tokenizer>>,
+        load_tokenizer: impl FnOnce() -> Result<Option<Arc<Tokenizer>>>,
         options: LoadOptions,
         synthetic_seed: Option<u64>,
     ) -> Result<Session> {
         // An unknown architecture or a bad field fails here, before any thread or weight.
         crate::models::check_config(&config)?;
-        let mut eos: Vec<u32> = tokenizer.as_ref().map(|t| t.eos_token_ids().to_vec()).unwrap_or_default();
-        if eos.is_empty() {
-            eos = ids_of(config.eos_token_id.as_ref());
-        }
         let device = match options.device {
             Some(d) => d,
             None if mlx::gpu_available() => Device::Gpu,
@@ -221,13 +224,13 @@ impl Session {
                 return Err(Error::InvalidArgument(format!("compute dtype must be a float type, got {}", d.name())));
             }
         }
+        let (tokenizer_tx, tokenizer_rx) = mpsc::channel();
         let spec = EngineSpec {
             dir: dir.clone(),
             config: config.clone(),
             device,
             dtype,
-            tokenizer: tokenizer.clone(),
-            eos,
+            tokenizer: tokenizer_rx,
             synthetic_seed,
             prompt_cache: options.prompt_cache.clone(),
             max_batch: options.max_batch.unwrap_or(DEFAULT_MAX_BATCH).max(1),
@@ -241,6 +244,21 @@ impl Session {
         let (ready_tx, ready_rx) = mpsc::channel();
         let thread = mlx::threads::spawn("mlex-engine", move || engine::run(spec, ready_tx, cmd_rx))
             .map_err(|e| Error::io("spawning the engine thread", e))?;
+        // The tokenizer loads here while the engine thread maps and builds the weights; the
+        // engine waits for it only once its model is built.
+        let tokenizer = match load_tokenizer() {
+            Ok(t) => t,
+            Err(e) => {
+                drop(tokenizer_tx);
+                let _ = ready_rx.recv();
+                return Err(e);
+            }
+        };
+        let mut eos: Vec<u32> = tokenizer.as_ref().map(|t| t.eos_token_ids().to_vec()).unwrap_or_default();
+        if eos.is_empty() {
+            eos = ids_of(config.eos_token_id.as_ref());
+        }
+        let _ = tokenizer_tx.send((tokenizer.clone(), eos));
         let facts: LoadedFacts = match ready_rx.recv() {
             Ok(r) => r?,
             Err(_) => return Err(Error::Mlx("the engine thread stopped while loading".into())),

@@ -433,6 +433,29 @@ fn cpu_fast_ops_portable_path_matches_too() {
     rerun_without_avx2("cpu_fast_ops_match_naive_on_views_and_variants");
 }
 
+/// mlex's CPU swiglu (`src/mlx/cpu_fast_ops.cpp`, instead of MLX's JIT-compiled kernel) against
+/// MLX's own ops for `gate · sigmoid(gate) · up`, bit for bit: the halves of a fused gate/up
+/// projection (views read in place), a decode row and a prefill chunk, values wide enough for
+/// sigmoid's both branches.
+#[test]
+fn cpu_swiglu_equals_the_ops_bit_for_bit() {
+    for rows in [1usize, 37] {
+        let width = 300usize;
+        let raw: Vec<f32> = rand_vec(rows * 2 * width, 50 + rows as u64).iter().map(|v| v * 12.0).collect();
+        let fused = arr(&raw, &[1, rows as i32, 2 * width as i32]);
+        let halves = fused.split_at(&[width as i32], -1).unwrap();
+        let got = fast::swiglu(&halves[0], &halves[1]).unwrap();
+        let census = mlex::mlx::graph_census(&[&got]).unwrap();
+        assert!(census.iter().any(|(n, _)| n == "CpuSwiglu"), "CpuSwiglu not used: {census:?}");
+        let want = halves[0].silu().unwrap().multiply(&halves[1]).unwrap();
+        assert_eq!(got.shape(), want.shape());
+        let (got, want) = (got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+        for (i, (a, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(a.to_bits(), w.to_bits(), "rows {rows}, [{i}]: {a} vs {w}");
+        }
+    }
+}
+
 /// Inputs of a gated delta-net layer's recurrence: q/k/v read as slices of one wider tensor (as
 /// the conv output is split), value heads sharing key heads, a batch of two, a non-zero state.
 struct DeltaInputs {

@@ -455,6 +455,7 @@ struct ConvertArgs {
 }
 
 fn main() {
+    mlex::startup_trace::mark("main");
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(a) => generate(a),
@@ -465,6 +466,7 @@ fn main() {
         #[cfg(feature = "serve")]
         Command::Serve(a) => serve(a),
     };
+    mlex::startup_trace::mark("done (the session dropped)");
     if let Err(e) = result {
         let _ = std::io::stdout().flush();
         eprintln!("mlex: {e}");
@@ -631,7 +633,11 @@ fn generate(a: GenerateArgs) -> mlex::Result<()> {
     let tools = a.tools.as_ref().map(|p| read(p).and_then(|t| parse_tools_json(&t))).transpose()?;
     let json = a.json;
     let mut out = std::io::stdout();
+    let mut first = true;
     let stream = |t: &mlex::GeneratedToken| {
+        if std::mem::take(&mut first) {
+            mlex::startup_trace::mark("first token");
+        }
         if !json {
             print_token(&mut out, t);
         }
@@ -651,6 +657,7 @@ fn generate(a: GenerateArgs) -> mlex::Result<()> {
             session.generate_text(prompt, opts, stream)?
         }
     };
+    mlex::startup_trace::mark("reply returned");
     if json {
         let mut v = serde_json::json!({
             "text": reply.text,

@@ -87,8 +87,10 @@ pub struct EngineSpec {
     pub config: ModelConfig,
     pub device: Device,
     pub dtype: Option<Dtype>,
-    pub tokenizer: Option<Arc<Tokenizer>>,
-    pub eos: Vec<u32>,
+    /// The tokenizer and the EOS ids, sent by the session once it has loaded them (on its own
+    /// thread, while this one maps and builds the weights); the sender dropped unsent means the
+    /// tokenizer failed to load (the session reports why).
+    pub tokenizer: Receiver<(Option<Arc<Tokenizer>>, Vec<u32>)>,
     /// Random weights (seeded) instead of the directory's safetensors: benchmarks of real shapes.
     pub synthetic_seed: Option<u64>,
     /// The automatic prompt cache's settings (the pool lives on the engine thread).
@@ -129,6 +131,7 @@ pub(super) struct Engine {
 pub fn run(spec: EngineSpec, ready: Sender<Result<LoadedFacts>>, commands: Receiver<Command>) {
     // Benchmark ablations reach the kernels before the model is built.
     crate::ablation::get();
+    crate::startup_trace::mark("engine thread started");
     let (engine, facts) = match load(&spec) {
         Ok(loaded) => loaded,
         Err(e) => {
@@ -149,6 +152,7 @@ pub fn run(spec: EngineSpec, ready: Sender<Result<LoadedFacts>>, commands: Recei
     let _ = ready.send(Ok(facts));
     // By default the requests in flight may set aside for their caches 90 % of what MLX may
     // still allocate once the weights are in.
+    crate::startup_trace::mark("engine ready");
     let facts_budget = mlx::memory_limit().saturating_sub(mlx::memory_stats().active) / 10 * 9;
     let mut batch = if engine.model.batchable() {
         match engine.kv_bytes_per_token() {
@@ -159,6 +163,7 @@ pub fn run(spec: EngineSpec, ready: Sender<Result<LoadedFacts>>, commands: Recei
     } else {
         None
     };
+    crate::startup_trace::mark("batch set up");
     let mut closing = false;
     loop {
         let busy = batch.as_ref().is_some_and(|b| b.busy());
@@ -264,12 +269,15 @@ fn load(spec: &EngineSpec) -> Result<(Engine, LoadedFacts)> {
         Some(seed) => WeightStore::synthetic(spec.config.quantization.clone(), spec.dtype.unwrap_or(Dtype::Bfloat16), seed)?,
         None => WeightStore::open(&spec.dir)?,
     };
+    crate::startup_trace::mark("weights mapped");
     weights.compute_dtype = spec.dtype;
     let weights = std::cell::RefCell::new(weights);
     let model = build_model(&spec.config, &Vb::new(&weights, spec.config.quantization.as_ref()))?;
     weights.into_inner().finish()?;
+    crate::startup_trace::mark("model built");
     let params = model.parameters();
     mlx::eval(&params)?;
+    crate::startup_trace::mark("weights evaluated");
     // Let the device finish and release what loading consumed (the unfused q/k/v and gate/up
     // parts, the pre-cast tensors) before the first generation measures its peak: on the GPU the
     // inputs of finished kernels are released by completion handlers, not by eval itself.
@@ -279,12 +287,15 @@ fn load(spec: &EngineSpec) -> Result<(Engine, LoadedFacts)> {
     let dtype = model.dtype();
     drop(params);
     let facts = LoadedFacts { dtype, device: spec.device, weights_bytes };
+    let (tokenizer, eos) =
+        spec.tokenizer.recv().map_err(|_| Error::Tokenizer("the tokenizer failed to load".into()))?;
+    crate::startup_trace::mark("tokenizer received");
     let mut drafts = Drafts::default();
     if let Some(path) = &spec.draft_model {
-        let d = DraftModel::load(path, model.dtype(), model.vocab_size(), spec.tokenizer.as_deref())?;
+        let d = DraftModel::load(path, model.dtype(), model.vocab_size(), tokenizer.as_deref())?;
         drafts.session = Some(std::rc::Rc::new(d));
     }
-    let engine = Engine { model, tokenizer: spec.tokenizer.clone(), eos: spec.eos.clone(), grammars: Default::default(), drafts, context_length: spec.context_length };
+    let engine = Engine { model, tokenizer, eos, grammars: Default::default(), drafts, context_length: spec.context_length };
     Ok((engine, facts))
 }
 
@@ -372,6 +383,7 @@ impl Engine {
         if ids.is_empty() {
             return Err(Error::InvalidArgument("the prompt is empty: at least one token is needed".into()));
         }
+        crate::startup_trace::mark("prompt encoded");
         Ok(ids)
     }
 

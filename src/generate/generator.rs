@@ -379,6 +379,7 @@ pub(crate) fn prefill_chunk(
     let chunk = Array::from_slice(&prompt[pos..pos + n], &[1, n as i32])?;
     model.forward(&chunk, caches)?;
     eval(&caches.state())?;
+    crate::startup_trace::mark("prefill chunk evaluated");
     Ok(pos + n)
 }
 

@@ -6,6 +6,12 @@
 #include "cpu_strided.h"
 #include "cpu_thread_pool.h"
 
+// MLX's element-wise kernels (for its sigmoid); its SIMD math type-puns, which GCC warns about.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstrict-aliasing"
+#include "mlx/backend/cpu/unary_ops.h"
+#pragma GCC diagnostic pop
+
 #include <cmath>
 #include <algorithm>
 #include <cstdlib>
@@ -227,6 +233,39 @@ class CpuAttention : public CpuPrimitive {
 };
 
 // Benchmark ablation only (src/ablation.rs): MLX's reference graphs everywhere.
+// silu(gate) · up element-wise, computed as MLX's compiled kernel for the graph
+// `(gate · sigmoid(gate)) · up` computes it (MLX's own sigmoid, the same order of products), so the
+// results are the same bits. The compiled kernel is JIT-built: its first use in a process runs a
+// compiler probe (`g++ --version`) and loads a shared library from MLX's cache, or on a machine
+// whose cache is empty compiles it (~0.4 s per kernel variant here): the cold start's first
+// forward paid for that. Views (the halves of a fused gate/up projection) are read in place.
+class CpuSwiglu : public CpuPrimitive {
+ public:
+  explicit CpuSwiglu(mx::Stream s) : CpuPrimitive(s) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const mx::array g = inputs[0];
+    const mx::array u = inputs[1];
+    dispatch(inputs, out, [g, u](float* o) {
+      const int64_t d = g.shape(-1), rows = row_count(g), gs = g.strides().back(), us = u.strides().back();
+      const float* gp = g.data<float>();
+      const float* up = u.data<float>();
+      mx::detail::Sigmoid sigmoid;
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* gr = gp + row_offset(g, r);
+        const float* ur = up + row_offset(u, r);
+        float* orow = o + r * d;
+        for (int64_t i = 0; i < d; ++i) {
+          const float x = gr[i * gs];
+          orow[i] = (x * sigmoid(x)) * ur[i * us];
+        }
+      }
+    });
+  }
+  const char* name() const override { return "CpuSwiglu"; }
+  bool is_equivalent(const mx::Primitive& other) const override { return dynamic_cast<const CpuSwiglu*>(&other); }
+};
+
 bool ablated() { return mlex::ablated(MLEX_ABLATE_KERNEL_CPU_FAST_OPS); }
 
 }  // namespace
@@ -273,6 +312,14 @@ std::optional<mx::array> cpu_attention(const mx::array& q, const mx::array& k, c
   if (key_start) inputs.push_back(mx::astype(*key_start, mx::int32, s));
   return mx::array(q.shape(), mx::float32, std::make_shared<CpuAttention>(s, scale, causal, key_start.has_value()),
                    inputs);
+}
+
+std::optional<mx::array> cpu_swiglu(const mx::array& gate, const mx::array& up) {
+  if (ablated() || !on_cpu() || gate.ndim() < 1 || gate.dtype() != mx::float32 || up.dtype() != mx::float32 ||
+      gate.shape() != up.shape()) {
+    return std::nullopt;
+  }
+  return mx::array(gate.shape(), mx::float32, std::make_shared<CpuSwiglu>(mx::to_stream({})), {gate, up});
 }
 
 }  // namespace mlex

@@ -1,5 +1,6 @@
-// Our own CPU implementations of three of MLX's `fast` ops: RMSNorm, RoPE and attention. MLX's CPU backend has no kernels for these: it expands each into its
-// reference graph of generic ops (~8 for RMSNorm, ~20 for RoPE, ~10 for attention): on a decode
+// Our own CPU implementations of three of MLX's `fast` ops: RMSNorm, RoPE and attention (and of
+// swiglu, which MLX would JIT-compile). MLX's CPU backend has no kernels for the three: it expands
+// each into its reference graph of generic ops (~8 for RMSNorm, ~20 for RoPE, ~10 for attention): on a decode
 // step those ops' dispatch costs more than their arithmetic, and attention's matmuls go to the
 // wheel's slow reference BLAS (BENCHMARKS.md, CPU section).
 // Each is one MLX primitive computing what that reference graph computes, in float32.
@@ -29,5 +30,9 @@ std::optional<mlx::core::array> cpu_rope(const mlx::core::array& x, int dims, bo
 std::optional<mlx::core::array> cpu_attention(const mlx::core::array& q, const mlx::core::array& k,
                                               const mlx::core::array& v, float scale, bool causal,
                                               const std::optional<mlx::core::array>& key_start = std::nullopt);
+
+// silu(gate) · up for float32 `gate` and `up` of one shape (views read in place), bit for bit what
+// MLX's compiled kernel for `gate · sigmoid(gate) · up` gives, without its JIT (see the .cpp).
+std::optional<mlx::core::array> cpu_swiglu(const mlx::core::array& gate, const mlx::core::array& up);
 
 }  // namespace mlex

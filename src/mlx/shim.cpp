@@ -148,9 +148,37 @@ int mlex_array_read(mlex_array a, mlex_dtype dtype, void* dst, size_t nbytes) {
   });
 }
 
+namespace {
+// Whether an array can wrap memory MLX did not allocate (a weight in the checkpoint's map) without
+// a copy: MLX's own constructor for that copies on every allocator but Metal's. The CPU-only
+// build's allocator keeps a buffer's size in the 8 bytes before its data, which `Buffer::raw_ptr`
+// skips; a buffer placed 8 bytes before foreign data then reads it in place. Such an array's data
+// is not owned (`Data` with a deleter), so MLX never frees it, donates it to an op's output or
+// asks for its size. Checked once on a real allocation; GPU builds (other allocators) copy.
+bool wraps_foreign_data() {
+  static const bool ok = [] {
+    if (mx::is_available(mx::Device::gpu)) return false;
+    auto& a = mx::allocator::allocator();
+    auto b = a.malloc(64);
+    const bool r = b.ptr() != nullptr && b.raw_ptr() == static_cast<char*>(b.ptr()) + sizeof(size_t) && a.size(b) == 64;
+    a.free(b);
+    return r;
+  }();
+  return ok;
+}
+}  // namespace
+
 int mlex_array_from_data(void* data, const int32_t* shape, size_t ndim, mlex_dtype dtype,
                          mlex_release_fn release, void* ctx, mlex_array* out) {
   return guard([&] {
+    if (data != nullptr && wraps_foreign_data()) {
+      mx::allocator::Buffer buf(static_cast<char*>(data) - sizeof(size_t));
+      mx::allocator::Data owner(buf, [release, ctx](mx::allocator::Buffer) {
+        if (release) release(ctx);
+      });
+      *out = wrap(mx::array(std::move(owner), to_shape(shape, ndim), to_dtype(dtype)));
+      return;
+    }
     auto deleter = [release, ctx](void*) {
       if (release) release(ctx);
     };
@@ -673,6 +701,7 @@ void mlex_set_ablations(uint32_t kernels) { mlex::ablated_kernels().store(kernel
 
 namespace {
 mx::array swiglu(const mx::array& gate, const mx::array& up) {
+  if (auto fast = mlex::cpu_swiglu(gate, up)) return *fast;
   // Compiled once, shapeless: one fused kernel instead of three element-wise ops per layer.
   static auto fn = mx::compile(swiglu_impl, /*shapeless=*/true);
   return fn({gate, up})[0];

@@ -1,0 +1,44 @@
+//! `MLEX_TRACE_STARTUP=1`: the phases from process start to the first token, on stderr.
+//!
+//! Each [`mark`] prints the milliseconds since the first mark (the CLI marks `main`'s first line;
+//! a library host's first mark is its first `Session::load`) and since the previous one. Without
+//! the variable a mark costs one relaxed atomic load.
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
+
+/// 0: not yet read, 1: off, 2: on.
+static STATE: AtomicU8 = AtomicU8::new(0);
+static CLOCK: OnceLock<Mutex<(Instant, Instant)>> = OnceLock::new();
+
+/// Whether `MLEX_TRACE_STARTUP` is set (to anything but "" or "0").
+pub fn enabled() -> bool {
+    match STATE.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            let on = std::env::var("MLEX_TRACE_STARTUP").is_ok_and(|v| !v.is_empty() && v != "0");
+            STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+            on
+        }
+    }
+}
+
+/// Records that phase `what` ended now (printed when tracing is on).
+pub fn mark(what: &str) {
+    if !enabled() {
+        return;
+    }
+    let now = Instant::now();
+    let clock = CLOCK.get_or_init(|| Mutex::new((now, now)));
+    let Ok(mut c) = clock.lock() else { return };
+    let (start, prev) = *c;
+    c.1 = now;
+    let thread = std::thread::current();
+    eprintln!(
+        "[startup] {:8.1} ms  +{:7.1} ms  {what} ({})",
+        (now - start).as_secs_f64() * 1e3,
+        (now - prev).as_secs_f64() * 1e3,
+        thread.name().unwrap_or("main")
+    );
+}
