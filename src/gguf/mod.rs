@@ -461,12 +461,16 @@ impl GgufFile {
             let ty = GgmlType::from_id(tid)
                 .ok_or_else(|| c.err(format!("tensor '{name}': unknown ggml type {tid}")))?;
             let offset = c.u64(&what)?;
-            let mut n_elements: u64 = 1;
-            for &d in &dims {
-                n_elements = n_elements.checked_mul(d).filter(|&n| n < (1u64 << 60)).ok_or_else(|| {
-                    c.err(format!("tensor '{name}': dimensions {dims:?} overflow"))
-                })?;
-            }
+            // The product of the non-zero dims is bounded too: a zero dim makes the tensor empty,
+            // but the others still size its rows (`n_rows`, `row_bytes`).
+            let nonzero = dims.iter().filter(|&&d| d != 0).try_fold(1u64, |n, &d| {
+                n.checked_mul(d).filter(|&n| n < (1u64 << 60))
+            });
+            let n_elements = match nonzero {
+                None => return Err(c.err(format!("tensor '{name}': dimensions {dims:?} overflow"))),
+                Some(_) if dims.contains(&0) => 0,
+                Some(n) => n,
+            };
             let row = dims.first().copied().unwrap_or(1);
             let bs = ty.block_size() as u64;
             if row % bs != 0 {
@@ -591,7 +595,8 @@ impl GgufFile {
 
     /// Dequantize rows `[row]` of a tensor into `out` (length `row_len`).
     pub fn dequantize_row(&self, t: &TensorInfo, row: u64, out: &mut [f32]) -> Result<()> {
-        if row >= t.n_rows().max(1) {
+        // An empty tensor (a zero dim) has no rows.
+        if row >= t.n_rows() {
             return Err(self.err(format!("tensor '{}': row {row} out of range", t.name)));
         }
         let rb = t.row_bytes() as usize;
@@ -607,5 +612,35 @@ impl GgufFile {
         quants::dequantize_row(t.ty, self.tensor_data(t), &mut out)
             .map_err(|m| self.err(format!("tensor '{}': {m}", t.name)))?;
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::writer::GgufWriter;
+    use super::*;
+
+    // Found by fuzz/fuzz_targets/gguf.rs (corpus/gguf/regress-empty-tensor-row): row 0 of a tensor
+    // with a zero dim was read past the end of its (empty) data.
+    #[test]
+    fn empty_tensor_has_no_rows() {
+        let mut w = GgufWriter::new();
+        w.tensor("empty", &[0, 256], GgmlType::Q4_K, vec![]);
+        let f = GgufFile::from_bytes("t.gguf", w.to_bytes()).unwrap();
+        let t = f.tensor("empty").unwrap();
+        assert_eq!((t.n_elements, t.n_bytes, t.n_rows()), (0, 0, 0));
+        let mut row = vec![0f32; 256];
+        let e = f.dequantize_row(t, 0, &mut row).unwrap_err();
+        assert!(e.to_string().contains("row 0 out of range"), "{e}");
+        assert!(f.dequantize(t).unwrap().is_empty());
+    }
+
+    // The element count of a tensor with a zero dim is 0, but its row count must not overflow.
+    #[test]
+    fn zero_dim_does_not_hide_overflowing_dims() {
+        let mut w = GgufWriter::new();
+        w.tensor("huge", &[1 << 40, 1 << 40, 0], GgmlType::F32, vec![]);
+        let e = GgufFile::from_bytes("t.gguf", w.to_bytes()).unwrap_err();
+        assert!(e.to_string().contains("overflow"), "{e}");
     }
 }

@@ -3,6 +3,7 @@ pub mod config;
 pub mod hub;
 pub mod quant_config;
 pub mod safetensors;
+pub mod safetensors_header;
 pub mod vb;
 pub mod weights;
 

@@ -28,11 +28,17 @@ impl QuantSpec {
             _ => 32,
         };
         let group_size = match v.get("group_size") {
-            Some(g) => g.as_u64().ok_or_else(|| format!("{ctx}: group_size must be an integer"))? as u32,
+            Some(g) => g
+                .as_u64()
+                .and_then(|g| u32::try_from(g).ok())
+                .ok_or_else(|| format!("{ctx}: group_size must be an integer"))?,
             None => default_gs,
         };
         let bits = match v.get("bits") {
-            Some(b) => b.as_u64().ok_or_else(|| format!("{ctx}: bits must be an integer"))? as u32,
+            Some(b) => b
+                .as_u64()
+                .and_then(|b| u32::try_from(b).ok())
+                .ok_or_else(|| format!("{ctx}: bits must be an integer"))?,
             None if mode == QuantMode::Affine && require_bits => return Err(format!("{ctx}: missing 'bits'")),
             None => if mode == QuantMode::Mxfp8 { 8 } else { 4 },
         };
@@ -122,6 +128,17 @@ mod tests {
         let gate = q.for_module("model.layers.0.mlp.gate").unwrap();
         assert_eq!((gate.mode, gate.bits, gate.group_size), (QuantMode::Affine, 8, 64));
         assert_eq!(q.for_module("model.layers.0.mlp.experts").unwrap().mode, QuantMode::Mxfp4);
+    }
+
+    #[test]
+    fn rejects_sizes_that_wrap_to_valid_ones() {
+        // 2^32 + 64 and 2^32 + 4 once came through `as u32` as group size 64 and 4 bits (seen
+        // while writing fuzz/fuzz_targets/config.rs, which now checks sizes are read as given).
+        for q in [r#"{"group_size":4294967360,"bits":4}"#, r#"{"group_size":64,"bits":4294967300}"#] {
+            let v: Value = serde_json::from_str(q).unwrap();
+            let e = QuantConfig::from_json(&v).unwrap_err();
+            assert!(e.contains("must be an integer"), "{q}: {e}");
+        }
     }
 
     #[test]

@@ -35,16 +35,7 @@ impl WeightStore {
         let index = dir.join("model.safetensors.index.json");
         let mut names: Vec<String> = if index.is_file() {
             let text = std::fs::read_to_string(&index).map_err(|e| Error::io(format!("reading {}", index.display()), e))?;
-            let v: serde_json::Value = serde_json::from_str(&text)
-                .map_err(|e| Error::checkpoint(&index, format!("not valid JSON: {e}")))?;
-            let map = v
-                .get("weight_map")
-                .and_then(|m| m.as_object())
-                .ok_or_else(|| Error::checkpoint(&index, "missing field 'weight_map'"))?;
-            let mut files: Vec<String> = map.values().filter_map(|f| f.as_str().map(String::from)).collect();
-            files.sort();
-            files.dedup();
-            files
+            super::safetensors_header::index_shards(&text, &index)?
         } else {
             let rd = std::fs::read_dir(dir).map_err(|e| Error::io(format!("listing {}", dir.display()), e))?;
             rd.filter_map(|e| e.ok())

@@ -9,6 +9,7 @@ mod dtype;
 mod error;
 mod ops;
 pub mod quant;
+mod quant_mode;
 pub mod random;
 pub mod threads;
 pub(crate) mod sys;

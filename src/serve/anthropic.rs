@@ -9,9 +9,10 @@
 //! version: the shapes here are those of 2023-06-01, the only one there is).
 use super::error::{ApiError, Dialect};
 use super::generation::{Generation, Step};
-use super::wire::{body_json, copy_fields, event_stream, flag, named, new_id, optional, string_field};
+use super::request::{messages_body, MessagesBody};
+use super::wire::{body_json, event_stream, flag, named, new_id};
 use super::App;
-use crate::chat::{ChatMessage, Role, Tool, ToolCall};
+use crate::chat::{ChatMessage, Tool, ToolCall};
 use crate::generate::{GenerateReply, TokenKind};
 use crate::{FinishReason, Request, Session};
 use axum::body::Bytes;
@@ -21,7 +22,6 @@ use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc::UnboundedSender;
@@ -236,205 +236,14 @@ fn stop_reason(session: &Session, r: &GenerateReply, stops: &[String]) -> (&'sta
 /// The request's fields: a chat request and its options (`max_tokens` required unless only the
 /// prompt is counted). Unknown fields are ignored.
 fn parse(body: &Map<String, Value>, generating: bool) -> Result<Parsed, ApiError> {
-    let model = string_field(body, "model")?.to_string();
-    match body.get("max_tokens") {
-        Some(Value::Number(n)) if n.as_u64().is_some_and(|n| n >= 1) => {}
-        None if !generating => {}
-        Some(v) => return Err(ApiError::bad(format!("max_tokens must be an integer >= 1, got {v}")).param("max_tokens")),
-        None => return Err(ApiError::bad("max_tokens is required").param("max_tokens")),
-    }
-    let mut messages = vec![];
-    if let Some(s) = optional(body, "system", "a string or an array of text blocks", |v| v.is_string() || v.is_array())? {
-        let text = text_of(s, "system")?;
-        if !text.is_empty() {
-            messages.push(ChatMessage::system(text));
-        }
-    }
-    let list = match body.get("messages") {
-        Some(Value::Array(l)) if !l.is_empty() => l,
-        Some(Value::Array(_)) => return Err(ApiError::bad("messages must not be empty").param("messages")),
-        Some(v) => return Err(ApiError::bad(format!("messages must be an array, got {v}")).param("messages")),
-        None => return Err(ApiError::bad("messages is required").param("messages")),
-    };
-    messages.extend(chat_messages(list).map_err(|e| e.param("messages"))?);
-    let tools = match optional(body, "tools", "an array", Value::is_array)? {
-        Some(Value::Array(t)) if !t.is_empty() => Some(t.iter().enumerate().map(|(i, t)| tool(i, t)).collect::<Result<Vec<_>, _>>()?),
-        _ => None,
-    };
-    let stop_sequences: Vec<String> = match optional(body, "stop_sequences", "an array of strings", Value::is_array)? {
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|s| s.as_str().map(str::to_string).ok_or_else(|| ApiError::bad("stop_sequences must be an array of strings").param("stop_sequences")))
-            .collect::<Result<_, _>>()?,
-        _ => vec![],
-    };
-    let mut o = Map::new();
-    copy_fields(body, &["max_tokens", "temperature", "top_p", "top_k"], &mut o);
-    // mlex's own sampling options, as on the OpenAI routes.
-    copy_fields(body, &["min_p", "repetition_penalty", "seed", "ignore_eos"], &mut o);
-    o.insert("stop".into(), json!(stop_sequences));
-    if let Some(c) = optional(body, "tool_choice", "an object", Value::is_object)? {
-        let choice = match c.get("type").and_then(Value::as_str) {
-            Some("auto") => json!("auto"),
-            Some("any") => json!("required"),
-            Some("none") => json!("none"),
-            Some("tool") => match c.get("name").and_then(Value::as_str) {
-                Some(n) => json!({"name": n}),
-                None => return Err(ApiError::bad("tool_choice of type 'tool' needs a 'name'").param("tool_choice")),
-            },
-            _ => return Err(ApiError::bad(format!("tool_choice.type must be 'auto', 'any', 'tool' or 'none', got {}", c["type"])).param("tool_choice")),
-        };
-        o.insert("tool_choice".into(), choice);
-    }
-    if let Some(t) = optional(body, "thinking", "an object", Value::is_object)? {
-        match t.get("type").and_then(Value::as_str) {
-            Some("enabled") => {
-                o.insert("enable_thinking".into(), json!(true));
-                if let Some(b) = t.get("budget_tokens").filter(|b| !b.is_null()) {
-                    o.insert("reasoning_budget_tokens".into(), b.clone());
-                }
-            }
-            Some("adaptive") => {
-                o.insert("enable_thinking".into(), json!(true));
-            }
-            Some("disabled") => {
-                o.insert("enable_thinking".into(), json!(false));
-            }
-            _ => return Err(ApiError::bad(format!("thinking.type must be 'enabled', 'adaptive' or 'disabled', got {}", t["type"])).param("thinking")),
-        }
-    }
+    let MessagesBody { model, messages, tools, options: o, stop_sequences } = messages_body(body, generating)?;
     let options = super::wire::options(o).map_err(|e| ApiError { message: e.message.replace("reasoning_budget_tokens", "thinking.budget_tokens"), ..e })?;
     Ok(Parsed { model, messages, tools, options, stop_sequences, stream: flag(body, "stream")? })
-}
-
-/// The text of a string or of an array of text blocks (joined by newlines).
-fn text_of(v: &Value, what: &str) -> Result<String, ApiError> {
-    match v {
-        Value::String(s) => Ok(s.clone()),
-        Value::Array(blocks) => {
-            let mut parts = vec![];
-            for b in blocks {
-                match (b.get("type").and_then(Value::as_str), b.get("text").and_then(Value::as_str)) {
-                    (Some("text"), Some(t)) => parts.push(t),
-                    (Some(k @ ("image" | "document")), _) => {
-                        return Err(ApiError::bad(format!("{what}: {k} blocks are not supported (text-only models)")))
-                    }
-                    _ => return Err(ApiError::bad(format!("{what}: expected text blocks ({{type: 'text', text}}), got {b}"))),
-                }
-            }
-            Ok(parts.join("\n"))
-        }
-        other => Err(ApiError::bad(format!("{what} must be a string or an array of text blocks, got {other}"))),
-    }
-}
-
-/// Anthropic's messages as chat messages: a user turn's tool_result blocks become tool messages
-/// (named after the tool_use they answer) ahead of its text; an assistant turn's thinking
-/// becomes its reasoning and its tool_use blocks its tool calls.
-fn chat_messages(list: &[Value]) -> Result<Vec<ChatMessage>, ApiError> {
-    let mut out = vec![];
-    let mut names: HashMap<String, String> = HashMap::new();
-    for (i, m) in list.iter().enumerate() {
-        let at = |msg: String| ApiError::bad(format!("messages[{i}]: {msg}"));
-        let role = match m.get("role").and_then(Value::as_str) {
-            Some("user") => Role::User,
-            Some("assistant") => Role::Assistant,
-            _ => return Err(at(format!("role must be 'user' or 'assistant', got {}", m.get("role").unwrap_or(&Value::Null)))),
-        };
-        let blocks = match m.get("content") {
-            Some(Value::String(s)) => vec![json!({"type": "text", "text": s})],
-            Some(Value::Array(b)) => b.clone(),
-            other => return Err(at(format!("content must be a string or an array of content blocks, got {}", other.unwrap_or(&Value::Null)))),
-        };
-        let (mut text, mut reasoning, mut calls, mut results) = (String::new(), String::new(), vec![], vec![]);
-        for b in &blocks {
-            let field = |k: &str| b.get(k).and_then(Value::as_str).ok_or_else(|| at(format!("a {} block needs a string '{k}'", b["type"])));
-            match (role, b.get("type").and_then(Value::as_str)) {
-                (_, Some("text")) => text.push_str(field("text")?),
-                (Role::Assistant, Some("thinking")) => reasoning.push_str(field("thinking")?),
-                (Role::Assistant, Some("redacted_thinking")) => {}
-                (Role::Assistant, Some("tool_use")) => {
-                    let (id, name) = (field("id")?.to_string(), field("name")?.to_string());
-                    names.insert(id.clone(), name.clone());
-                    calls.push(ToolCall::new(id, name, b.get("input").cloned().unwrap_or_else(|| json!({}))));
-                }
-                (Role::User, Some("tool_result")) => {
-                    let id = field("tool_use_id")?.to_string();
-                    let mut content = match b.get("content") {
-                        None | Some(Value::Null) => String::new(),
-                        Some(c) => text_of(c, &format!("messages[{i}]: tool_result content"))?,
-                    };
-                    if b.get("is_error").and_then(Value::as_bool) == Some(true) {
-                        content = format!("Error: {content}");
-                    }
-                    let mut msg = ChatMessage::tool(id.clone(), content);
-                    msg.name = names.get(&id).cloned();
-                    results.push(msg);
-                }
-                (_, Some(k @ ("image" | "document"))) => return Err(at(format!("{k} blocks are not supported (text-only models)"))),
-                (_, k) => return Err(at(format!("unsupported content block type {} in a {} message", k.map_or("(none)".into(), |k| format!("{k:?}")), role))),
-            }
-        }
-        match role {
-            Role::Assistant => {
-                let mut msg = ChatMessage::assistant_with_tool_calls(text, calls);
-                msg.reasoning = (!reasoning.is_empty()).then_some(reasoning);
-                out.push(msg);
-            }
-            _ => {
-                let answered = !results.is_empty();
-                out.extend(results);
-                if !text.is_empty() || !answered {
-                    out.push(ChatMessage::user(text));
-                }
-            }
-        }
-    }
-    if out.last().is_some_and(|m| m.role == Role::Assistant) {
-        return Err(ApiError::bad("the last message is the assistant's: continuing a prefilled reply is not supported, end with a user message"));
-    }
-    Ok(out)
-}
-
-/// A custom tool (`name`, `description`, `input_schema`); Anthropic's server tools are refused.
-fn tool(i: usize, t: &Value) -> Result<Tool, ApiError> {
-    let bad = |m: String| ApiError::bad(format!("tools[{i}]: {m}")).param("tools");
-    if let Some(k) = t.get("type").and_then(Value::as_str).filter(|k| *k != "custom") {
-        return Err(bad(format!("tool type {k:?} is not supported (only custom tools with an input_schema)")));
-    }
-    let name = t.get("name").and_then(Value::as_str).ok_or_else(|| bad("a tool needs a string 'name'".into()))?;
-    let schema = t.get("input_schema").filter(|s| s.is_object()).ok_or_else(|| bad(format!("tool {name:?} needs an 'input_schema' object")))?;
-    let description = t.get("description").and_then(Value::as_str).map(str::to_string);
-    Ok(Tool::function(name, description, schema.clone()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn blocks_become_chat_messages() {
-        let list = json!([
-            {"role": "user", "content": "Weather in Paris?"},
-            {"role": "assistant", "content": [
-                {"type": "thinking", "thinking": "Use the tool.", "signature": "x"},
-                {"type": "text", "text": "Checking."},
-                {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Paris"}}]},
-            {"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "18C"}]},
-                {"type": "text", "text": "Thanks"}]},
-        ]);
-        let m = chat_messages(list.as_array().unwrap()).unwrap();
-        assert_eq!(m.len(), 4);
-        assert_eq!(m[1].reasoning.as_deref(), Some("Use the tool."));
-        assert_eq!(m[1].tool_calls[0], ToolCall::new("toolu_1", "weather", json!({"city": "Paris"})));
-        assert_eq!((m[2].role, m[2].content.as_str(), m[2].name.as_deref()), (Role::Tool, "18C", Some("weather")));
-        assert_eq!(m[3], ChatMessage::user("Thanks"));
-        let prefill = json!([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]);
-        assert!(chat_messages(prefill.as_array().unwrap()).unwrap_err().message.contains("prefill"));
-        let image = json!([{"role": "user", "content": [{"type": "image", "source": {}}]}]);
-        assert!(chat_messages(image.as_array().unwrap()).unwrap_err().message.contains("image"));
-    }
 
     #[test]
     fn request_fields_become_options() {

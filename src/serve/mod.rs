@@ -13,6 +13,7 @@ mod layers;
 mod metrics;
 mod models;
 mod openai;
+mod request;
 mod responses;
 mod wire;
 

@@ -11,9 +11,10 @@
 //! top-p (after a repetition penalty and a response_format mask), as OpenAI reports them.
 use super::error::{ApiError, Dialect};
 use super::generation::{Generation, Step};
-use super::wire::{body_json, copy_fields, event_stream, flag, new_id, now, optional, string_field};
+use super::request::{chat_request, completion_prompt, logprobs_wanted, option_fields, refuse_unsupported, Shape};
+use super::wire::{body_json, event_stream, new_id, now, string_field};
 use super::App;
-use crate::chat::{parse_messages_json, parse_tools_json, ToolCall};
+use crate::chat::ToolCall;
 use crate::generate::{GenerateOptions, GenerateReply, TokenKind, TopLogprob};
 use crate::tokenizer::Tokenizer;
 use crate::{FinishReason, Request, Session};
@@ -26,83 +27,9 @@ use axum::Json;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
-/// Fields of a request that become generation options, by their OpenAI (snake_case) names.
-const OPTION_FIELDS: &[&str] = &[
-    "temperature",
-    "top_p",
-    "seed",
-    "response_format",
-    "tool_choice",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "reasoning_budget_tokens",
-    "enable_thinking",
-    "ignore_eos",
-];
-
-/// OpenAI fields with no effect here, accepted when they ask for nothing.
-fn refuse_unsupported(body: &Map<String, Value>) -> Result<(), ApiError> {
-    if body.get("n").and_then(Value::as_u64).is_some_and(|n| n != 1) {
-        return Err(ApiError::bad("n > 1 is not supported: send several requests (they are batched)").param("n"));
-    }
-    for p in ["presence_penalty", "frequency_penalty"] {
-        if body.get(p).and_then(Value::as_f64).is_some_and(|x| x != 0.0) {
-            return Err(ApiError::bad(format!("{p} is not supported (repetition_penalty is)")).param(p));
-        }
-    }
-    if body.get("logit_bias").and_then(Value::as_object).is_some_and(|m| !m.is_empty()) {
-        return Err(ApiError::bad("logit_bias is not supported").param("logit_bias"));
-    }
-    Ok(())
-}
-
-/// What a request asks of log probabilities: None, or each token's with its `n` most likely
-/// alternatives (chat: `logprobs: true` and `top_logprobs: n`; completions: `logprobs: n`).
-fn logprobs_wanted(body: &Map<String, Value>, shape: Shape) -> Result<Option<usize>, ApiError> {
-    let count = |name: &'static str| -> Result<Option<usize>, ApiError> {
-        Ok(optional(body, name, "a non-negative integer", |v| v.is_u64())?.and_then(Value::as_u64).map(|n| n as usize))
-    };
-    match shape {
-        Shape::Chat => {
-            let top = count("top_logprobs")?;
-            if !flag(body, "logprobs")? {
-                if top.is_some_and(|n| n > 0) {
-                    return Err(ApiError::bad("top_logprobs needs logprobs: true").param("top_logprobs"));
-                }
-                return Ok(None);
-            }
-            Ok(Some(top.unwrap_or(0)))
-        }
-        Shape::Completion => match body.get("logprobs") {
-            Some(Value::Bool(b)) => Ok(b.then_some(0)),
-            _ => count("logprobs"),
-        },
-    }
-}
-
 /// The generation options of a request body (`top_logprobs`: what [`logprobs_wanted`] said).
 fn options(body: &Map<String, Value>, top_logprobs: Option<usize>, shape: Shape) -> Result<GenerateOptions, ApiError> {
-    let mut o = Map::new();
-    if let Some(n) = top_logprobs.filter(|&n| n > 0) {
-        o.insert("top_logprobs".into(), json!(n));
-    }
-    copy_fields(body, OPTION_FIELDS, &mut o);
-    if let Some(n) = body.get("max_completion_tokens").or_else(|| body.get("max_tokens")).filter(|v| !v.is_null()) {
-        o.insert("max_tokens".into(), n.clone());
-    }
-    match body.get("stop") {
-        Some(Value::String(s)) => {
-            o.insert("stop".into(), json!([s]));
-        }
-        Some(v @ Value::Array(_)) => {
-            o.insert("stop".into(), v.clone());
-        }
-        _ => {}
-    }
-    if let Some(t) = body.get("chat_template_kwargs").and_then(|k| k.get("enable_thinking")) {
-        o.insert("enable_thinking".into(), t.clone());
-    }
+    let o = option_fields(body, top_logprobs);
     super::wire::options(o).map_err(|e| match (e.message.starts_with("top_logprobs"), shape) {
         (true, Shape::Chat) => e.param("top_logprobs"),
         (true, Shape::Completion) => ApiError { message: e.message.replacen("top_logprobs", "logprobs", 1), ..e }.param("logprobs"),
@@ -198,13 +125,6 @@ fn logprobs_json(entries: &[TokenLogprob], shape: Shape, offset: &mut usize) -> 
                    "top_logprobs": top, "text_offset": text_offset})
         }
     }
-}
-
-/// What a streamed request sends its chunks as: a chat delta or a completion's text.
-#[derive(Clone, Copy)]
-enum Shape {
-    Chat,
-    Completion,
 }
 
 /// Runs `request` on the body's model: the whole reply, or (with `stream`) server-sent events.
@@ -340,12 +260,7 @@ async fn respond(
 pub(super) async fn chat_completions(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
     let result = async {
         let body = body_json(body)?;
-        let messages = body.get("messages").ok_or_else(|| ApiError::bad("messages is required").param("messages"))?;
-        let messages = parse_messages_json(&messages.to_string()).map_err(|e| ApiError::from(e).param("messages"))?;
-        let tools = match body.get("tools").filter(|t| !t.is_null()) {
-            Some(t) => Some(parse_tools_json(&t.to_string()).map_err(|e| ApiError::from(e).param("tools"))?),
-            None => None,
-        };
+        let (messages, tools) = chat_request(&body)?;
         respond(&app, body.clone(), move |_| Ok(Request::Chat { messages, tools }), Shape::Chat).await
     }
     .await;
@@ -356,12 +271,7 @@ pub(super) async fn chat_completions(State(app): State<Arc<App>>, body: Result<B
 pub(super) async fn completions(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
     let result = async {
         let body = body_json(body)?;
-        let prompt = match body.get("prompt") {
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or_default().to_string(),
-            Some(_) => return Err(ApiError::bad("prompt must be a string (one prompt per request)").param("prompt")),
-            None => return Err(ApiError::bad("prompt is required").param("prompt")),
-        };
+        let prompt = completion_prompt(&body)?;
         let make = move |s: &Session| -> Result<Request, ApiError> {
             let ids = s.tokenizer()?.encode(&prompt, true)?;
             Ok(Request::Tokens(ids))

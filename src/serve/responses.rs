@@ -12,9 +12,10 @@
 use super::error::ApiError;
 use super::generation::{Generation, Step};
 use super::openai::TokenLogprob;
-use super::wire::{body_json, copy_fields, event_stream, flag, named, new_id, now, optional, string_field};
+use super::request::{responses_body, ResponsesBody};
+use super::wire::{body_json, event_stream, flag, named, new_id, now, string_field};
 use super::App;
-use crate::chat::{ChatMessage, Role, Tool, ToolCall};
+use crate::chat::{ChatMessage, Tool, ToolCall};
 use crate::generate::{GenerateOptions, GenerateReply, TokenKind};
 use crate::{FinishReason, Request};
 use axum::body::Bytes;
@@ -24,15 +25,8 @@ use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
-use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedSender;
-
-/// mlex's own sampling options, accepted here as on chat completions.
-const EXTRA_OPTIONS: &[&str] = &["temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "reasoning_budget_tokens", "enable_thinking", "ignore_eos"];
-
-/// What `include` names to ask for output_text's logprobs.
-const INCLUDE_LOGPROBS: &str = "message.output_text.logprobs";
 
 /// `POST /v1/responses`.
 pub(super) async fn create(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
@@ -339,60 +333,7 @@ fn echo(body: &Map<String, Value>, model: &str) -> Map<String, Value> {
 
 /// The request's fields: a chat request and its options. Unknown fields are ignored.
 fn parse(body: &Map<String, Value>) -> Result<Parsed, ApiError> {
-    if flag(body, "store")? {
-        return Err(ApiError::bad("store: true is not supported: this server keeps no responses (send store: false, or leave it out)").param("store"));
-    }
-    for (k, what) in [("previous_response_id", "previous responses"), ("conversation", "conversations")] {
-        if body.get(k).is_some_and(|v| !v.is_null()) {
-            return Err(ApiError::bad(format!("{k} is not supported: this server keeps no {what}; send the whole conversation as input items")).param(k));
-        }
-    }
-    if flag(body, "background")? {
-        return Err(ApiError::bad("background: true is not supported (no server-side state); use stream: true").param("background"));
-    }
-    let mut messages = vec![];
-    if let Some(Value::String(s)) = optional(body, "instructions", "a string", Value::is_string)? {
-        messages.push(ChatMessage::system(s.clone()));
-    }
-    match body.get("input") {
-        Some(Value::String(s)) => messages.push(ChatMessage::user(s.clone())),
-        Some(Value::Array(items)) => messages.extend(input_items(items)?),
-        Some(v) => return Err(ApiError::bad(format!("input must be a string or an array of items, got {v}")).param("input")),
-        None => return Err(ApiError::bad("input is required").param("input")),
-    }
-    let tools = match optional(body, "tools", "an array", Value::is_array)? {
-        Some(Value::Array(t)) if !t.is_empty() => Some(t.iter().enumerate().map(|(i, t)| tool(i, t)).collect::<Result<Vec<_>, _>>()?),
-        _ => None,
-    };
-    let mut o = Map::new();
-    copy_fields(body, EXTRA_OPTIONS, &mut o);
-    if let Some(n) = body.get("max_output_tokens").filter(|v| !v.is_null()) {
-        o.insert("max_tokens".into(), n.clone());
-    }
-    if let Some(c) = body.get("tool_choice").filter(|v| !v.is_null()) {
-        match c {
-            Value::String(_) => o.insert("tool_choice".into(), c.clone()),
-            Value::Object(m) if m.get("type").and_then(Value::as_str) == Some("function") && m.contains_key("name") => {
-                o.insert("tool_choice".into(), json!({"name": m["name"]}))
-            }
-            _ => return Err(ApiError::bad(format!("tool_choice must be 'auto', 'none', 'required' or {{type: 'function', name}}, got {c}")).param("tool_choice")),
-        };
-    }
-    if let Some(f) = body.get("text").and_then(|t| t.get("format")).filter(|v| !v.is_null()) {
-        o.insert("response_format".into(), f.clone());
-    }
-    if let Some(effort) = body.get("reasoning").and_then(|r| r.get("effort")).and_then(Value::as_str) {
-        o.entry("enable_thinking").or_insert(json!(!matches!(effort, "none" | "minimal")));
-    }
-    let include = match optional(body, "include", "an array of strings", Value::is_array)? {
-        Some(Value::Array(a)) => a.iter().map(|v| v.as_str().map(str::to_string).ok_or_else(|| ApiError::bad(format!("include must be an array of strings, got {v}")).param("include"))).collect::<Result<Vec<_>, _>>()?,
-        _ => vec![],
-    };
-    let top = optional(body, "top_logprobs", "a non-negative integer", Value::is_u64)?;
-    if let Some(n) = top {
-        o.insert("top_logprobs".into(), n.clone());
-    }
-    let logprobs = include.iter().any(|i| i == INCLUDE_LOGPROBS) || top.and_then(Value::as_u64).is_some_and(|n| n > 0);
+    let ResponsesBody { messages, tools, options: o, logprobs } = responses_body(body)?;
     let options = super::wire::options(o).map_err(|e| {
         let message = e.message.replace("response_format", "text.format").replace("max_tokens", "max_output_tokens");
         ApiError { message, ..e }
@@ -400,127 +341,9 @@ fn parse(body: &Map<String, Value>) -> Result<Parsed, ApiError> {
     Ok(Parsed { messages, tools, options, stream: flag(body, "stream")?, logprobs })
 }
 
-/// Input items as chat messages: function_call items join the assistant turn before them (or
-/// open one), function_call_output items become tool messages named after their call, and a
-/// reasoning item becomes the reasoning of the assistant turn that follows it.
-fn input_items(items: &[Value]) -> Result<Vec<ChatMessage>, ApiError> {
-    let mut out: Vec<ChatMessage> = vec![];
-    let mut names: HashMap<String, String> = HashMap::new();
-    let mut reasoning: Option<String> = None;
-    for (i, item) in items.iter().enumerate() {
-        let at = |m: String| ApiError::bad(format!("input[{i}]: {m}")).param("input");
-        let Some(obj) = item.as_object() else { return Err(at(format!("an item must be an object, got {item}"))) };
-        let field = |k: &str| obj.get(k).and_then(Value::as_str).ok_or_else(|| at(format!("needs a string '{k}'")));
-        let kind = obj.get("type").and_then(Value::as_str).unwrap_or(if obj.contains_key("role") { "message" } else { "" });
-        match kind {
-            "message" => {
-                let role = match field("role")? {
-                    "user" => Role::User,
-                    "assistant" => Role::Assistant,
-                    "system" => Role::System,
-                    "developer" => Role::Developer,
-                    r => return Err(at(format!("role must be user, assistant, system or developer, got {r:?}"))),
-                };
-                let text = content_text(obj.get("content").unwrap_or(&Value::Null)).map_err(at)?;
-                let mut m = ChatMessage::new(role, text);
-                if role == Role::Assistant {
-                    m.reasoning = reasoning.take();
-                }
-                out.push(m);
-            }
-            "function_call" => {
-                let (call_id, name) = (field("call_id")?.to_string(), field("name")?.to_string());
-                let raw = obj.get("arguments").and_then(Value::as_str).unwrap_or("{}");
-                let args = serde_json::from_str(raw).unwrap_or_else(|_| json!(raw));
-                names.insert(call_id.clone(), name.clone());
-                let call = ToolCall::new(call_id, name, args);
-                match out.last_mut() {
-                    Some(m) if m.role == Role::Assistant && reasoning.is_none() => m.tool_calls.push(call),
-                    _ => {
-                        let mut m = ChatMessage::assistant_with_tool_calls("", vec![call]);
-                        m.reasoning = reasoning.take();
-                        out.push(m);
-                    }
-                }
-            }
-            "function_call_output" => {
-                let call_id = field("call_id")?.to_string();
-                let output = match obj.get("output") {
-                    Some(Value::String(s)) => s.clone(),
-                    Some(v @ Value::Array(_)) => content_text(v).map_err(at)?,
-                    other => return Err(at(format!("output must be a string or content parts, got {}", other.unwrap_or(&Value::Null)))),
-                };
-                let mut m = ChatMessage::tool(call_id.clone(), output);
-                m.name = names.get(&call_id).cloned();
-                out.push(m);
-            }
-            "reasoning" => {
-                let texts = |k: &str| -> Vec<String> {
-                    obj.get(k).and_then(Value::as_array).map_or(vec![], |a| a.iter().filter_map(|p| p.get("text").and_then(Value::as_str).map(str::to_string)).collect())
-                };
-                let content = texts("content");
-                let text = if content.is_empty() { texts("summary").join("\n") } else { content.join("") };
-                reasoning = (!text.is_empty()).then_some(text);
-            }
-            "item_reference" => return Err(at("item_reference is not supported: this server keeps no items; send the item itself".into())),
-            k => return Err(at(format!("unsupported item type {k:?} (message, function_call, function_call_output, reasoning)"))),
-        }
-    }
-    Ok(out)
-}
-
-/// A message's content: a string, or parts (input_text / output_text / text / refusal) joined.
-fn content_text(v: &Value) -> Result<String, String> {
-    match v {
-        Value::String(s) => Ok(s.clone()),
-        Value::Array(parts) => {
-            let mut text = String::new();
-            for p in parts {
-                match (p.get("type").and_then(Value::as_str), p.get("text").or_else(|| p.get("refusal")).and_then(Value::as_str)) {
-                    (Some("input_text" | "output_text" | "text" | "refusal"), Some(t)) => text.push_str(t),
-                    (Some(k @ ("input_image" | "input_file" | "input_audio")), _) => return Err(format!("{k} parts are not supported (text-only models)")),
-                    _ => return Err(format!("unsupported content part {p}")),
-                }
-            }
-            Ok(text)
-        }
-        other => Err(format!("content must be a string or an array of parts, got {other}")),
-    }
-}
-
-/// A function tool (`name`, `description`, `parameters` at the top level); hosted tools are refused.
-fn tool(i: usize, t: &Value) -> Result<Tool, ApiError> {
-    let bad = |m: String| ApiError::bad(format!("tools[{i}]: {m}")).param("tools");
-    match t.get("type").and_then(Value::as_str) {
-        Some("function") => {}
-        k => return Err(bad(format!("tool type {} is not supported (only 'function')", k.map_or("(none)".into(), |k| format!("{k:?}"))))),
-    }
-    let name = t.get("name").and_then(Value::as_str).ok_or_else(|| bad("a function tool needs a string 'name'".into()))?;
-    let params = t.get("parameters").filter(|p| p.is_object()).cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}}));
-    Ok(Tool::function(name, t.get("description").and_then(Value::as_str).map(str::to_string), params))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn items_become_a_conversation() {
-        let items = json!([
-            {"role": "user", "content": "Weather?"},
-            {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "Call it."}]},
-            {"type": "function_call", "call_id": "call_1", "name": "weather", "arguments": "{\"city\":\"Paris\"}"},
-            {"type": "function_call_output", "call_id": "call_1", "output": "18C"},
-            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "18C."}]},
-        ]);
-        let m = input_items(items.as_array().unwrap()).unwrap();
-        assert_eq!(m.len(), 4);
-        assert_eq!(m[1].tool_calls[0], ToolCall::new("call_1", "weather", json!({"city": "Paris"})));
-        assert_eq!(m[1].reasoning.as_deref(), Some("Call it."));
-        assert_eq!((m[2].role, m[2].name.as_deref()), (Role::Tool, Some("weather")));
-        assert_eq!(m[3], ChatMessage::assistant("18C."));
-        assert!(input_items(json!([{"type": "item_reference", "id": "x"}]).as_array().unwrap()).is_err());
-    }
 
     #[test]
     fn stateful_fields_are_refused_and_options_read() {

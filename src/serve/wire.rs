@@ -3,6 +3,7 @@
 //! (the one options schema, so checks and defaults are the library's), ids and timestamps of
 //! replies, and server-sent event streams fed by a task.
 use super::error::ApiError;
+pub(crate) use super::request::{flag, json_object, string_field};
 use crate::generate::{GenerateOptions, Naming};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -21,53 +22,12 @@ pub(crate) fn body_json(body: Result<Bytes, BytesRejection>) -> Result<Map<Strin
             ApiError::bad(format!("unreadable request body: {e}"))
         }
     })?;
-    match serde_json::from_slice::<Value>(&bytes) {
-        Ok(Value::Object(m)) => Ok(m),
-        Ok(_) => Err(ApiError::bad("the request body must be a JSON object")),
-        Err(e) => Err(ApiError::bad(format!("the request body is not valid JSON: {e}"))),
-    }
-}
-
-/// A required string field.
-pub(crate) fn string_field<'a>(body: &'a Map<String, Value>, name: &'static str) -> Result<&'a str, ApiError> {
-    match body.get(name) {
-        Some(Value::String(s)) => Ok(s),
-        Some(v) => Err(ApiError::bad(format!("{name} must be a string, got {v}")).param(name)),
-        None => Err(ApiError::bad(format!("{name} is required")).param(name)),
-    }
-}
-
-/// A field that is absent, null, or of `kind` (checked by `is`); the wrong type is a 400.
-pub(crate) fn optional<'a>(
-    body: &'a Map<String, Value>,
-    name: &'static str,
-    kind: &str,
-    is: fn(&Value) -> bool,
-) -> Result<Option<&'a Value>, ApiError> {
-    match body.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) if is(v) => Ok(Some(v)),
-        Some(v) => Err(ApiError::bad(format!("{name} must be {kind}, got {v}")).param(name)),
-    }
-}
-
-/// A boolean field (absent or null: false).
-pub(crate) fn flag(body: &Map<String, Value>, name: &'static str) -> Result<bool, ApiError> {
-    Ok(optional(body, name, "a boolean", Value::is_boolean)?.and_then(Value::as_bool).unwrap_or(false))
+    json_object(&bytes)
 }
 
 /// Generation options from an object of option names in snake_case (`GenerateOptions::FIELDS`).
 pub(crate) fn options(o: Map<String, Value>) -> Result<GenerateOptions, ApiError> {
     GenerateOptions::from_json(&Value::Object(o), Naming::Snake).map_err(ApiError::bad)
-}
-
-/// Copies the fields `names` that are set (not null) from `body` into `o`.
-pub(crate) fn copy_fields(body: &Map<String, Value>, names: &[&str], o: &mut Map<String, Value>) {
-    for f in names {
-        if let Some(v) = body.get(*f).filter(|v| !v.is_null()) {
-            o.insert(f.to_string(), v.clone());
-        }
-    }
 }
 
 /// Seconds since the Unix epoch.

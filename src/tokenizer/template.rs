@@ -43,9 +43,46 @@ pub enum TemplateSource {
     Named(Vec<(String, String)>),
 }
 
+/// What one render may spend: minijinja instructions ("fuel") and output bytes. A template that
+/// loops without end (nested `range` loops, a macro that recurses in a loop) or prints without
+/// end stops with an error instead of hanging the caller or exhausting memory.
+///
+/// Real templates take 75 to 900 instructions per message at 50 turns; those that look back over
+/// the conversation grow with its length (google-gemma-4: 7,200 per message at 2,000 messages),
+/// hence the quadratic term. At about 25 ns an instruction the default bound is 20 M
+/// instructions (half a second) for a short conversation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TemplateLimits {
+    pub fuel: u64,
+    /// More fuel per message and per tool.
+    pub fuel_per_item: u64,
+    /// More fuel per pair of items (templates quadratic in the conversation's length).
+    pub fuel_per_item_pair: u64,
+    /// The most bytes one render may produce (a prompt this long is far past any context).
+    pub max_output: usize,
+}
+
+impl Default for TemplateLimits {
+    fn default() -> Self {
+        TemplateLimits { fuel: 20_000_000, fuel_per_item: 50_000, fuel_per_item_pair: 10, max_output: 64 << 20 }
+    }
+}
+
+impl TemplateLimits {
+    fn fuel_for(&self, items: u64) -> u64 {
+        self.fuel
+            .saturating_add(self.fuel_per_item.saturating_mul(items))
+            .saturating_add(self.fuel_per_item_pair.saturating_mul(items.saturating_mul(items)))
+    }
+}
+
+/// The widest `tojson(indent=n)` accepted (Python takes any; a huge n would allocate n bytes).
+const MAX_TOJSON_INDENT: i64 = 1024;
+
 /// A model's compiled chat template(s).
 pub struct ChatTemplate {
     env: Environment<'static>,
+    limits: TemplateLimits,
     names: Vec<String>,
     /// The sources, by name (what the model's output formats are detected from).
     sources: Vec<(String, String)>,
@@ -78,7 +115,13 @@ impl ChatTemplate {
             }
             names.push(name);
         }
-        ChatTemplate { env, names, sources, broken }
+        ChatTemplate { env, names, sources, broken, limits: TemplateLimits::default() }
+    }
+
+    /// Other bounds than [`TemplateLimits::default`] (tests and the fuzz target use small ones).
+    pub fn with_limits(mut self, limits: TemplateLimits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// The source of the template used with (or without) tools.
@@ -122,9 +165,50 @@ impl ChatTemplate {
             return Err(Error::Tokenizer(format!("chat template does not compile: {e}")));
         }
         let ctx = context(messages, opts, special)?;
-        let tmpl = self.env.get_template(name).map_err(|e| Error::Tokenizer(describe(&e)))?;
-        tmpl.render(Value::from_serialize(&ctx))
-            .map_err(|e| Error::Tokenizer(format!("chat template error: {}", describe(&e))))
+        let items = messages.len() as u64 + opts.tools.map_or(0, |t| t.len() as u64);
+        let fuel = self.limits.fuel_for(items);
+        // The fuel is the environment's, read when a render starts: a copy of it (templates are
+        // compiled once, the copy shares them) carries this render's.
+        let mut env = self.env.clone();
+        env.set_fuel(Some(fuel));
+        let tmpl = env.get_template(name).map_err(|e| Error::Tokenizer(describe(&e)))?;
+        let mut out = CappedWriter { buf: Vec::new(), cap: self.limits.max_output, over: false };
+        let rendered = tmpl.render_captured_to(Value::from_serialize(&ctx), &mut out).map(drop);
+        match rendered {
+            Ok(_) => String::from_utf8(out.buf)
+                .map_err(|_| Error::Tokenizer("chat template produced invalid UTF-8".into())),
+            Err(_) if out.over => Err(Error::Tokenizer(format!(
+                "chat template error: the rendered prompt exceeds {} bytes",
+                self.limits.max_output
+            ))),
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(Error::Tokenizer(format!(
+                "chat template error: rendering ran more than {fuel} template instructions \
+                 (the template loops without end?)"
+            ))),
+            Err(e) => Err(Error::Tokenizer(format!("chat template error: {}", describe(&e)))),
+        }
+    }
+}
+
+/// The render's output, refusing to grow past `cap` bytes.
+struct CappedWriter {
+    buf: Vec<u8>,
+    cap: usize,
+    over: bool,
+}
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len().saturating_add(data.len()) > self.cap {
+            self.over = true;
+            return Err(std::io::Error::other("the rendered prompt is too long"));
+        }
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -249,6 +333,10 @@ fn indent_unit(v: &Value) -> std::result::Result<Option<String>, minijinja::Erro
         return Ok(Some(s.to_string()));
     }
     match v.as_i64() {
+        Some(n) if n > MAX_TOJSON_INDENT => Err(minijinja::Error::new(
+            ErrorKind::InvalidOperation,
+            format!("tojson: indent {n} is too wide (at most {MAX_TOJSON_INDENT})"),
+        )),
         Some(n) => Ok(Some(" ".repeat(n.max(0) as usize))),
         None => Err(minijinja::Error::new(ErrorKind::InvalidOperation, "tojson: indent must be an int or a string")),
     }
@@ -309,7 +397,12 @@ fn strip_generation_tags(src: &str) -> String {
     while let Some(pos) = rest.find("{%") {
         out.push_str(&rest[..pos]);
         let tag = &rest[pos..];
-        let Some(end) = tag.find("%}") else { break };
+        // The closing `%}` comes after the opening `{%` (in `{%}` they overlap).
+        let Some(end) = tag[2..].find("%}").map(|e| e + 2) else {
+            // Unclosed: the rest is kept as it is (once; what precedes it is already out).
+            rest = tag;
+            break;
+        };
         let inner = &tag[2..end];
         let (lead, body) = split_marker_start(inner);
         let (body, trail) = split_marker_end(body);
@@ -442,6 +535,63 @@ mod tests {
         let t = ChatTemplate::new(TemplateSource::Single("{% for %}".into()));
         let err = t.render(&user("x"), &TemplateOptions::default(), &SpecialTokens::default()).unwrap_err();
         assert!(err.to_string().contains("does not compile"), "{err}");
+    }
+
+    // Found by fuzz/fuzz_targets/chat_template.rs (corpus/chat_template/regress-overlapping-tag):
+    // `{%}` made the generation-tag rewrite slice `[2..1]` and panic.
+    #[test]
+    fn overlapping_block_delimiters_do_not_panic() {
+        assert_eq!(strip_generation_tags("a{%}b"), "a{%}b");
+        assert_eq!(strip_generation_tags("{%}{% generation %}x{% endgeneration %}"), "{%}{% generation %}x{% endif %}");
+        // An unclosed tag: the text before it once.
+        assert_eq!(strip_generation_tags("ab{% x"), "ab{% x");
+        assert!(render("{%}", &user("x"), &TemplateOptions::default()).is_err());
+    }
+
+    #[test]
+    fn endless_loops_run_out_of_fuel() {
+        let src = "{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }}{% endfor %}{% endfor %}";
+        // (The default bound, 20 M instructions, takes seconds in a debug build: a smaller one.)
+        let limits = TemplateLimits { fuel: 100_000, ..Default::default() };
+        let t = ChatTemplate::new(TemplateSource::Single(src.into())).with_limits(limits);
+        let err = t.render(&user("x"), &TemplateOptions::default(), &SpecialTokens::default()).unwrap_err();
+        assert!(err.to_string().contains("more than 150010 template instructions"), "{err}");
+    }
+
+    #[test]
+    fn long_conversations_fit_the_default_fuel() {
+        // Each message looks back over all earlier ones (as google-gemma-4's template does).
+        let src = "{% for m in messages %}{% set ns = namespace(n=0) %}{% for p in messages[:loop.index0] %}\
+                   {% if p.role == m.role %}{% set ns.n = ns.n + 1 %}{% endif %}{% endfor %}{{ ns.n }}{% endfor %}";
+        let msgs: Vec<ChatMessage> = (0..500).map(|i| ChatMessage::user(format!("m{i}"))).collect();
+        let out = render(src, &msgs, &TemplateOptions::default()).unwrap();
+        assert!(out.ends_with("499"), "{}", &out[out.len() - 10..]);
+    }
+
+    #[test]
+    fn recursion_is_bounded() {
+        let src = "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}";
+        let err = render(src, &user("x"), &TemplateOptions::default()).unwrap_err();
+        assert!(err.to_string().contains("recursion"), "{err}");
+    }
+
+    #[test]
+    fn output_is_bounded() {
+        // 100 MB strings (minijinja's own cap on `*`), printed 100 times: stops at the output cap.
+        let src = "{% for i in range(100) %}{{ 'x' * 100000000 }}{% endfor %}";
+        let err = render(src, &user("x"), &TemplateOptions::default()).unwrap_err();
+        assert!(err.to_string().contains("exceeds 67108864 bytes"), "{err}");
+        let limits = TemplateLimits { max_output: 8, ..Default::default() };
+        let small = ChatTemplate::new(TemplateSource::Single("{{ 'ab' * 10 }}".into())).with_limits(limits);
+        let err = small.render(&user("x"), &TemplateOptions::default(), &SpecialTokens::default()).unwrap_err();
+        assert!(err.to_string().contains("exceeds"), "{err}");
+    }
+
+    #[test]
+    fn tojson_indent_is_bounded() {
+        let err = render("{{ 1 | tojson(indent=100000000000) }}", &user("x"), &TemplateOptions::default()).unwrap_err();
+        assert!(err.to_string().contains("too wide"), "{err}");
+        assert_eq!(render("{{ [1] | tojson(indent=1) }}", &user("x"), &TemplateOptions::default()).unwrap(), "[\n 1\n]");
     }
 
     #[test]
