@@ -249,6 +249,9 @@ impl PromptCachePool {
     /// entry joins the pool (as if stored, not written again) and a trimmed copy is handed out.
     fn lookup_disk(&mut self, prompt: &[u32], usable: usize, in_memory: usize, now: Instant) -> Option<Reuse> {
         let min = self.min_tokens();
+        if in_memory >= usable {
+            return None; // nothing on disk can do better
+        }
         let disk = self.disk.as_mut()?;
         let (name, n) = disk.best(prompt, usable)?;
         if n <= in_memory || n < min {

@@ -23,6 +23,17 @@ pub struct PromptCacheOptions {
     pub min_cacheable_tokens: Option<f64>,
     /// Upper bound on the bytes of cached KV state (default: a quarter of what MLX may still allocate after the weights load, at least 64 MiB).
     pub max_bytes: Option<f64>,
+    /// Also keep entries on disk in this directory (created if missing), so that another
+    /// session or process (a restarted server, the next script run) sharing a prompt prefix,
+    /// such as a long system prompt, starts from it. One safetensors file per entry, written in
+    /// the background after the reply (`close()` the session before the process exits so that
+    /// its last entries get there; an interrupted write leaves no partial entry); only the same
+    /// model (same files, dtype and device) reads them. A directory that cannot be created
+    /// rejects the load.
+    pub dir: Option<String>,
+    /// Upper bound on the bytes of entries in `dir` (all models' together), least recently used
+    /// deleted first (default 4 GiB).
+    pub disk_max_bytes: Option<f64>,
 }
 
 /// Progress of `Session.load`.
