@@ -281,7 +281,8 @@ export interface LoadOptions {
   device?: 'gpu' | 'cpu'
   /**
    * Compute dtype of float weights: `'float32'`, `'bfloat16'` or `'float16'`. Default:
-   * float32 on the CPU, the checkpoint's own dtype on the GPU.
+   * float32 on the CPU; on the GPU the half type config.json declares (`torch_dtype`),
+   * else the checkpoint's stored dtypes.
    */
   dtype?: 'float32' | 'bfloat16' | 'float16'
   /** Settings of the automatic prompt cache. */

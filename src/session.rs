@@ -218,7 +218,9 @@ impl Session {
         if device == Device::Gpu && !mlx::gpu_available() {
             return Err(Error::InvalidArgument("device 'gpu' requested but this MLX build has no GPU".into()));
         }
-        let dtype = options.dtype.or(if device == Device::Cpu { Some(Dtype::Float32) } else { None });
+        // Unless told: float32 on the CPU; on a GPU the half type config.json declares (else the
+        // stored tensors' own dtypes).
+        let dtype = options.dtype.or(if device == Device::Cpu { Some(Dtype::Float32) } else { config.declared_half_dtype() });
         if let Some(d) = dtype {
             if !d.is_float() {
                 return Err(Error::InvalidArgument(format!("compute dtype must be a float type, got {}", d.name())));

@@ -136,7 +136,7 @@ struct BenchArgs {
     bits: u32,
     #[arg(long, default_value_t = 64)]
     group_size: u32,
-    /// Compute dtype (float32, bfloat16; default: float32 on CPU, checkpoint's/bfloat16 on GPU).
+    /// Compute dtype (float32, bfloat16; default: float32 on CPU; on GPU config.json's torch_dtype if half, else bfloat16 for --shape).
     #[arg(long)]
     dtype: Option<String>,
     #[arg(long)]
@@ -184,7 +184,7 @@ struct ModelArgs {
     /// cpu or gpu (default: gpu when available).
     #[arg(long)]
     device: Option<String>,
-    /// Compute dtype: float32, bfloat16 or float16 (default: float32 on CPU, the checkpoint's on GPU).
+    /// Compute dtype: float32, bfloat16 or float16 (default: float32 on CPU; on GPU config.json's torch_dtype if half, else the checkpoint's).
     #[arg(long)]
     dtype: Option<String>,
     #[command(flatten)]

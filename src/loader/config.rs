@@ -91,6 +91,19 @@ pub struct RopeConfig {
 }
 
 impl ModelConfig {
+    /// The half-precision dtype config.json declares for the weights (`torch_dtype`, or
+    /// transformers 5's `dtype`), if it declares float16 or bfloat16: on a GPU, what mlex
+    /// computes in when the caller names no dtype, whatever the widest stored tensor is (GGUF
+    /// conversions keep norms in float32).
+    pub fn declared_half_dtype(&self) -> Option<crate::mlx::Dtype> {
+        let v = self.raw.get("torch_dtype").or_else(|| self.raw.get("dtype"))?.as_str()?;
+        match v {
+            "float16" | "half" => Some(crate::mlx::Dtype::Float16),
+            "bfloat16" => Some(crate::mlx::Dtype::Bfloat16),
+            _ => None,
+        }
+    }
+
     /// Reads and validates `dir/config.json`.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("config.json");
@@ -217,4 +230,22 @@ fn parse_scaling(v: &Value) -> std::result::Result<RopeScaling, String> {
         },
         other => return Err(format!("unsupported rope_scaling type '{other}'")),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mlx::Dtype;
+
+    #[test]
+    fn declared_half_dtype_reads_torch_dtype_or_dtype() {
+        let cfg = |extra: &str| {
+            let text = format!(r#"{{"model_type": "llama", "num_hidden_layers": 1, "vocab_size": 8{extra}}}"#);
+            ModelConfig::from_json(&text, Path::new("config.json")).unwrap()
+        };
+        assert_eq!(cfg(r#", "torch_dtype": "float16""#).declared_half_dtype(), Some(Dtype::Float16));
+        assert_eq!(cfg(r#", "dtype": "bfloat16""#).declared_half_dtype(), Some(Dtype::Bfloat16));
+        assert_eq!(cfg(r#", "torch_dtype": "float32""#).declared_half_dtype(), None);
+        assert_eq!(cfg("").declared_half_dtype(), None);
+    }
 }

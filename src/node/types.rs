@@ -58,7 +58,8 @@ pub struct LoadOptions {
     #[napi(ts_type = "'gpu' | 'cpu'")]
     pub device: Option<String>,
     /// Compute dtype of float weights: `'float32'`, `'bfloat16'` or `'float16'`. Default:
-    /// float32 on the CPU, the checkpoint's own dtype on the GPU.
+    /// float32 on the CPU; on the GPU the half type config.json declares (`torch_dtype`),
+    /// else the checkpoint's stored dtypes.
     #[napi(ts_type = "'float32' | 'bfloat16' | 'float16'")]
     pub dtype: Option<String>,
     /// Settings of the automatic prompt cache.
