@@ -298,3 +298,30 @@ fn sliding_window_and_recurrent_states_come_back_from_disk() {
         assert_eq!(run(&early).usage.cached_tokens, 0);
     }
 }
+
+#[test]
+fn processes_sharing_the_directory_at_once_leave_only_whole_entries() {
+    let model = tiny(1);
+    let cache = tempfile::tempdir().unwrap();
+    let shared = pseudo_random_prompt(40, 200);
+    std::thread::scope(|s| {
+        let runs: Vec<_> = (0..3u64)
+            .map(|i| {
+                let (model, cache, shared) = (model.path(), cache.path(), &shared);
+                s.spawn(move || cli(model, Some(cache), &with_tail(shared, 41 + i, 10), &[]))
+            })
+            .collect();
+        for r in runs {
+            let (reply, stderr) = r.join().unwrap();
+            assert!(!stderr.contains("skipping"), "{stderr}");
+            // Each may or may not find another's entry, depending on who finished first.
+            assert!(cached(&reply) == 0 || cached(&reply) >= 200, "{}", cached(&reply));
+        }
+    });
+    let names: Vec<String> = std::fs::read_dir(cache.path()).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    assert!(names.iter().all(|n| !n.starts_with(".tmp")), "temporary files left: {names:?}");
+    let (r, stderr) = cli(model.path(), Some(cache.path()), &with_tail(&shared, 50, 10), &[]);
+    // The shared 200 tokens (a tail may share its first token or so by chance).
+    assert!((200..205).contains(&cached(&r)), "{}", cached(&r));
+    assert!(!stderr.contains("skipping"), "{stderr}");
+}
