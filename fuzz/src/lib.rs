@@ -1,19 +1,17 @@
-//! The chat parsers of mlex, compiled on their own for fuzzing (see Cargo.toml). The files keep
-//! their `super::` paths: here the crate root stands in for `mlex::chat`.
+//! mlex's pure parsers (chat output, safetensors headers, GGUF, config.json, chat templates),
+//! compiled on their own for fuzzing (see Cargo.toml). The files keep their `super::` and
+//! `crate::` paths: the chat files sit at the crate root, which stands in for `mlex::chat`, and
+//! the others sit in modules named as in mlex (`loader`, `gguf`, `tokenizer`, `mlx`).
 #![allow(dead_code, unused_imports, unreachable_patterns)]
 
-pub mod error {
-    /// The one variant of mlex's error type that src/chat/messages.rs uses.
-    #[derive(Debug, thiserror::Error)]
-    pub enum Error {
-        #[error("invalid argument: {0}")]
-        InvalidArgument(String),
-    }
-    pub type Result<T> = std::result::Result<T, Error>;
-}
+/// mlex's error type (plain Rust).
+#[path = "../../src/error.rs"]
+pub mod error;
 
 #[path = "../../src/chat/messages.rs"]
 mod messages;
+#[path = "../../src/chat/parse.rs"]
+pub mod parse;
 #[path = "../../src/chat/reasoning.rs"]
 pub mod reasoning;
 #[path = "../../src/chat/stream.rs"]
@@ -21,12 +19,72 @@ pub mod stream;
 #[path = "../../src/chat/tools.rs"]
 pub mod tools;
 
-pub use messages::{ChatMessage, FunctionDef, Role, Tool, ToolCall};
+pub use messages::{parse_messages_json, parse_tools_json, ChatMessage, FunctionDef, Role, Tool, ToolCall};
 
 /// The same names as `mlex::chat`.
 pub mod chat {
     pub use super::reasoning::ReasoningFormat;
     pub use super::stream::{self, OutputClassifier, Part, Segment, SpanKind};
-    pub use super::tools::{parse_tool_calls, parse_tool_calls_with_tools, ToolCallFormat};
-    pub use super::{Tool, ToolCall};
+    pub use super::parse::{self, parse_tool_calls, parse_tool_calls_with_tools};
+    pub use super::tools::ToolCallFormat;
+    pub use super::{parse_messages_json, parse_tools_json, ChatMessage, Role, Tool, ToolCall};
+}
+
+// The other files sit at the crate root too, each file's `super::` being its siblings (a
+// `#[path]` inside an inline module would resolve through folders that do not exist here); the
+// modules named as in mlex re-export them.
+
+/// The one FFI name dtype.rs uses (`mlex_dtype`, an unsigned int in shim.h).
+mod sys {
+    #[allow(non_camel_case_types)]
+    pub type mlex_dtype = std::os::raw::c_uint;
+}
+#[path = "../../src/mlx/dtype.rs"]
+mod dtype;
+#[path = "../../src/mlx/quant_mode.rs"]
+mod quant_mode;
+#[path = "../../src/loader/config.rs"]
+#[doc(hidden)]
+pub mod config;
+#[path = "../../src/loader/quant_config.rs"]
+#[doc(hidden)]
+pub mod quant_config;
+#[path = "../../src/loader/safetensors_header.rs"]
+#[doc(hidden)]
+pub mod safetensors_header;
+#[path = "../../src/tokenizer/pyjson.rs"]
+#[doc(hidden)]
+pub mod pyjson;
+#[path = "../../src/tokenizer/pyrepr.rs"]
+#[doc(hidden)]
+pub mod pyrepr;
+#[path = "../../src/tokenizer/special.rs"]
+#[doc(hidden)]
+pub mod special;
+#[path = "../../src/tokenizer/template.rs"]
+#[doc(hidden)]
+pub mod template;
+
+/// `mlex::gguf`: the reader, its block decoders and the writer (seeds).
+#[path = "../../src/gguf/mod.rs"]
+pub mod gguf;
+
+/// The plain-Rust parts of `mlex::mlx`: element types and quantization modes.
+pub mod mlx {
+    pub use super::dtype::Dtype;
+    pub use super::quant_mode::QuantMode;
+}
+
+/// `mlex::loader`'s parsers: config.json, its quantization block, safetensors headers and the
+/// shard index.
+pub mod loader {
+    pub use super::{config, quant_config, safetensors_header};
+}
+
+/// `mlex::serve`'s request parsing.
+pub mod serve;
+
+/// `mlex::tokenizer`'s chat templates (minijinja with transformers' extensions).
+pub mod tokenizer {
+    pub use super::{pyjson, pyrepr, special, template};
 }
