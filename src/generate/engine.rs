@@ -228,13 +228,18 @@ pub fn run(spec: EngineSpec, ready: Sender<Result<LoadedFacts>>, commands: Recei
             _ if closing => break,
             _ => {}
         }
-        // Entries of requests that finished in this step go to disk (the copy briefly holds up
-        // the others still decoding, once per finished request).
-        if pool.has_pending() {
+        // Entries of finished requests go to disk once no request is decoding (copying them off
+        // MLX would hold up the others' next token), or once several wait (a server never idle).
+        let decoding = batch.as_ref().is_some_and(|b| b.busy());
+        if pool.pending() > 0 && (!decoding || pool.pending() >= MAX_PENDING_WRITES) {
             pool.persist();
         }
     }
+    pool.persist();
 }
+
+/// Prompt cache entries that may wait for the disk while requests are decoding.
+const MAX_PENDING_WRITES: usize = 4;
 
 /// The disk side of the prompt cache when `prompt_cache.dir` is set (and the pool is on): the
 /// model's fingerprint from its directory (random-weight sessions have none: memory only).

@@ -140,9 +140,9 @@ impl PromptCachePool {
         }
     }
 
-    /// Whether entries wait for [`PromptCachePool::persist`].
-    pub fn has_pending(&self) -> bool {
-        !self.pending.is_empty()
+    /// How many entries wait for [`PromptCachePool::persist`].
+    pub fn pending(&self) -> usize {
+        self.pending.len()
     }
 
     /// False when the configuration keeps nothing (`max_entries: 0` or `max_bytes: Some(0)`).
