@@ -209,11 +209,8 @@ pub fn run(spec: EngineSpec, ready: Sender<Result<LoadedFacts>>, commands: Recei
                     // sent together start together.
                     continue;
                 }
-                _ => {
-                    serve_alone(&engine, job, &mut pool);
-                    // The reply is out: now the new entries go to disk.
-                    pool.persist();
-                }
+                // Its entries go to disk below, once nothing is decoding.
+                _ => serve_alone(&engine, job, &mut pool),
             },
             Some(Command::Census(reply)) => {
                 let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.decode_step_census()));
