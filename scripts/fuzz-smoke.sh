@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI's fuzz smoke (issue 16): every cargo-fuzz target of fuzz/ runs FUZZ_SECONDS (default 45)
+# CI's fuzz smoke (issue 16): every cargo-fuzz target of fuzz/ runs FUZZ_SECONDS (default 40)
 # from its seed corpus (fuzz/corpus/<target>/); a crash, a hang past FUZZ_TIMEOUT seconds on one
 # input (default 10) or an allocation past 2 GB fails the run. The long runs behind the counts in
 # fuzz/README.md use the same targets.
@@ -13,7 +13,7 @@
 #   scripts/fuzz-smoke.sh gguf config     # some
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
-seconds=${FUZZ_SECONDS:-45}
+seconds=${FUZZ_SECONDS:-40}
 timeout_s=${FUZZ_TIMEOUT:-10}
 
 if ! rustup run nightly rustc --version >/dev/null 2>&1; then

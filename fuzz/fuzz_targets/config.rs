@@ -40,7 +40,7 @@ fuzz_target!(|data: &[u8]| {
         assert!(cfg.num_hidden_layers > 0 && cfg.num_hidden_layers <= 1 << 24);
         assert!(cfg.vocab_size > 0 && cfg.vocab_size <= 1 << 24);
         assert!(cfg.raw.get("text_config").is_none_or(|t| !t.is_object()), "text_config merged");
-        let _ = cfg.context_length();
+        let _ = (cfg.context_length(), cfg.declared_half_dtype());
         if let Ok(rope) = cfg.parse::<RopeFields>() {
             let _ = rope.parse(10_000.0);
         }
