@@ -72,7 +72,7 @@ fuzz_target!(|data: &[u8]| {
     }
     let streamed_text = concat(&segs, SpanKind::Text);
     let out = c.into_output(None);
-    if out.tool_calls.len() == cw.parts().iter().filter(|p| matches!(p, mlex_fuzz::chat::Part::ToolCall { .. })).count() {
+    if mlex_fuzz::every_call_parses(tools, cw.parts()) {
         assert_eq!(out.text, streamed_text);
     }
     let _ = cw.into_output(None);

@@ -88,3 +88,18 @@ pub mod serve;
 pub mod tokenizer {
     pub use super::{pyjson, pyrepr, special, template};
 }
+
+/// Whether every tool-call part of a classified reply parses into at least one call, decided as
+/// `OutputClassifier::into_output` decides it (the stream_classifier target's condition for the
+/// reply's text to equal the streamed text; counting calls is not enough, one part may hold
+/// several).
+pub fn every_call_parses(format: Option<chat::ToolCallFormat>, parts: &[chat::Part]) -> bool {
+    let format = format.unwrap_or(chat::ToolCallFormat::Hermes);
+    parts.iter().all(|p| match p {
+        chat::Part::ToolCall { open, body, close } => {
+            (close.is_some() || format.closer_for(open).is_none())
+                && tools::parse_call_body(format, open, body, None).is_ok_and(|c| !c.is_empty())
+        }
+        _ => true,
+    })
+}
