@@ -436,12 +436,12 @@ fn cpu_fast_ops_portable_path_matches_too() {
 /// mlex's CPU swiglu (`src/mlx/cpu_fast_ops.cpp`, instead of MLX's JIT-compiled kernel) against
 /// MLX's own ops for `gate · sigmoid(gate) · up`, bit for bit: the halves of a fused gate/up
 /// projection (views read in place), a decode row and a prefill chunk, values wide enough for
-/// sigmoid's both branches.
+/// sigmoid's both branches and exp's cut-offs, and rows enough for the thread pool.
 #[test]
 fn cpu_swiglu_equals_the_ops_bit_for_bit() {
-    for rows in [1usize, 37] {
+    for rows in [1usize, 37, 150] {
         let width = 300usize;
-        let raw: Vec<f32> = rand_vec(rows * 2 * width, 50 + rows as u64).iter().map(|v| v * 12.0).collect();
+        let raw: Vec<f32> = rand_vec(rows * 2 * width, 50 + rows as u64).iter().map(|v| v * 100.0).collect();
         let fused = arr(&raw, &[1, rows as i32, 2 * width as i32]);
         let halves = fused.split_at(&[width as i32], -1).unwrap();
         let got = fast::swiglu(&halves[0], &halves[1]).unwrap();
@@ -454,6 +454,12 @@ fn cpu_swiglu_equals_the_ops_bit_for_bit() {
             assert_eq!(a.to_bits(), w.to_bits(), "rows {rows}, [{i}]: {a} vs {w}");
         }
     }
+}
+
+/// The same check on the portable loop (the one without AVX2/FMA), in a child process.
+#[test]
+fn cpu_swiglu_portable_path_matches_too() {
+    rerun_without_avx2("cpu_swiglu_equals_the_ops_bit_for_bit");
 }
 
 /// Inputs of a gated delta-net layer's recurrence: q/k/v read as slices of one wider tensor (as

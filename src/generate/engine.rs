@@ -123,6 +123,8 @@ pub(super) struct Engine {
     drafts: Drafts,
     /// The most tokens a sequence may hold ([`EngineSpec::context_length`]).
     context_length: Option<usize>,
+    /// Cache bytes one more token takes (None: a model whose caches cannot batch).
+    kv_per_token: Option<usize>,
 }
 
 /// Entry point of the engine thread: load, report, serve until Shutdown or all senders drop.
@@ -154,15 +156,9 @@ pub fn run(spec: EngineSpec, ready: Sender<Result<LoadedFacts>>, commands: Recei
     // still allocate once the weights are in.
     crate::startup_trace::mark("engine ready");
     let facts_budget = mlx::memory_limit().saturating_sub(mlx::memory_stats().active) / 10 * 9;
-    let mut batch = if engine.model.batchable() {
-        match engine.kv_bytes_per_token() {
-            Ok(per_token) => Some(Batch::new(spec.max_batch, spec.kv_budget.unwrap_or(facts_budget), per_token)),
-            // Cannot happen for a model that loaded; serving one at a time still works.
-            Err(_) => None,
-        }
-    } else {
-        None
-    };
+    // Measured at load (None: a model that cannot batch; an error there cannot happen for a model
+    // that loaded, and serving one at a time still works).
+    let mut batch = engine.kv_per_token.map(|per_token| Batch::new(spec.max_batch, spec.kv_budget.unwrap_or(facts_budget), per_token));
     crate::startup_trace::mark("batch set up");
     let mut closing = false;
     loop {
@@ -289,6 +285,9 @@ fn load(spec: &EngineSpec) -> Result<(Engine, LoadedFacts)> {
     let dtype = model.dtype();
     drop(params);
     let facts = LoadedFacts { dtype, device: spec.device, weights_bytes };
+    // Measured here, while the session may still be loading the tokenizer on its thread.
+    let kv_per_token = if model.batchable() { kv_bytes_per_token(model.as_ref()).ok() } else { None };
+    crate::startup_trace::mark("kv bytes per token measured");
     let (tokenizer, eos) =
         spec.tokenizer.recv().map_err(|_| Error::Tokenizer("the tokenizer failed to load".into()))?;
     crate::startup_trace::mark("tokenizer received");
@@ -297,8 +296,16 @@ fn load(spec: &EngineSpec) -> Result<(Engine, LoadedFacts)> {
         let d = DraftModel::load(path, model.dtype(), model.vocab_size(), tokenizer.as_deref())?;
         drafts.session = Some(std::rc::Rc::new(d));
     }
-    let engine = Engine { model, tokenizer, eos, grammars: Default::default(), drafts, context_length: spec.context_length };
+    let engine = Engine { model, tokenizer, eos, grammars: Default::default(), drafts, context_length: spec.context_length, kv_per_token };
     Ok((engine, facts))
+}
+
+/// Cache bytes one more token takes in every layer (measured on a one-token step).
+fn kv_bytes_per_token(model: &dyn CausalLm) -> Result<usize> {
+    let mut caches = model.make_caches();
+    model.forward(&mlx::Array::from_slice(&[0u32], &[1, 1])?, &mut caches)?;
+    mlx::eval(&caches.state())?;
+    Ok(caches.nbytes().div_ceil(crate::nn::kv_cache::KV_STEP))
 }
 
 impl Engine {
@@ -363,13 +370,6 @@ impl Engine {
         Ok(opts.max_tokens.min(ctx - prompt_len))
     }
 
-    /// Cache bytes one more token takes in every layer (measured on a one-token step).
-    fn kv_bytes_per_token(&self) -> Result<usize> {
-        let mut caches = self.model.make_caches();
-        self.model.forward(&mlx::Array::from_slice(&[0u32], &[1, 1])?, &mut caches)?;
-        mlx::eval(&caches.state())?;
-        Ok(caches.nbytes().div_ceil(crate::nn::kv_cache::KV_STEP))
-    }
 
     /// The job's prompt as token ids (a chat transcript rendered and encoded here).
     pub(super) fn prompt_ids(&self, job: &GenerateJob) -> Result<Vec<u32>> {
