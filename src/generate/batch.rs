@@ -100,6 +100,11 @@ impl Batch {
                 Some(s) => s,
                 None => {
                     let Some(job) = self.waiting.pop_front() else { break };
+                    // A request starting on an idle engine reports its own peak memory (as the
+                    // single-request path does), not the load's or an earlier request's.
+                    if self.in_flight() == 0 {
+                        mlx::reset_peak_memory();
+                    }
                     match start(engine, job, pool, self.kv_per_token) {
                         Ok(s) => s,
                         Err((job, e)) => {
