@@ -436,7 +436,7 @@ fn cpu_fast_ops_portable_path_matches_too() {
 /// mlex's CPU swiglu (`src/mlx/cpu_fast_ops.cpp`, instead of MLX's JIT-compiled kernel) against
 /// MLX's own ops for `gate · sigmoid(gate) · up`, bit for bit: the halves of a fused gate/up
 /// projection (views read in place), a decode row and a prefill chunk, values wide enough for
-/// sigmoid's both branches and exp's cut-offs, and rows enough for the thread pool.
+/// sigmoid's both branches and exp's cut-offs.
 #[test]
 fn cpu_swiglu_equals_the_ops_bit_for_bit() {
     for rows in [1usize, 37, 150] {

@@ -272,16 +272,9 @@ class CpuSwiglu : public CpuPrimitive {
       const int64_t d = g.shape(-1), rows = row_count(g), gs = g.strides().back(), us = u.strides().back();
       const float* gp = g.data<float>();
       const float* up = u.data<float>();
-      auto span = [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) row(gp + row_offset(g, r), gs, up + row_offset(u, r), us, o + r * d, d);
-      };
-      // A prefill chunk's rows are spread over the pool; a decode step's row is too small to.
-      const int64_t tasks = rows * d >= (1 << 15) ? std::min<int64_t>(rows, pool().size()) : 1;
-      if (tasks <= 1) {
-        span(0, rows);
-        return;
-      }
-      pool().run(static_cast<int>(tasks), [&](int t) { span(rows * t / tasks, rows * (t + 1) / tasks); });
+      // One thread: a prefill chunk's swiglu is a few hundred microseconds a layer, less than
+      // what handing it to the pool costs when the other cores are busy.
+      for (int64_t r = 0; r < rows; ++r) row(gp + row_offset(g, r), gs, up + row_offset(u, r), us, o + r * d, d);
     });
   }
   const char* name() const override { return "CpuSwiglu"; }
