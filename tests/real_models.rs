@@ -4,10 +4,10 @@
 //! tokens must be the same (a different token is allowed only where mlx-lm's own top-2 margin is
 //! a near-tie, as in tests/conformance.rs), and the text is printed for a human to judge.
 //!
-//! Real GGUF files fetched into the mlex cache (`~/.cache/mlex/models/*.gguf`, by
-//! `scripts/fetch-smollm2.sh` and `scripts/fetch-gemma3-270m.sh`, which CI runs) are converted by
-//! our importer into `<target>/real-models/` and become cases too, so CI checks real weights
-//! without a models folder.
+//! GGUF files directly under `MLEX_MODELS_DIR`, and those fetched into the mlex cache
+//! (`~/.cache/mlex/models/*.gguf`, by `scripts/fetch-smollm2.sh` and `scripts/fetch-gemma3-270m.sh`,
+//! which CI runs), are converted by our importer into `<target>/real-models/` and become cases
+//! too, so CI checks real weights without a models folder.
 //!
 //! Skips cleanly when there are no models, and skips a model whose weights (×3: the float32 copy
 //! of each side, plus headroom) do not fit the machine's available memory, saying so.
@@ -40,15 +40,25 @@ fn discover(root: &Path) -> Vec<PathBuf> {
     dirs
 }
 
-/// The GGUF files in the mlex cache, each converted (once) with the default options into
-/// `<target>/real-models/<file stem>`; a conversion failure is a failing case.
-fn converted_cached_ggufs(failures: &mut Vec<String>) -> Vec<PathBuf> {
+/// The GGUF files in the mlex cache and directly under `models_root`, each converted (once) with
+/// the default options into `<target>/real-models/<file stem>`; a conversion failure is a
+/// failing case.
+fn converted_ggufs(models_root: &Path, failures: &mut Vec<String>) -> Vec<PathBuf> {
     let cache = std::env::var_os("MLEX_CACHE_DIR")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/mlex")));
-    let Some(Ok(rd)) = cache.map(|c| std::fs::read_dir(c.join("models"))) else { return vec![] };
-    let mut ggufs: Vec<PathBuf> = rd.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "gguf")).collect();
-    ggufs.sort();
+    let mut ggufs: Vec<PathBuf> = cache
+        .map(|c| c.join("models"))
+        .into_iter()
+        .chain([models_root.to_path_buf()])
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flatten()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "gguf"))
+        .collect();
+    // One case per file stem (a copy in both places is converted once).
+    ggufs.sort_by(|a, b| a.file_stem().cmp(&b.file_stem()).then(a.cmp(b)));
+    ggufs.dedup_by(|a, b| a.file_stem() == b.file_stem());
     let mut out = vec![];
     for g in ggufs {
         let dir = target_dir().join("real-models").join(g.file_stem().unwrap());
@@ -165,7 +175,7 @@ fn real_models_match_mlx_lm() {
     let root = models_dir();
     let mut failures = vec![];
     let mut dirs = discover(&root);
-    dirs.extend(converted_cached_ggufs(&mut failures));
+    dirs.extend(converted_ggufs(&root, &mut failures));
     if dirs.is_empty() && failures.is_empty() {
         common::skip(
             "real_models_match_mlx_lm",
