@@ -2,14 +2,20 @@
 //!
 //! Each [`mark`] prints the milliseconds since the first mark (the CLI marks `main`'s first line;
 //! a library host's first mark is its first `Session::load`) and since the previous one. Without
-//! the variable a mark costs one relaxed atomic load.
-use std::sync::atomic::{AtomicU8, Ordering};
+//! the variable a mark costs one relaxed atomic load. Only the first [`MAX_MARKS`] marks print, so
+//! that a long-running host (a server, a Node process) started with the variable set is not
+//! flooded by the marks of later requests' prefills.
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 /// 0: not yet read, 1: off, 2: on.
 static STATE: AtomicU8 = AtomicU8::new(0);
 static CLOCK: OnceLock<Mutex<(Instant, Instant)>> = OnceLock::new();
+static PRINTED: AtomicUsize = AtomicUsize::new(0);
+
+/// How many marks print at most, per process.
+pub const MAX_MARKS: usize = 64;
 
 /// Whether `MLEX_TRACE_STARTUP` is set (to anything but "" or "0").
 pub fn enabled() -> bool {
@@ -26,7 +32,7 @@ pub fn enabled() -> bool {
 
 /// Records that phase `what` ended now (printed when tracing is on).
 pub fn mark(what: &str) {
-    if !enabled() {
+    if !enabled() || PRINTED.fetch_add(1, Ordering::Relaxed) >= MAX_MARKS {
         return;
     }
     let now = Instant::now();
