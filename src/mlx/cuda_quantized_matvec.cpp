@@ -17,6 +17,8 @@ constexpr int kRowsPerWarp = 2;
 constexpr int kWarps = 4;
 // The most rows of x (decode rows of a batch) the kernel takes; each further 8 rows re-read w.
 constexpr int kMaxRowsOfX = 32;
+// Rows of x up to which the one-row instantiation serves (see cuda_quantized_matvec).
+constexpr int kSmallRows = 4;
 
 // Helpers NVRTC compiles ahead of the kernel body (MLX's default header brings the CUDA
 // bfloat16/half types).
@@ -43,7 +45,7 @@ __device__ __forceinline__ float mlex_nibble(uint32_t word, uint32_t mask) {
 )";
 
 // Template constants: N rows, K columns, GS group size, ROWS rows of w per warp, WARPS per
-// block, MB rows of x per block, EPI the epilogue (kEpi* below). The grid's y extent is the number of rows of x (M, known only
+// block, MB rows of x per block, EPI the epilogue (the Epilogue enum of the header). The grid's y extent is the number of rows of x (M, known only
 // at run time, so that the kernel is compiled once per MB bucket rather than once per batch
 // size): block (bx, y) with y % MB == 0 takes rows y .. y + MB of x (those that exist); the
 // others exit at once.
@@ -228,7 +230,11 @@ std::optional<mx::array> cuda_quantized_matvec(const mx::array& x, const mx::arr
   // process on first use, and MLX keeps no disk cache of custom kernels: with buckets 2/4/8 the
   // first batched steps of a process took ~20 s more on the H200 (qwen3-0.6b shape), so a batch
   // of any size takes the 8-row kernel (rows past the batch's are skipped at run time).
-  const int mb = m == 1 ? 1 : 8;
+  // Up to kSmallRows rows take the one-row kernel (grid y = m, the weights read once per row):
+  // it is compiled at load (the first decode step), so a speculative verification pass or a
+  // small batch compiles nothing new in the middle of a generation (NVRTC, ~0.5 s a kernel,
+  // every process: BENCHMARKS.md, 2026-12-01).
+  const int mb = m <= kSmallRows ? 1 : 8;
   // A warp's rows of w: two for one row of x (or the gate and up rows of one SwiGLU output).
   const int rows_per_warp = (mb == 1 || epilogue == Epilogue::SwiGlu) ? kRowsPerWarp : 1;
   const int outputs_per_block = (epilogue == Epilogue::SwiGlu ? 1 : rows_per_warp) * kWarps;

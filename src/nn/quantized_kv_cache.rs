@@ -204,6 +204,13 @@ fn finfo_min(dtype: Dtype) -> f32 {
 /// mlx-lm's `quantized_scaled_dot_product_attention`: `q` `[B, Hq, L, D]` over the packed keys and
 /// values of `kv` (`Hkv` heads, grouped-query heads sharing them) → `[B, Hq, L, Dv]`.
 pub fn quantized_attention(q: &Array, kv: &QuantizedKv, scale: f32) -> Result<Array> {
+    // MLX 0.32's CUDA backend has no quantized_matmul for most of these shapes (a key count
+    // that is not a multiple of its tile, e.g. a 32,000-token prefill fails with "No
+    // implementation for problem shape"): there each layer's keys and values are dequantized
+    // for the product (the cache keeps them quantized; the copy lives for one layer).
+    if !cfg!(target_os = "macos") && crate::mlx::default_device()? == crate::mlx::Device::Gpu {
+        return attention_over_dequantized(q, kv, scale);
+    }
     let s = q.shape();
     let (b, hq, l, d) = (s[0], s[1], s[2], s[3]);
     let hkv = kv.keys.w.dim(-3);
@@ -248,6 +255,15 @@ pub fn quantized_attention(q: &Array, kv: &QuantizedKv, scale: f32) -> Result<Ar
     } else {
         Ok(out)
     }
+}
+
+/// Attention over the dequantized keys and values (what [`quantized_attention`] computes, by
+/// MLX's attention op).
+pub fn attention_over_dequantized(q: &Array, kv: &QuantizedKv, scale: f32) -> Result<Array> {
+    let deq = |p: &Packed| {
+        crate::mlx::quant::dequantize(&p.w, &p.scales, Some(&p.biases), kv.group_size, kv.bits, QuantMode::Affine)
+    };
+    crate::mlx::fast::scaled_dot_product_attention(q, &deq(&kv.keys)?, &deq(&kv.values)?, scale, kv.mask.as_attention()?)
 }
 
 #[cfg(test)]
@@ -298,6 +314,10 @@ mod tests {
             let deq = |p: &Packed| crate::mlx::quant::dequantize(&p.w, &p.scales, Some(&p.biases), 64, 8, QuantMode::Affine).unwrap();
             let mask = if l > 1 { fast::AttentionMask::Causal } else { fast::AttentionMask::None };
             let want = fast::scaled_dot_product_attention(&q, &deq(&kv.keys), &deq(&kv.values), 0.125, mask).unwrap();
+            // The CUDA path's function computes the same.
+            let cuda_path = attention_over_dequantized(&q, &kv, 0.125).unwrap();
+            let d2 = cuda_path.subtract(&want).unwrap().abs().unwrap().max(&[0, 1, 2, 3], false).unwrap().item_f32().unwrap();
+            assert!(d2 < 1e-6, "L={l}: dequantized path {d2}");
             let diff = ours.subtract(&want).unwrap().abs().unwrap().max(&[0, 1, 2, 3], false).unwrap().item_f32().unwrap();
             assert!(diff < 1e-4, "L={l}: {diff}");
         }
