@@ -262,6 +262,22 @@ pub(super) fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
 }
 
 fn load(spec: &EngineSpec) -> Result<(Engine, LoadedFacts)> {
+    // The tokenizer, taken as soon as the session has sent it; a tokenizer that failed to load
+    // stops the load at the next check, before the weights' evaluation (the costly part).
+    let mut tokenizer = None;
+    let mut take_tokenizer = |wait: bool| -> Result<()> {
+        if tokenizer.is_some() {
+            return Ok(());
+        }
+        let got = match spec.tokenizer.try_recv() {
+            Ok(t) => Some(t),
+            Err(TryRecvError::Empty) if wait => spec.tokenizer.recv().ok(),
+            Err(TryRecvError::Empty) => return Ok(()),
+            Err(TryRecvError::Disconnected) => None,
+        };
+        tokenizer = Some(got.ok_or_else(|| Error::Tokenizer("the tokenizer failed to load".into()))?);
+        Ok(())
+    };
     mlx::set_default_device(spec.device)?;
     let mut weights = match spec.synthetic_seed {
         Some(seed) => WeightStore::synthetic(spec.config.quantization.clone(), spec.dtype.unwrap_or(Dtype::Bfloat16), seed)?,
@@ -273,6 +289,7 @@ fn load(spec: &EngineSpec) -> Result<(Engine, LoadedFacts)> {
     let model = build_model(&spec.config, &Vb::new(&weights, spec.config.quantization.as_ref()))?;
     weights.into_inner().finish()?;
     crate::startup_trace::mark("model built");
+    take_tokenizer(false)?;
     let params = model.parameters();
     mlx::eval(&params)?;
     crate::startup_trace::mark("weights evaluated");
@@ -288,8 +305,8 @@ fn load(spec: &EngineSpec) -> Result<(Engine, LoadedFacts)> {
     // Measured here, while the session may still be loading the tokenizer on its thread.
     let kv_per_token = if model.batchable() { kv_bytes_per_token(model.as_ref()).ok() } else { None };
     crate::startup_trace::mark("kv bytes per token measured");
-    let (tokenizer, eos) =
-        spec.tokenizer.recv().map_err(|_| Error::Tokenizer("the tokenizer failed to load".into()))?;
+    take_tokenizer(true)?;
+    let (tokenizer, eos) = tokenizer.expect("taken above");
     crate::startup_trace::mark("tokenizer received");
     let mut drafts = Drafts::default();
     if let Some(path) = &spec.draft_model {
