@@ -23,6 +23,7 @@ pub mod error;
 pub mod generate;
 pub mod gguf;
 pub mod loader;
+pub mod media;
 pub mod mlx;
 pub mod models;
 pub mod nn;

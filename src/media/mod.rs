@@ -1,0 +1,8 @@
+//! Media inputs for multimodal models (issue 15): decoding what a caller sends (image bytes) into
+//! pixels, and each model's preprocessing of those pixels into the tensor its vision tower takes,
+//! computed exactly as the model's Hugging Face processor computes it. Nothing here touches MLX:
+//! the output is plain `Vec<f32>` plus a shape, so it is tested against the reference processor
+//! without a device (tests/image_preprocess.rs).
+pub mod image;
+
+pub use image::{decode_image, Gemma3ImageProcessor, PixelValues, RgbImage, MAX_IMAGE_PIXELS};
