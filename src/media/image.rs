@@ -9,9 +9,8 @@
 //! (horizontal, then vertical) with an 8-bit intermediate, and the weights are fixed point with
 //! 22 fractional bits. The image crate's resize differs from that by several levels per pixel;
 //! this one matches it exactly (tests/image_preprocess.rs compares against the HF processor) with
-//! Pillow 12.x, except for some extreme shapes (17 × 4000 → 896 × 896: 1 level in a fifth of the
-//! values) where Pillow evidently runs the vertical pass first; Pillow 13 does so for many more
-//! shapes. When Pillow picks that order is not reproduced yet; the results stay within 1/255.
+//! Pillow 12.x, pass order included (see [`resize_bilinear`]). Pillow 13 runs the vertical pass
+//! first for many more shapes, one level of rounding apart in some pixels; the oracle pins 12.3.
 //!
 //! JPEG decoding is the known gap: the image crate's decoder is not libjpeg-turbo (PIL's), so JPEG
 //! pixels differ by a few levels before preprocessing (measured after it: up to 4/255 for colour,
@@ -210,60 +209,76 @@ fn clip8(acc: i32) -> u8 {
     (acc >> PRECISION_BITS).clamp(0, 255) as u8
 }
 
-/// Resizes as PIL's `Image.resize((width, height), Image.BILINEAR)` on an RGB image, exactly: a
-/// horizontal pass into an 8-bit intermediate, then a vertical pass, each skipped when that axis
-/// keeps its size.
+/// Resizes as PIL's `Image.resize((width, height), Image.BILINEAR)` on an RGB image, exactly: two
+/// separable passes with an 8-bit intermediate, each skipped when that axis keeps its size. The
+/// horizontal pass runs first, except for a very tall, narrow image that shrinks vertically
+/// (height over 100 × its width), where Pillow 12 runs the vertical pass first: measured against
+/// Pillow 12.3 (its threshold is exact: 17 × 1700 horizontal first, 17 × 1701 vertical first).
 pub fn resize_bilinear(img: &RgbImage, width: u32, height: u32) -> RgbImage {
     let (in_w, in_h) = (img.width as usize, img.height as usize);
     let (out_w, out_h) = (width as usize, height as usize);
-    let half = 1i32 << (PRECISION_BITS - 1);
+    let vertical_first = out_h < in_h && in_h > 100 * in_w;
     let mut cur = img.data.clone();
-    let mut cur_w = in_w;
-    if out_w != in_w {
-        let ax = axis_weights(in_w, out_w);
-        let mut out = vec![0u8; out_w * in_h * 3];
-        for y in 0..in_h {
-            let src = &cur[y * in_w * 3..(y + 1) * in_w * 3];
-            let dst = &mut out[y * out_w * 3..(y + 1) * out_w * 3];
-            for x in 0..out_w {
-                let k = &ax.weights[x * ax.ksize..x * ax.ksize + ax.count[x]];
-                let base = ax.first[x] * 3;
-                let (mut r, mut g, mut b) = (half, half, half);
-                for (i, &w) in k.iter().enumerate() {
-                    let p = base + i * 3;
-                    r += src[p] as i32 * w;
-                    g += src[p + 1] as i32 * w;
-                    b += src[p + 2] as i32 * w;
-                }
-                dst[x * 3] = clip8(r);
-                dst[x * 3 + 1] = clip8(g);
-                dst[x * 3 + 2] = clip8(b);
-            }
+    let (mut w, mut h) = (in_w, in_h);
+    for pass in if vertical_first { [false, true] } else { [true, false] } {
+        if pass && out_w != w {
+            cur = horizontal_pass(&cur, w, h, out_w);
+            w = out_w;
+        } else if !pass && out_h != h {
+            cur = vertical_pass(&cur, w, h, out_h);
+            h = out_h;
         }
-        cur = out;
-        cur_w = out_w;
-    }
-    if out_h != in_h {
-        let ax = axis_weights(in_h, out_h);
-        let stride = cur_w * 3;
-        let mut out = vec![0u8; out_h * stride];
-        let mut acc = vec![0i32; stride];
-        for y in 0..out_h {
-            acc.iter_mut().for_each(|a| *a = half);
-            let k = &ax.weights[y * ax.ksize..y * ax.ksize + ax.count[y]];
-            for (i, &w) in k.iter().enumerate() {
-                let row = &cur[(ax.first[y] + i) * stride..(ax.first[y] + i + 1) * stride];
-                for (a, &p) in acc.iter_mut().zip(row) {
-                    *a += p as i32 * w;
-                }
-            }
-            for (d, &a) in out[y * stride..(y + 1) * stride].iter_mut().zip(&acc) {
-                *d = clip8(a);
-            }
-        }
-        cur = out;
     }
     RgbImage { width, height, data: cur }
+}
+
+/// Resamples each row of a `w × h` RGB image to `out_w` pixels.
+fn horizontal_pass(src: &[u8], w: usize, h: usize, out_w: usize) -> Vec<u8> {
+    let half = 1i32 << (PRECISION_BITS - 1);
+    let ax = axis_weights(w, out_w);
+    let mut out = vec![0u8; out_w * h * 3];
+    for y in 0..h {
+        let row = &src[y * w * 3..(y + 1) * w * 3];
+        let dst = &mut out[y * out_w * 3..(y + 1) * out_w * 3];
+        for x in 0..out_w {
+            let k = &ax.weights[x * ax.ksize..x * ax.ksize + ax.count[x]];
+            let base = ax.first[x] * 3;
+            let (mut r, mut g, mut b) = (half, half, half);
+            for (i, &wt) in k.iter().enumerate() {
+                let p = base + i * 3;
+                r += row[p] as i32 * wt;
+                g += row[p + 1] as i32 * wt;
+                b += row[p + 2] as i32 * wt;
+            }
+            dst[x * 3] = clip8(r);
+            dst[x * 3 + 1] = clip8(g);
+            dst[x * 3 + 2] = clip8(b);
+        }
+    }
+    out
+}
+
+/// Resamples each column of a `w × h` RGB image to `out_h` pixels.
+fn vertical_pass(src: &[u8], w: usize, h: usize, out_h: usize) -> Vec<u8> {
+    let half = 1i32 << (PRECISION_BITS - 1);
+    let ax = axis_weights(h, out_h);
+    let stride = w * 3;
+    let mut out = vec![0u8; out_h * stride];
+    let mut acc = vec![0i32; stride];
+    for y in 0..out_h {
+        acc.iter_mut().for_each(|a| *a = half);
+        let k = &ax.weights[y * ax.ksize..y * ax.ksize + ax.count[y]];
+        for (i, &wt) in k.iter().enumerate() {
+            let row = &src[(ax.first[y] + i) * stride..(ax.first[y] + i + 1) * stride];
+            for (a, &p) in acc.iter_mut().zip(row) {
+                *a += p as i32 * wt;
+            }
+        }
+        for (d, &a) in out[y * stride..(y + 1) * stride].iter_mut().zip(&acc) {
+            *d = clip8(a);
+        }
+    }
+    out
 }
 
 // ---------------------------------------------------------------------------------------------

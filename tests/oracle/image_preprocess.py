@@ -81,6 +81,9 @@ def cases():
         ("palette_transparent_250x190", gif, "GIF", {"transparency": 0}, False),
         ("rgb_1001x37_lossy", rgb(1001, 37, 14), "WEBP", {"quality": 80}, False),
         ("rgb_1500x500_pan_and_scan", rgb(1500, 500, 15), "PNG", {}, True),
+        # Either side of where Pillow runs the vertical resize pass first (height > 100 x width).
+        ("rgb_17x1700", rgb(17, 1700, 16), "PNG", {}, False),
+        ("rgb_17x1701", rgb(17, 1701, 17), "PNG", {}, False),
     ]
 
 
