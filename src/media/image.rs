@@ -214,7 +214,14 @@ fn clip8(acc: i32) -> u8 {
 /// horizontal pass runs first, except for a very tall, narrow image that shrinks vertically
 /// (height over 100 × its width), where Pillow 12 runs the vertical pass first: measured against
 /// Pillow 12.3 (its threshold is exact: 17 × 1700 horizontal first, 17 × 1701 vertical first).
-pub fn resize_bilinear(img: &RgbImage, width: u32, height: u32) -> RgbImage {
+///
+/// InvalidArgument for an empty source or target, or pixel data whose length is not
+/// `width × height × 3`.
+pub fn resize_bilinear(img: &RgbImage, width: u32, height: u32) -> Result<RgbImage> {
+    check(img)?;
+    if width == 0 || height == 0 {
+        return Err(invalid(format!("cannot resize to {width}x{height} pixels")));
+    }
     let (in_w, in_h) = (img.width as usize, img.height as usize);
     let (out_w, out_h) = (width as usize, height as usize);
     let vertical_first = out_h < in_h && in_h > 100 * in_w;
@@ -229,7 +236,24 @@ pub fn resize_bilinear(img: &RgbImage, width: u32, height: u32) -> RgbImage {
             h = out_h;
         }
     }
-    RgbImage { width, height, data: cur }
+    Ok(RgbImage { width, height, data: cur })
+}
+
+/// InvalidArgument unless `img` is non-empty and its data holds exactly its pixels.
+fn check(img: &RgbImage) -> Result<()> {
+    if img.width == 0 || img.height == 0 {
+        return Err(invalid(format!("image is empty ({}x{} pixels)", img.width, img.height)));
+    }
+    if img.data.len() as u64 != img.width as u64 * img.height as u64 * 3 {
+        return Err(invalid(format!(
+            "RGB image of {}x{} needs {} bytes, got {}",
+            img.width,
+            img.height,
+            img.width as u64 * img.height as u64 * 3,
+            img.data.len()
+        )));
+    }
+    Ok(())
 }
 
 /// Resamples each row of a `w × h` RGB image to `out_w` pixels.
@@ -396,22 +420,19 @@ impl Gemma3ImageProcessor {
 
     /// The resized 8-bit images (the whole image, then any pan-and-scan crops), before rescaling:
     /// what the float output is an exact function of.
-    pub fn resized(&self, img: &RgbImage) -> Vec<RgbImage> {
-        let mut parts = vec![resize_bilinear(img, self.width, self.height)];
+    pub fn resized(&self, img: &RgbImage) -> Result<Vec<RgbImage>> {
+        let mut parts = vec![resize_bilinear(img, self.width, self.height)?];
         if self.do_pan_and_scan {
             for crop in self.pan_and_scan(img) {
-                parts.push(resize_bilinear(&crop, self.width, self.height));
+                parts.push(resize_bilinear(&crop, self.width, self.height)?);
             }
         }
-        parts
+        Ok(parts)
     }
 
     /// The pixel values, as the HF processor's `pixel_values` for this one image.
     pub fn preprocess(&self, img: &RgbImage) -> Result<PixelValues> {
-        if img.width == 0 || img.height == 0 {
-            return Err(invalid(format!("image is empty ({}x{} pixels)", img.width, img.height)));
-        }
-        let parts = self.resized(img);
+        let parts = self.resized(img)?;
         let (h, w) = (self.height as usize, self.width as usize);
         let plane = h * w;
         let mut data = vec![0f32; parts.len() * 3 * plane];
@@ -494,9 +515,20 @@ mod tests {
     fn constant_images_stay_constant() {
         let img = RgbImage::from_raw(5, 7, [10u8, 128, 250].repeat(35)).unwrap();
         for (w, h) in [(896, 896), (2, 3), (5, 7), (1, 1)] {
-            let r = resize_bilinear(&img, w, h);
+            let r = resize_bilinear(&img, w, h).unwrap();
             assert!(r.data.chunks_exact(3).all(|p| p == [10, 128, 250]), "{w}x{h}");
         }
+    }
+
+    #[test]
+    fn malformed_images_are_refused() {
+        let p = Gemma3ImageProcessor::default();
+        let short = RgbImage { width: 4, height: 4, data: vec![0; 47] };
+        assert!(matches!(p.preprocess(&short), Err(Error::InvalidArgument(_))));
+        let empty = RgbImage { width: 0, height: 4, data: vec![] };
+        assert!(matches!(p.preprocess(&empty), Err(Error::InvalidArgument(_))));
+        let ok = RgbImage::from_raw(2, 2, vec![9; 12]).unwrap();
+        assert!(matches!(resize_bilinear(&ok, 0, 3), Err(Error::InvalidArgument(_))));
     }
 
     #[test]
