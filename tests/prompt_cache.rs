@@ -5,7 +5,7 @@
 //! cached entries, EOS fed by the pipelined step, concurrent calls, and eviction by max_entries,
 //! TTL and max_bytes, min_cacheable_tokens, per-call bypass.
 mod common;
-use common::{edit_json, TinyLlama, TINY_EOS};
+use common::{edit_json, pseudo_random_prompt, TinyLlama, TINY_EOS};
 use mlex::{ChatMessage, FinishReason, GenerateOptions, GenerateReply, LoadOptions, PromptCacheConfig, Session};
 use std::time::Duration;
 
@@ -111,18 +111,6 @@ impl Mirror {
         self.record(prompt, &a, TINY_EOS);
         a
     }
-}
-
-fn pseudo_random_prompt(seed: u64, len: usize) -> Vec<u32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % 256) as u32
-        })
-        .collect()
 }
 
 const SYSTEM: &str = "You are a terse assistant. Answer in one line.";

@@ -5,7 +5,7 @@
 //! stays within its byte bound, least recently used first; sliding-window and recurrent states
 //! come back from disk intact (oracle fixtures, when the oracle venv is there).
 mod common;
-use common::TinyLlama;
+use common::{pseudo_random_prompt, TinyLlama};
 use mlex::{GenerateOptions, GenerateReply, LoadOptions, PromptCacheConfig, Session};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -15,18 +15,6 @@ fn tiny(seed: u64) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     TinyLlama { max_position_embeddings: 4096, seed, ..Default::default() }.write(dir.path());
     dir
-}
-
-fn pseudo_random_prompt(seed: u64, len: usize) -> Vec<u32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % 256) as u32
-        })
-        .collect()
 }
 
 /// `shared` then a tail of its own.

@@ -535,6 +535,19 @@ impl TinyLlama {
     }
 }
 
+/// `len` token ids below 256 (the tiny vocabulary's bytes) from a xorshift seeded by `seed`.
+pub fn pseudo_random_prompt(seed: u64, len: usize) -> Vec<u32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % 256) as u32
+        })
+        .collect()
+}
+
 /// Writes the default tiny llama into a fresh temporary directory.
 pub fn tiny_llama_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
