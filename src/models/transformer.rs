@@ -162,7 +162,7 @@ impl FeedForwardPart for FeedForward {
     fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
         match self {
             FeedForward::Dense(m) => m.forward_add(x, residual),
-            FeedForward::Sparse(m) => residual.add(&m.forward(x)?),
+            FeedForward::Sparse(m) => FeedForwardPart::forward_add(m, x, residual),
         }
     }
 }
