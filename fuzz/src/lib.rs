@@ -1,7 +1,8 @@
-//! mlex's pure parsers (chat output, safetensors headers, GGUF, config.json, chat templates),
-//! compiled on their own for fuzzing (see Cargo.toml). The files keep their `super::` and
-//! `crate::` paths: the chat files sit at the crate root, which stands in for `mlex::chat`, and
-//! the others sit in modules named as in mlex (`loader`, `gguf`, `tokenizer`, `mlx`).
+//! mlex's pure parsers (chat output, safetensors headers, GGUF, config.json, chat templates) and
+//! image decoding, compiled on their own for fuzzing (see Cargo.toml). The files keep their
+//! `super::` and `crate::` paths: the chat files sit at the crate root, which stands in for
+//! `mlex::chat`, and the others sit in modules named as in mlex (`loader`, `gguf`, `tokenizer`,
+//! `mlx`, `media`).
 #![allow(dead_code, unused_imports, unreachable_patterns)]
 
 /// mlex's error type (plain Rust).
@@ -65,6 +66,12 @@ pub mod special;
 #[doc(hidden)]
 pub mod template;
 
+/// mlex's image decoding and Gemma 3 preprocessing (the `image` crate, pure Rust); named
+/// `media_image` here, `image` being the crate it uses.
+#[path = "../../src/media/image.rs"]
+#[doc(hidden)]
+pub mod media_image;
+
 /// `mlex::gguf`: the reader, its block decoders and the writer (seeds).
 #[path = "../../src/gguf/mod.rs"]
 pub mod gguf;
@@ -79,6 +86,13 @@ pub mod mlx {
 /// shard index.
 pub mod loader {
     pub use super::{config, quant_config, safetensors_header};
+}
+
+/// `mlex::media`: image bytes to RGB, and Gemma 3's image processor.
+pub mod media {
+    pub use super::media_image::{
+        decode_image, resize_bilinear, Gemma3ImageProcessor, PixelValues, RgbImage, MAX_IMAGE_PIXELS,
+    };
 }
 
 /// `mlex::serve`'s request parsing.
