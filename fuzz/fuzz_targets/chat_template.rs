@@ -2,9 +2,10 @@
 //! extensions) with an arbitrary template over a fixed conversation. Seeds: corpus/chat_template/
 //! and, when fetched (scripts/fetch-test-assets.sh --templates), the 71 real templates of the
 //! test assets, which scripts/fuzz-smoke.sh adds as a second seed directory. No panic, and every render
-//! ends: a template that loops, recurses or prints without end stops with an error at the fuel
-//! or output bound (small ones here, so that such inputs stay fast; libFuzzer's -timeout and
-//! -rss_limit_mb catch a render that escapes them).
+//! ends: a template that loops, recurses, builds ever larger values or prints without end stops
+//! with an error at the fuel, value-budget or output bound (small ones here, so that such inputs
+//! stay fast; libFuzzer's -timeout, -rss_limit_mb and -malloc_limit_mb catch a render that
+//! escapes them).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use mlex_fuzz::chat::{ChatMessage, Tool, ToolCall};
@@ -12,8 +13,15 @@ use mlex_fuzz::tokenizer::special::SpecialTokens;
 use mlex_fuzz::tokenizer::template::{ChatTemplate, TemplateLimits, TemplateOptions, TemplateSource};
 use serde_json::json;
 
-const LIMITS: TemplateLimits =
-    TemplateLimits { fuel: 200_000, fuel_per_item: 10_000, fuel_per_item_pair: 10, max_output: 1 << 20 };
+const LIMITS: TemplateLimits = TemplateLimits {
+    fuel: 200_000,
+    fuel_per_item: 10_000,
+    fuel_per_item_pair: 10,
+    max_output: 1 << 20,
+    value_bytes: 16 << 20,
+    value_bytes_per_input_byte: 64,
+    value_bytes_per_item_input_byte: 4,
+};
 
 fuzz_target!(|data: &[u8]| {
     // The input is the template (so that real template files seed the corpus as they are); its

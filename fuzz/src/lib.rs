@@ -62,6 +62,12 @@ pub mod pyrepr;
 #[path = "../../src/tokenizer/special.rs"]
 #[doc(hidden)]
 pub mod special;
+#[path = "../../src/tokenizer/template_budget.rs"]
+#[doc(hidden)]
+pub mod template_budget;
+#[path = "../../src/tokenizer/template_consts.rs"]
+#[doc(hidden)]
+pub mod template_consts;
 #[path = "../../src/tokenizer/template.rs"]
 #[doc(hidden)]
 pub mod template;
@@ -100,7 +106,7 @@ pub mod serve;
 
 /// `mlex::tokenizer`'s chat templates (minijinja with transformers' extensions).
 pub mod tokenizer {
-    pub use super::{pyjson, pyrepr, special, template};
+    pub use super::{pyjson, pyrepr, special, template, template_budget, template_consts};
 }
 
 /// Whether every tool-call part of a classified reply parses into at least one call, decided as

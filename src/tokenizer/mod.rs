@@ -5,6 +5,8 @@ mod pyjson;
 mod pyrepr;
 mod special;
 mod template;
+mod template_budget;
+mod template_consts;
 
 use std::path::Path;
 use std::sync::Arc;

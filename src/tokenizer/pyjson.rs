@@ -15,6 +15,9 @@ pub struct DumpOptions {
     /// `(item, key)` separators; `None` means Python's default for the indent.
     pub separators: Option<(String, String)>,
     pub sort_keys: bool,
+    /// Stop with an error once the text passes this many bytes (an indent repeats per level and
+    /// line, so deep values with a wide indent print far more than they weigh).
+    pub max_len: Option<u64>,
 }
 
 pub fn dumps(value: &Value, opts: &DumpOptions) -> Result<String, Error> {
@@ -62,13 +65,18 @@ impl Writer<'_> {
         Ok(())
     }
 
-    fn newline(&mut self, depth: usize) {
+    fn newline(&mut self, depth: usize) -> Result<(), Error> {
         if let Some(unit) = &self.opts.indent {
+            let len = (self.out.len() as u64).saturating_add((unit.len() as u64).saturating_mul(depth as u64) + 1);
+            if let Some(max) = self.opts.max_len.filter(|max| len > *max) {
+                return Err(Error::new(ErrorKind::InvalidOperation, format!("tojson: the text would pass {max} bytes")));
+            }
             self.out.push('\n');
             for _ in 0..depth {
                 self.out.push_str(unit);
             }
         }
+        Ok(())
     }
 
     fn seq(&mut self, v: &Value, depth: usize) -> Result<(), Error> {
@@ -83,10 +91,10 @@ impl Writer<'_> {
                 let sep = self.item_sep.clone();
                 self.out.push_str(&sep);
             }
-            self.newline(depth + 1);
+            self.newline(depth + 1)?;
             self.value(item, depth + 1)?;
         }
-        self.newline(depth);
+        self.newline(depth)?;
         self.out.push(']');
         Ok(())
     }
@@ -110,13 +118,13 @@ impl Writer<'_> {
                 let sep = self.item_sep.clone();
                 self.out.push_str(&sep);
             }
-            self.newline(depth + 1);
+            self.newline(depth + 1)?;
             self.string(key);
             let sep = self.key_sep.clone();
             self.out.push_str(&sep);
             self.value(item, depth + 1)?;
         }
-        self.newline(depth);
+        self.newline(depth)?;
         self.out.push('}');
         Ok(())
     }

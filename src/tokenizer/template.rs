@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
+use minijinja::machinery::{self, Vm};
 use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, ErrorKind, Output, State, UndefinedBehavior};
 use serde_json::{Map, Value as Json};
@@ -12,6 +13,8 @@ use serde_json::{Map, Value as Json};
 use super::pyjson::{self, DumpOptions};
 use super::pyrepr;
 use super::special::SpecialTokens;
+use super::template_budget::{self, BudgetScope};
+use super::template_consts;
 use crate::chat::{ChatMessage, Tool};
 use crate::error::{Error, Result};
 
@@ -43,14 +46,19 @@ pub enum TemplateSource {
     Named(Vec<(String, String)>),
 }
 
-/// What one render may spend: minijinja instructions ("fuel") and output bytes. A template that
-/// loops without end (nested `range` loops, a macro that recurses in a loop) or prints without
-/// end stops with an error instead of hanging the caller or exhausting memory.
+/// What one render may spend: minijinja instructions ("fuel"), bytes of values built and output
+/// bytes. A template that loops without end (nested `range` loops, a macro that recurses in a
+/// loop), builds ever larger strings or lists, or prints without end stops with an error instead
+/// of hanging the caller or exhausting memory.
 ///
 /// Real templates take 75 to 900 instructions per message at 50 turns; those that look back over
 /// the conversation grow with its length (google-gemma-4: 7,200 per message at 2,000 messages),
 /// hence the quadratic term. At about 25 ns an instruction the default bound is 20 M
 /// instructions (half a second) for a short conversation.
+///
+/// The value budget counts every string, list and map the template makes (template_budget.rs),
+/// not what is alive at once, so it too grows with the conversation: templates copy each
+/// message's content a few times, and some look back over the whole conversation per message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TemplateLimits {
     pub fuel: u64,
@@ -60,11 +68,25 @@ pub struct TemplateLimits {
     pub fuel_per_item_pair: u64,
     /// The most bytes one render may produce (a prompt this long is far past any context).
     pub max_output: usize,
+    /// Bytes of values one render may build (strings, lists, maps, printed text)...
+    pub value_bytes: u64,
+    /// ... and more per byte of the conversation and tools it is given ...
+    pub value_bytes_per_input_byte: u64,
+    /// ... and per item (message or tool) times those bytes (templates quadratic in length).
+    pub value_bytes_per_item_input_byte: u64,
 }
 
 impl Default for TemplateLimits {
     fn default() -> Self {
-        TemplateLimits { fuel: 20_000_000, fuel_per_item: 50_000, fuel_per_item_pair: 10, max_output: 64 << 20 }
+        TemplateLimits {
+            fuel: 20_000_000,
+            fuel_per_item: 50_000,
+            fuel_per_item_pair: 10,
+            max_output: 64 << 20,
+            value_bytes: 256 << 20,
+            value_bytes_per_input_byte: 64,
+            value_bytes_per_item_input_byte: 4,
+        }
     }
 }
 
@@ -73,6 +95,12 @@ impl TemplateLimits {
         self.fuel
             .saturating_add(self.fuel_per_item.saturating_mul(items))
             .saturating_add(self.fuel_per_item_pair.saturating_mul(items.saturating_mul(items)))
+    }
+
+    fn value_bytes_for(&self, items: u64, input_bytes: u64) -> u64 {
+        self.value_bytes
+            .saturating_add(self.value_bytes_per_input_byte.saturating_mul(input_bytes))
+            .saturating_add(self.value_bytes_per_item_input_byte.saturating_mul(items).saturating_mul(input_bytes))
     }
 }
 
@@ -110,7 +138,10 @@ impl ChatTemplate {
         let mut broken = HashMap::new();
         let sources = list.clone();
         for (name, src) in list {
-            if let Err(e) = env.add_template_owned(name.clone(), strip_generation_tags(&src)) {
+            let src = strip_generation_tags(&src);
+            if let Err(e) = template_consts::check(&src) {
+                broken.insert(name.clone(), e);
+            } else if let Err(e) = env.add_template_owned(name.clone(), src) {
                 broken.insert(name.clone(), describe(&e));
             }
             names.push(name);
@@ -167,49 +198,68 @@ impl ChatTemplate {
         let ctx = context(messages, opts, special)?;
         let items = messages.len() as u64 + opts.tools.map_or(0, |t| t.len() as u64);
         let fuel = self.limits.fuel_for(items);
+        let input_bytes = json_len(&ctx);
+        let budget = self.limits.value_bytes_for(items, input_bytes);
         // The fuel is the environment's, read when a render starts: a copy of it (templates are
-        // compiled once, the copy shares them) carries this render's.
+        // compiled once, the copy shares them) carries this render's. The budget's rewrite adds
+        // at most one instruction per instruction, hence twice the fuel.
         let mut env = self.env.clone();
-        env.set_fuel(Some(fuel));
+        env.set_fuel(Some(fuel.saturating_mul(2)));
         let tmpl = env.get_template(name).map_err(|e| Error::Tokenizer(describe(&e)))?;
-        let mut out = CappedWriter { buf: Vec::new(), cap: self.limits.max_output, over: false };
-        let rendered = tmpl.render_captured_to(Value::from_serialize(&ctx), &mut out).map(drop);
-        match rendered {
-            Ok(_) => String::from_utf8(out.buf)
-                .map_err(|_| Error::Tokenizer("chat template produced invalid UTF-8".into())),
-            Err(_) if out.over => Err(Error::Tokenizer(format!(
+        let compiled = machinery::get_compiled_template(&tmpl);
+        let refuse = |e: String| Error::Tokenizer(format!("chat template error: {e}"));
+        let program = template_budget::bounded(&compiled.instructions).map_err(refuse)?;
+        let blocks = compiled
+            .blocks
+            .iter()
+            .map(|(name, block)| Ok((*name, template_budget::bounded(block)?)))
+            .collect::<std::result::Result<_, String>>()
+            .map_err(refuse)?;
+        let scope = BudgetScope::enter(budget);
+        let mut rendered = String::new();
+        let result = Vm::new(&env)
+            .eval(
+                &program,
+                Value::from_serialize(&ctx),
+                &blocks,
+                &mut machinery::make_string_output(&mut rendered),
+                compiled.initial_auto_escape,
+            )
+            .map(drop);
+        match result {
+            Ok(()) if rendered.len() > self.limits.max_output => Err(Error::Tokenizer(format!(
                 "chat template error: the rendered prompt exceeds {} bytes",
                 self.limits.max_output
             ))),
+            Ok(()) => Ok(rendered),
             Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(Error::Tokenizer(format!(
                 "chat template error: rendering ran more than {fuel} template instructions \
                  (the template loops without end?)"
+            ))),
+            Err(e) if scope.exceeded() => Err(Error::Tokenizer(format!(
+                "chat template error: {} (the budget for {items} messages and tools of {input_bytes} bytes)",
+                describe(&e)
             ))),
             Err(e) => Err(Error::Tokenizer(format!("chat template error: {}", describe(&e)))),
         }
     }
 }
 
-/// The render's output, refusing to grow past `cap` bytes.
-struct CappedWriter {
-    buf: Vec<u8>,
-    cap: usize,
-    over: bool,
-}
-
-impl std::io::Write for CappedWriter {
-    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        if self.buf.len().saturating_add(data.len()) > self.cap {
-            self.over = true;
-            return Err(std::io::Error::other("the rendered prompt is too long"));
+/// The bytes of `value` as JSON, counted without writing them.
+fn json_len(value: &Map<String, Json>) -> u64 {
+    struct Count(u64);
+    impl std::io::Write for Count {
+        fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+            self.0 += data.len() as u64;
+            Ok(data.len())
         }
-        self.buf.extend_from_slice(data);
-        Ok(data.len())
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
     }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
+    let mut c = Count(0);
+    let _ = serde_json::to_writer(&mut c, value);
+    c.0
 }
 
 /// The variables transformers passes: special-token strings, then extra keyword arguments,
@@ -274,8 +324,9 @@ fn environment() -> Environment<'static> {
     env.set_lstrip_blocks(true);
     // Jinja2's default Undefined: printable and falsy, but attribute access on it fails.
     env.set_undefined_behavior(UndefinedBehavior::Lenient);
-    // Python string/dict/list methods (.strip(), .startswith(), .items(), .get(), ...).
-    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    // Python string/dict/list methods (.strip(), .startswith(), .items(), .get(), ...), and the
+    // value budget's charge function and pre-checked filters.
+    template_budget::install(&mut env);
     // Jinja prints lists and dicts as Python reprs, and `none` is not iterable in Python.
     env.set_formatter(python_formatter);
     env.add_filter("string", |v: Value| pyrepr::py_str(&v).map(Value::from));
@@ -286,12 +337,24 @@ fn environment() -> Environment<'static> {
     env
 }
 
+/// Prints a value as Python Jinja2 does, charging the bytes to the render's budget (raw template
+/// text comes through here too: see template_budget.rs).
 fn python_formatter(out: &mut Output, state: &State, value: &Value) -> std::result::Result<(), minijinja::Error> {
     match value.kind() {
         ValueKind::Seq | ValueKind::Map => {
-            out.write_str(&pyrepr::py_str(value)?).map_err(|e| minijinja::Error::new(ErrorKind::WriteFailure, e.to_string()))
+            let text = pyrepr::py_str(value)?;
+            template_budget::charge(text.len() as u64)?;
+            out.write_str(&text).map_err(|e| minijinja::Error::new(ErrorKind::WriteFailure, e.to_string()))
         }
-        _ => minijinja::escape_formatter(out, state, value),
+        ValueKind::String => {
+            template_budget::charge(value.as_str().map_or(0, |s| s.len() as u64))?;
+            minijinja::escape_formatter(out, state, value)
+        }
+        _ => {
+            // a number, a bool, none: a few bytes
+            template_budget::charge(24)?;
+            minijinja::escape_formatter(out, state, value)
+        }
     }
 }
 
@@ -321,6 +384,8 @@ fn tojson(value: Value, ensure_ascii: Option<Value>, kwargs: Kwargs) -> std::res
         opts.sort_keys = v.is_true();
     }
     kwargs.assert_all_used()?;
+    // An indent repeats per level and line: the text stops at what the render's budget has left.
+    opts.max_len = Some(template_budget::remaining());
     Ok(Value::from(pyjson::dumps(&value, &opts)?))
 }
 
@@ -577,8 +642,12 @@ mod tests {
 
     #[test]
     fn output_is_bounded() {
-        // 100 MB strings (minijinja's own cap on `*`), printed 100 times: stops at the output cap.
-        let src = "{% for i in range(100) %}{{ 'x' * 100000000 }}{% endfor %}";
+        // 100 MB strings (minijinja's own cap on `*`), printed 100 times: the value budget stops it.
+        let src = "{% for i in range(100) %}{{ 'x' * (messages|length * 100000000) }}{% endfor %}";
+        let err = render(src, &user("x"), &TemplateOptions::default()).unwrap_err();
+        assert!(err.to_string().contains("bytes of values"), "{err}");
+        // 100 MB printed 1 MB at a time fits the budget, not the output cap.
+        let src = "{% for i in range(100) %}{{ 'x' * 1000000 }}{% endfor %}";
         let err = render(src, &user("x"), &TemplateOptions::default()).unwrap_err();
         assert!(err.to_string().contains("exceeds 67108864 bytes"), "{err}");
         let limits = TemplateLimits { max_output: 8, ..Default::default() };
