@@ -157,6 +157,29 @@ fn gif_header(w: u16, h: u16) -> Vec<u8> {
     out
 }
 
+/// A 2 × 1 indexed PNG (8-bit indices 0 and 1) whose PLTE chunk holds `palette` as given, with a
+/// tRNS chunk when `trns` is, and its pixels in a stored (uncompressed) zlib stream.
+fn indexed_png(palette: &[u8], trns: Option<&[u8]>) -> Vec<u8> {
+    let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
+    let mut ihdr = Vec::new();
+    ihdr.extend_from_slice(&2u32.to_be_bytes());
+    ihdr.extend_from_slice(&1u32.to_be_bytes());
+    ihdr.extend_from_slice(&[8, 3, 0, 0, 0]);
+    png_chunk(&mut out, b"IHDR", &ihdr);
+    png_chunk(&mut out, b"PLTE", palette);
+    if let Some(t) = trns {
+        png_chunk(&mut out, b"tRNS", t);
+    }
+    let row = [0u8, 0, 1]; // filter type 0, then the two indices
+    let mut idat = vec![0x78, 0x01, 0x01, row.len() as u8, 0, !(row.len() as u8), 0xff];
+    idat.extend_from_slice(&row);
+    let (a, b) = row.iter().fold((1u32, 0u32), |(a, b), &x| ((a + x as u32) % 65521, (b + a + x as u32) % 65521));
+    idat.extend_from_slice(&((b << 16) | a).to_be_bytes());
+    png_chunk(&mut out, b"IDAT", &idat);
+    png_chunk(&mut out, b"IEND", &[]);
+    out
+}
+
 fn small_png() -> Vec<u8> {
     use image::ImageEncoder;
     let (w, h) = (64u32, 48u32);
@@ -201,6 +224,22 @@ fn zero_size_images_are_refused() {
     for (w, h) in [(0, 10), (10, 0), (0, 0)] {
         refused(&png_header(w, h), "png");
         refused(&gif_header(w as u16, h as u16), "gif");
+    }
+}
+
+#[test]
+fn palettes_of_partial_entries_are_refused() {
+    // Found by fuzz/'s media_image target (corpus/media_image/regress-png-palette-length): png
+    // 0.18.1 accepts a PLTE chunk of any length in 3..=768 and panicked expanding the pixels
+    // through one that is not a whole number of RGB entries.
+    let good = decode_image(&indexed_png(&[10, 20, 30, 40, 50, 60], None)).unwrap();
+    assert_eq!(good.data, [10, 20, 30, 40, 50, 60]);
+    let seen = decode_image(&indexed_png(&[10, 20, 30, 40, 50, 60], Some(&[0]))).unwrap();
+    assert_eq!(seen.data, [255, 255, 255, 40, 50, 60]); // index 0 transparent: white
+    for len in [4, 5, 7, 8, 26, 767] {
+        let palette: Vec<u8> = (0..len).map(|i| i as u8).collect();
+        refused(&indexed_png(&palette, None), "palette (PLTE chunk)");
+        refused(&indexed_png(&palette, Some(&[0])), "palette (PLTE chunk)");
     }
 }
 

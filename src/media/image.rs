@@ -91,6 +91,9 @@ pub fn decode_image(bytes: &[u8]) -> Result<RgbImage> {
         Some(other) => return Err(invalid(format!("unsupported image format {other:?} (PNG, JPEG, WebP and GIF are)"))),
         None => return Err(invalid("unknown image format (PNG, JPEG, WebP and GIF are supported)")),
     };
+    if format == image::ImageFormat::Png {
+        check_png_palette(bytes)?;
+    }
     let mut reader = reader;
     let mut limits = Limits::default();
     limits.max_image_width = Some(MAX_IMAGE_SIDE);
@@ -110,6 +113,29 @@ pub fn decode_image(bytes: &[u8]) -> Result<RgbImage> {
     }
     let img = DynamicImage::from_decoder(decoder).map_err(|e| invalid(format!("cannot decode {format:?} image: {e}")))?;
     Ok(to_rgb(img))
+}
+
+/// InvalidArgument for a PNG palette (PLTE chunk) whose length is not a whole number of RGB
+/// entries: the spec makes it an error, and png 0.18.1 takes it (any length of 3..=768) and then
+/// panics expanding an indexed image's pixels through it (`create_rgba_palette` slices the
+/// leftover 1 or 2 bytes as 3; image-rs/image-png#694). Found by fuzz/'s `media_image` target.
+/// Walks the chunk headers only (a truncated file is left to the decoder).
+fn check_png_palette(bytes: &[u8]) -> Result<()> {
+    let mut at = 8usize; // the signature
+    while let Some(head) = at.checked_add(8).and_then(|end| bytes.get(at..end)) {
+        let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        match &head[4..] {
+            b"PLTE" if len % 3 != 0 => {
+                return Err(invalid(format!(
+                    "corrupt PNG image: its palette (PLTE chunk) of {len} bytes is not a whole number of RGB entries"
+                )))
+            }
+            b"IEND" => break,
+            _ => {}
+        }
+        at = at.saturating_add(12).saturating_add(len); // length, type, data, CRC
+    }
+    Ok(())
 }
 
 /// RGB conversion as transformers' `convert_to_rgb` on a PIL image: without transparency PIL's
