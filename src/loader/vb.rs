@@ -72,6 +72,12 @@ impl<'a> Vb<'a> {
         out
     }
 
+    /// The stored shape of tensor `name` of this module (for layouts that differ between
+    /// exporters, e.g. a convolution's PyTorch `[out, in, kh, kw]` or MLX `[out, kh, kw, in]`).
+    pub fn stored_shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.store.borrow().info(&self.path(name)).map(|(shape, _)| shape)
+    }
+
     pub fn contains(&self, name: &str) -> bool {
         self.store.borrow().contains(&self.path(name))
     }

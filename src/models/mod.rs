@@ -8,6 +8,7 @@
 //! live in `crate::nn`; [`run_layers`] and [`LmHead`] cover what every decoder does.
 pub mod deepseek;
 pub mod gemma3_text;
+pub mod gemma3_vision;
 pub mod gemma4_text;
 pub mod gpt_oss;
 pub mod llama;

@@ -27,7 +27,7 @@ pub use linear::{Linear, Projections};
 pub use mlp::{GateActivation, GatedMlp};
 pub use module::Params;
 pub use moe::{Routing, SparseMoe};
-pub use norm::RmsNorm;
+pub use norm::{LayerNorm, RmsNorm};
 pub use quantized_kv_cache::QuantizedKvCache;
 pub use rope::Rope;
 pub use rotating_kv_cache::RotatingKvCache;

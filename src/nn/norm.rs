@@ -33,3 +33,27 @@ impl Params for RmsNorm {
         out.push(&self.weight);
     }
 }
+
+/// LayerNorm with optional weight and bias (fused `fast::layer_norm`), as vision encoders use.
+pub struct LayerNorm {
+    pub weight: Option<Array>,
+    pub bias: Option<Array>,
+    pub eps: f32,
+}
+
+impl LayerNorm {
+    /// Module `vb`'s `weight` and `bias` (`[dim]` each).
+    pub fn load(vb: &Vb, dim: usize, eps: f32) -> Result<Self> {
+        Ok(LayerNorm { weight: Some(vb.get("weight", &[dim])?), bias: Some(vb.get("bias", &[dim])?), eps })
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        fast::layer_norm(x, self.weight.as_ref(), self.bias.as_ref(), self.eps)
+    }
+}
+
+impl Params for LayerNorm {
+    fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
+        out.extend(self.weight.iter().chain(&self.bias));
+    }
+}

@@ -1,0 +1,100 @@
+//! Vision towers against mlx-vlm (issue 15's bar: encoder outputs within 1e-4 in float32).
+//!
+//! The oracle (tests/oracle/gemma3_vision.py, run with the oracle venv, which holds mlx-vlm
+//! 0.7.10) builds mlx-vlm's own Gemma 3 SigLIP tower and projector on tiny random weights, runs
+//! them on random pixels and writes weights, config.json, pixels and outputs; here mlex loads
+//! the same checkpoint (both convolution layouts) and must give the same features.
+mod common;
+
+use common::{read_tensors, repo_root, require_oracle};
+use mlex::loader::{ModelConfig, Vb, WeightStore};
+use mlex::mlx::{Array, Dtype};
+use mlex::models::gemma3_vision::Gemma3Vision;
+use std::cell::RefCell;
+use std::path::Path;
+use std::process::Command;
+
+fn f32_array(t: &common::RawTensor) -> Array {
+    assert_eq!(t.dtype, "F32", "{}", t.name);
+    let values: Vec<f32> = t.data.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    let shape: Vec<i32> = t.shape.iter().map(|&d| d as i32).collect();
+    Array::from_slice(&values, &shape).unwrap()
+}
+
+fn max_abs_diff(a: &Array, b: &Array) -> f32 {
+    assert_eq!(a.shape(), b.shape());
+    let (a, b) = (a.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+    a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// Loads the vision side of the checkpoint in `dir`, checking that it takes every tensor.
+fn load(dir: &Path) -> Gemma3Vision {
+    let path = dir.join("config.json");
+    let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+    let store = RefCell::new(WeightStore::open(dir).unwrap());
+    let vision = Gemma3Vision::load(&cfg.raw, &Vb::new(&store, None)).unwrap().expect("a vision_config");
+    store.into_inner().finish().expect("every tensor of the checkpoint is used");
+    vision
+}
+
+#[test]
+fn gemma3_vision_tower_and_projector_match_mlx_vlm() {
+    let Some(python) = require_oracle("gemma3_vision_tower_and_projector_match_mlx_vlm") else { return };
+    let out = tempfile::tempdir().unwrap();
+    let status = Command::new(&python)
+        .arg(repo_root().join("tests/oracle/gemma3_vision.py"))
+        .arg(out.path())
+        .status()
+        .unwrap();
+    assert!(status.success(), "the oracle failed");
+    let io = read_tensors(&out.path().join("io.safetensors"));
+    let get = |name: &str| f32_array(io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}")));
+    let (pixels, tower, features) = (get("pixel_values"), get("tower"), get("features"));
+
+    // The checkpoint as mlx-vlm converts it (conv [out, kh, kw, in]) and as PyTorch stores it.
+    for weights in ["model.safetensors", "model_torch_conv.safetensors"] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(out.path().join("config.json"), dir.path().join("config.json")).unwrap();
+        std::fs::copy(out.path().join(weights), dir.path().join("model.safetensors")).unwrap();
+        let vision = load(dir.path());
+        assert_eq!((vision.image_size(), vision.tokens_per_image()), (32, 16));
+        let ours_tower = vision.tower(&pixels).unwrap();
+        let d = max_abs_diff(&ours_tower, &tower);
+        assert!(d <= 1e-4, "{weights}: tower differs from mlx-vlm's by {d}");
+        let ours = vision.encode(&pixels).unwrap();
+        let d = max_abs_diff(&ours, &features);
+        assert!(d <= 1e-4, "{weights}: image features differ from mlx-vlm's by {d}");
+        eprintln!("{weights}: max |Δ| features {d:e}");
+    }
+}
+
+#[test]
+fn gemma3_vision_rejects_bad_configs_and_pixels() {
+    // No Python: a config naming an impossible geometry, and pixels of the wrong shape.
+    let dir = tempfile::tempdir().unwrap();
+    let config = serde_json::json!({
+        "model_type": "gemma3",
+        "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                          "num_attention_heads": 4, "patch_size": 4, "image_size": 30},
+        "text_config": {"model_type": "gemma3_text", "hidden_size": 48, "num_hidden_layers": 1,
+                        "vocab_size": 64, "mm_tokens_per_image": 16}
+    });
+    let path = dir.path().join("config.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    common::write_safetensors(&dir.path().join("model.safetensors"), &[common::RawTensor::f32("x", &[1], &[0.0])]);
+    let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+    let store = RefCell::new(WeightStore::open(dir.path()).unwrap());
+    let err = Gemma3Vision::load(&cfg.raw, &Vb::new(&store, None)).err().expect("image_size 30 is not a multiple of 4");
+    assert!(err.to_string().contains("image_size is not a multiple of patch_size"), "{err}");
+
+    let mut bad = cfg.raw.clone();
+    bad["vision_config"]["image_size"] = 32.into();
+    bad["mm_tokens_per_image"] = 15.into();
+    let err = Gemma3Vision::load(&bad, &Vb::new(&store, None)).err().expect("15 tokens is not a square");
+    assert!(err.to_string().contains("mm_tokens_per_image 15"), "{err}");
+
+    // A missing tensor names itself.
+    bad["mm_tokens_per_image"] = 16.into();
+    let err = Gemma3Vision::load(&bad, &Vb::new(&store, None)).err().expect("no weights");
+    assert!(err.to_string().contains("vision_tower.vision_model.embeddings.patch_embedding.weight"), "{err}");
+}
