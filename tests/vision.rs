@@ -27,12 +27,15 @@ fn max_abs_diff(a: &Array, b: &Array) -> f32 {
     a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
-/// Loads the vision side of the checkpoint in `dir`, checking that it takes every tensor.
+/// Loads the vision side of the checkpoint in `dir`, checking that it takes every tensor but the
+/// text model's.
 fn load(dir: &Path) -> Gemma3Vision {
     let path = dir.join("config.json");
     let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
     let store = RefCell::new(WeightStore::open(dir).unwrap());
-    let vision = Gemma3Vision::load(&cfg.raw, &Vb::new(&store, None)).unwrap().expect("a vision_config");
+    let vb = Vb::new(&store, None);
+    let vision = Gemma3Vision::load(&cfg.raw, &vb).unwrap().expect("a vision_config");
+    vb.pp("language_model").discard_all();
     store.into_inner().finish().expect("every tensor of the checkpoint is used");
     vision
 }
@@ -97,4 +100,67 @@ fn gemma3_vision_rejects_bad_configs_and_pixels() {
     bad["mm_tokens_per_image"] = 16.into();
     let err = Gemma3Vision::load(&bad, &Vb::new(&store, None)).err().expect("no weights");
     assert!(err.to_string().contains("vision_tower.vision_model.embeddings.patch_embedding.weight"), "{err}");
+}
+
+fn i32_values(t: &common::RawTensor) -> Vec<i32> {
+    assert_eq!(t.dtype, "I32", "{}", t.name);
+    t.data.chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap())).collect()
+}
+
+/// The whole gemma3 model on an image prompt: mlx-vlm's (tests/oracle/gemma3_vlm.py: vision
+/// tower, projector and language model on tiny random weights, prefill with the image tokens
+/// merged, then greedy decoding) and mlex's give the same merged embeddings, the same first
+/// logits, and the same 32 greedy tokens.
+#[test]
+fn gemma3_image_prompt_matches_mlx_vlm_greedy() {
+    let Some(python) = require_oracle("gemma3_image_prompt_matches_mlx_vlm_greedy") else { return };
+    let out = tempfile::tempdir().unwrap();
+    let status = Command::new(&python)
+        .arg(repo_root().join("tests/oracle/gemma3_vlm.py"))
+        .arg(out.path())
+        .status()
+        .unwrap();
+    assert!(status.success(), "the oracle failed");
+    let io = read_tensors(&out.path().join("io.safetensors"));
+    let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
+    let pixels = f32_array(get("pixel_values"));
+    let ids: Vec<u32> = i32_values(get("input_ids")).into_iter().map(|t| t as u32).collect();
+    let want: Vec<u32> = i32_values(get("tokens")).into_iter().map(|t| t as u32).collect();
+
+    let model_dir = tempfile::tempdir().unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(out.path().join(f), model_dir.path().join(f)).unwrap();
+    }
+    // The tower on its own (pixels in: the oracle's, not decoded from a file), and the text model
+    // from the config without its vision_config (with it, build_model would take the tower too).
+    let vision = load(model_dir.path());
+    let path = model_dir.path().join("config.json");
+    let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    json.as_object_mut().unwrap().remove("vision_config");
+    let cfg = ModelConfig::from_json(&json.to_string(), &path).unwrap();
+    let store = RefCell::new(WeightStore::open(model_dir.path()).unwrap());
+    let model = mlex::models::build_model(&cfg, &Vb::new(&store, None)).unwrap();
+    store.into_inner().finish().expect("every tensor of the checkpoint is used");
+
+    let image_token = cfg.raw["image_token_index"].as_u64().unwrap() as u32;
+    let tokens = Array::from_slice(&ids, &[1, ids.len() as i32]).unwrap();
+    let h = model.embed(&tokens).unwrap();
+    let h = vision.merge_image_tokens(&h, &ids, image_token, &vision.encode(&pixels).unwrap()).unwrap();
+    let d = max_abs_diff(&h, &f32_array(get("embeds")));
+    assert!(d <= 1e-5, "merged embeddings differ from mlx-vlm's by {d}");
+
+    let mut caches = model.make_caches();
+    let logits = model.forward_embeddings(h, &mut caches).unwrap();
+    let l = ids.len() as i32;
+    let last = logits.slice_axis(1, l - 1, l).unwrap().reshape(&[-1]).unwrap();
+    let d = max_abs_diff(&last, &f32_array(get("logits0")));
+    assert!(d <= 1e-4, "first logits differ from mlx-vlm's by {d}");
+    let mut next = last.argmax(0, false).unwrap().astype(Dtype::Uint32).unwrap().to_vec::<u32>().unwrap()[0];
+    let mut got = vec![next];
+    while got.len() < want.len() {
+        let logits = model.forward(&Array::from_slice(&[next], &[1, 1]).unwrap(), &mut caches).unwrap();
+        next = logits.reshape(&[-1]).unwrap().argmax(0, false).unwrap().astype(Dtype::Uint32).unwrap().to_vec::<u32>().unwrap()[0];
+        got.push(next);
+    }
+    assert_eq!(got, want, "greedy tokens differ from mlx-vlm's");
 }

@@ -17,7 +17,10 @@
 //! and the text config's heads default to 8 query / 4 KV heads instead of 4 / 1.
 use super::transformer::validate_heads;
 use super::stack::{Layer, Stack};
+use super::gemma3_vision::Gemma3Vision;
+use super::vision_lm::VisionLm;
 use super::{ArchConfig, Architecture, LmHead, Loadable};
+use crate::media::Gemma3ImageProcessor;
 use crate::error::Result;
 use crate::loader::{check_size, ModelConfig, RopeConfig, RopeFields, Vb};
 use crate::mlx::{Array, Dtype};
@@ -227,7 +230,7 @@ impl Loadable for Gemma3Text {
 
     fn load(c: Gemma3Config, _: &ModelConfig, vb: &Vb) -> Result<Self> {
         let root = if c.is_wrapped() {
-            // Images are not supported yet: the vision side is dropped (mlx-lm's gemma3 sanitize).
+            // The vision side is loaded before (`load_with_vision`); what is left is dropped.
             vb.pp("vision_tower").discard_all();
             vb.pp("multi_modal_projector").discard_all();
             vb.pp("language_model")
@@ -261,7 +264,40 @@ impl Loadable for Gemma3Text {
     }
 }
 
-pub const ARCH: Architecture = Architecture::new::<Gemma3Text>("gemma3_text", &["gemma3"]);
+pub const ARCH: Architecture = Architecture {
+    model_type: "gemma3_text",
+    aliases: &["gemma3"],
+    check: super::check_as::<Gemma3Text>,
+    load: load_with_vision,
+};
+
+/// A gemma3 checkpoint with a `vision_config` gets its vision tower too ([`VisionLm`]); the
+/// tower's tensors are taken first (the text model drops whatever of them is left).
+fn load_with_vision(c: &ModelConfig, vb: &Vb) -> Result<Box<dyn super::CausalLm>> {
+    let vision = if c.raw.get("outer_model_type").and_then(Value::as_str) == Some("gemma3") || c.model_type == "gemma3" {
+        Gemma3Vision::load(&c.raw, vb)?
+    } else {
+        None
+    };
+    let text = super::load_as::<Gemma3Text>(c, vb)?;
+    let Some(vision) = vision else { return Ok(text) };
+    let image_token = c.raw.get("image_token_index").and_then(Value::as_u64).unwrap_or(262_144) as u32;
+    if image_token as usize >= text.vocab_size() {
+        return Err(c.error(format!("image_token_index {image_token} is outside the vocabulary ({})", text.vocab_size())));
+    }
+    let processor = match c.path.parent().map(|d| d.join("preprocessor_config.json")).filter(|p| p.is_file()) {
+        Some(path) => {
+            let text = std::fs::read_to_string(&path).map_err(|e| crate::error::Error::io(format!("reading {}", path.display()), e))?;
+            let json: Value = serde_json::from_str(&text)
+                .map_err(|e| crate::error::Error::checkpoint(&path, format!("not JSON: {e}")))?;
+            Gemma3ImageProcessor::from_preprocessor_config(&json)?
+        }
+        None => Gemma3ImageProcessor::default(),
+    };
+    let size = vision.image_size() as u32;
+    let processor = Gemma3ImageProcessor { height: size, width: size, do_pan_and_scan: false, ..processor };
+    Ok(Box::new(VisionLm::new(text, vision, image_token, processor)))
+}
 
 #[cfg(test)]
 mod tests {

@@ -150,6 +150,7 @@ pub struct Gemma3Vision {
     /// `[vision hidden, text hidden]`.
     projection: Array,
     tokens_per_image: usize,
+    text_hidden: usize,
 }
 
 impl Gemma3Vision {
@@ -190,6 +191,7 @@ impl Gemma3Vision {
             soft_emb_norm: RmsNorm::load_plus_one(&proj.pp("mm_soft_emb_norm"), d, config.layer_norm_eps)?,
             projection: proj.get("mm_input_projection_weight", &[d, text_hidden])?,
             tokens_per_image,
+            text_hidden,
             config,
         }))
     }
@@ -249,6 +251,68 @@ impl Gemma3Vision {
     /// Both: pixels to image tokens.
     pub fn encode(&self, pixels: &Array) -> Result<Array> {
         self.project(&self.tower(pixels)?)
+    }
+
+    /// mlx-vlm's `prepare_inputs_for_multimodal`: the token embeddings `h` `[1, L, text hidden]`
+    /// (unscaled, as `CausalLm::embed` gives them) with each run of `image_token` in `tokens`
+    /// replaced by the next image's tokens of `images` (`encode`'s `[N, tokens_per_image, text
+    /// hidden]`) divided by √hidden: the language model scales every row by √hidden (rounded to
+    /// bfloat16), so image rows reach it as the projector made them, up to that rounding.
+    /// (mlx-vlm divides by the top-level config's `hidden_size`, 2048 when absent, whatever the
+    /// text model's width: a scale of √(width/2048) Hugging Face does not apply. mlex takes the
+    /// text model's width, as mlx-vlm does when the checkpoint's config.json states it.)
+    pub fn merge_image_tokens(&self, h: &Array, tokens: &[u32], image_token: u32, images: &Array) -> Result<Array> {
+        let t = self.tokens_per_image;
+        let (shape, img_shape) = (h.shape(), images.shape());
+        if shape.len() != 3 || shape[0] != 1 || shape[1] as usize != tokens.len() {
+            return Err(Error::InvalidArgument(format!("embeddings {shape:?} do not match {} tokens", tokens.len())));
+        }
+        let mut runs = vec![];
+        let mut i = 0;
+        while i < tokens.len() {
+            if tokens[i] == image_token {
+                let start = i;
+                while i < tokens.len() && tokens[i] == image_token {
+                    i += 1;
+                }
+                if i - start != t {
+                    return Err(Error::InvalidArgument(format!(
+                        "the prompt holds a run of {} image tokens at position {start}; an image takes {t}",
+                        i - start
+                    )));
+                }
+                runs.push(start);
+            } else {
+                i += 1;
+            }
+        }
+        if img_shape.len() != 3 || img_shape[0] as usize != runs.len() || img_shape[1] as usize != t {
+            return Err(Error::InvalidArgument(format!(
+                "the prompt has places for {} image(s) of {t} tokens, the images are {img_shape:?}",
+                runs.len()
+            )));
+        }
+        let scaled = self.merge_scale(images)?.astype(h.dtype())?;
+        let mut parts = vec![];
+        let mut at = 0i32;
+        for (k, &start) in runs.iter().enumerate() {
+            let start = start as i32;
+            if start > at {
+                parts.push(h.slice_axis(1, at, start)?);
+            }
+            parts.push(scaled.slice_axis(0, k as i32, k as i32 + 1)?);
+            at = start + t as i32;
+        }
+        if (at as usize) < tokens.len() {
+            parts.push(h.slice_axis(1, at, tokens.len() as i32)?);
+        }
+        Array::concatenate(&parts.iter().collect::<Vec<_>>(), 1)
+    }
+
+    /// Image tokens as they join the token embeddings: divided by √hidden (see
+    /// [`Self::merge_image_tokens`]).
+    pub fn merge_scale(&self, images: &Array) -> Result<Array> {
+        images.divide(&Array::scalar_f32((self.text_hidden as f64).sqrt() as f32, images.dtype())?)
     }
 
     /// The compute dtype of the tower (its weights').

@@ -24,6 +24,7 @@ pub mod registry;
 pub mod smollm3;
 pub mod stack;
 pub mod transformer;
+pub mod vision_lm;
 
 use crate::error::Result;
 use crate::loader::{ModelConfig, Vb};
@@ -61,6 +62,21 @@ pub trait CausalLm: Params {
 
     /// The float dtype the model computes in.
     fn dtype(&self) -> Dtype;
+
+    /// How the prompt marks an image, for models with a vision tower ([`vision_lm`]).
+    fn image_prompt(&self) -> Option<&vision_lm::ImagePrompt> {
+        None
+    }
+
+    /// The prompt `ids` with each image's run of image tokens replaced by ids standing for that
+    /// image (`images` in prompt order), the images encoded: see [`vision_lm`].
+    fn bind_images(&self, ids: Vec<u32>, images: &[&vision_lm::ImageData]) -> Result<Vec<u32>> {
+        if images.is_empty() {
+            Ok(ids)
+        } else {
+            Err(crate::error::Error::InvalidArgument("this model takes no images (it has no vision tower)".into()))
+        }
+    }
 
     /// Every parameter array (evaluated at load, counted in `weights_bytes`).
     fn parameters(&self) -> Vec<&Array> {
@@ -104,11 +120,11 @@ fn parse_config<M: Loadable>(c: &ModelConfig) -> Result<M::Config> {
     Ok(cfg)
 }
 
-fn check_as<M: Loadable>(c: &ModelConfig) -> Result<()> {
+pub(crate) fn check_as<M: Loadable>(c: &ModelConfig) -> Result<()> {
     parse_config::<M>(c).map(|_| ())
 }
 
-fn load_as<M: Loadable>(c: &ModelConfig, vb: &Vb) -> Result<Box<dyn CausalLm>> {
+pub(crate) fn load_as<M: Loadable>(c: &ModelConfig, vb: &Vb) -> Result<Box<dyn CausalLm>> {
     Ok(Box::new(M::load(parse_config::<M>(c)?, c, vb)?))
 }
 
