@@ -244,6 +244,26 @@ fn palettes_of_partial_entries_are_refused() {
 }
 
 #[test]
+fn jpeg_chroma_sampled_finer_than_luma_is_refused() {
+    // Found by fuzz/'s media_image target: zune-jpeg 0.5.15 panicked in its AVX2 IDCT on this
+    // frame (2 × 2 luma, a third component of 4 × 1 blocks per MCU).
+    let bytes = std::fs::read(repo_root().join("tests/fixtures/jpeg_chroma_finer_than_luma.jpg")).unwrap();
+    refused(&bytes, "more finely than the first component's 2x2");
+    // The frame header (SOF0) holds each component's sampling byte at 11, 14 and 17.
+    let sof = bytes.windows(4).position(|w| w == b"\xff\xc0\x00\x11").unwrap();
+    assert_eq!([bytes[sof + 11], bytes[sof + 14], bytes[sof + 17]], [0x22, 0x11, 0x41]);
+    for (factors, refused_too) in [([0x11, 0x11, 0x44], true), ([0x22, 0x11, 0x14], true), ([0x22, 0x22, 0x11], false)] {
+        let mut b = bytes.clone();
+        (b[sof + 11], b[sof + 14], b[sof + 17]) = (factors[0], factors[1], factors[2]);
+        match decode_image(&b) {
+            Err(Error::InvalidArgument(msg)) => assert_eq!(msg.contains("more finely"), refused_too, "{factors:x?}: {msg}"),
+            Err(e) => panic!("{factors:x?}: {e:?}"),
+            Ok(_) => assert!(!refused_too, "{factors:x?} decoded"),
+        }
+    }
+}
+
+#[test]
 fn huge_headers_are_refused_before_allocating() {
     // 20k × 20k is 400 M pixels (1.2 GB of RGB): refused from the header alone, at once.
     let t = std::time::Instant::now();

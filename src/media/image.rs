@@ -91,8 +91,10 @@ pub fn decode_image(bytes: &[u8]) -> Result<RgbImage> {
         Some(other) => return Err(invalid(format!("unsupported image format {other:?} (PNG, JPEG, WebP and GIF are)"))),
         None => return Err(invalid("unknown image format (PNG, JPEG, WebP and GIF are supported)")),
     };
-    if format == image::ImageFormat::Png {
-        check_png_palette(bytes)?;
+    match format {
+        image::ImageFormat::Png => check_png_palette(bytes)?,
+        image::ImageFormat::Jpeg => check_jpeg_sampling(bytes)?,
+        _ => {}
     }
     let mut reader = reader;
     let mut limits = Limits::default();
@@ -134,6 +136,52 @@ fn check_png_palette(bytes: &[u8]) -> Result<()> {
             _ => {}
         }
         at = at.saturating_add(12).saturating_add(len); // length, type, data, CRC
+    }
+    Ok(())
+}
+
+/// InvalidArgument for a JPEG frame with a component sampled more finely than the first one (a
+/// chroma plane of 4 × 1 blocks per MCU under a 2 × 2 luma, say): zune-jpeg 0.5.15 (the image
+/// crate's JPEG decoder) panics in its IDCT on such a frame (etemesi254/zune-image#361, open).
+/// Encoders give the first component (luma) the largest factors; found by fuzz/'s `media_image`
+/// target. Walks the marker segments as a decoder does (entropy-coded data skipped to the next
+/// marker) and checks every frame header (SOFn).
+fn check_jpeg_sampling(bytes: &[u8]) -> Result<()> {
+    let mut at = 2usize; // SOI
+    while at + 1 < bytes.len() {
+        if bytes[at] != 0xFF {
+            at += 1; // entropy-coded data
+            continue;
+        }
+        let marker = bytes[at + 1];
+        match marker {
+            0xFF => {
+                at += 1; // fill byte
+                continue;
+            }
+            0x00 | 0x01 | 0xD0..=0xD8 => {
+                at += 2; // stuffed 0xFF, TEM, RSTn, SOI: no length
+                continue;
+            }
+            0xD9 => break,
+            _ => {}
+        }
+        let Some(len) = bytes.get(at + 2..at + 4).map(|b| u16::from_be_bytes([b[0], b[1]]) as usize) else { break };
+        let seg = bytes.get(at + 4..(at + 2 + len).min(bytes.len())).unwrap_or(&[]);
+        if matches!(marker, 0xC0..=0xCF) && !matches!(marker, 0xC4 | 0xC8 | 0xCC) && seg.len() >= 6 {
+            let factors: Vec<(u8, u8)> =
+                seg[6..].chunks_exact(3).take(seg[5] as usize).map(|c| (c[1] >> 4, c[1] & 15)).collect();
+            if let Some(&(h0, v0)) = factors.first() {
+                if let Some((i, &(h, v))) = factors.iter().enumerate().find(|(_, &(h, v))| h > h0 || v > v0) {
+                    return Err(invalid(format!(
+                        "unsupported JPEG image: component {} is sampled {h}x{v} per MCU, more finely than \
+                         the first component's {h0}x{v0}",
+                        i + 1
+                    )));
+                }
+            }
+        }
+        at += 2 + len.max(2);
     }
     Ok(())
 }
