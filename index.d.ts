@@ -74,13 +74,18 @@ export interface ChatTemplateOptions {
   addGenerationPrompt?: boolean
 }
 
-/** One part of a multi-part message content. */
+/**
+ * One part of a multi-part message content: text, or an image for models whose
+ * `session.info.supportsImages` (PNG, JPEG, WebP or GIF bytes; remote URLs are not fetched).
+ */
 export interface ContentPart {
-  /** `'text'` (images and audio are accepted in the type for models that support them). */
-  type: 'text' | 'image_url' | 'input_audio' | (string & {})
+  /** `'text'`, or an image: `'image'` (with `image`) or `'image_url'` (with `image_url`). */
+  type: 'text' | 'image' | 'image_url' | (string & {})
   /** The text of a `'text'` part. */
   text?: string
-  /** `{ url }` of an `'image_url'` part. */
+  /** An `'image'` part's image: its bytes, a file path, or a `data:` / `file:` URL. */
+  image?: Uint8Array | string
+  /** `{ url }` of an `'image_url'` part: a `data:` URL (base64), a `file:` URL or a path. */
   imageUrl?: { url: string }
 }
 

@@ -102,10 +102,15 @@ function checkFunction(fn, name) {
   return fn
 }
 
-/** JSON text for the native layer; refuses what JSON would silently change (NaN, Infinity, bigint). */
+/** JSON text for the native layer; refuses what JSON would silently change (NaN, Infinity, bigint).
+ * Bytes (a Buffer or any Uint8Array: an image part's image) travel as a base64 data: URL. */
 function toJson(value, what) {
   try {
     return JSON.stringify(value, function (key, v) {
+      const raw = this[key]
+      if (raw instanceof Uint8Array) {
+        return 'data:application/octet-stream;base64,' + Buffer.from(raw.buffer, raw.byteOffset, raw.byteLength).toString('base64')
+      }
       if (typeof v === 'number' && !Number.isFinite(v)) {
         throw invalid(`${what}${key ? '.' + key : ''} must be a finite number, got ${v}`)
       }

@@ -311,10 +311,15 @@ test('the prompt: system, assistant tool calls, reasoning and tool results reach
   const opts = w.request.body.options
   assert.deepEqual([opts.maxTokens, opts.temperature, opts.topP, opts.topK, opts.seed, opts.stop], [3, 0.5, 0.9, 20, 7, ['\n\n']])
   assert.deepEqual(w.warnings.map((x) => [x.type, x.feature]), [['unsupported', 'presencePenalty'], ['unsupported', 'frequencyPenalty']])
-  // Images are not supported by mlex yet.
+  // Images reach mlex as image parts; this model has no vision tower, so mlex refuses them.
   await assert.rejects(
     generateText({ model, messages: [{ role: 'user', content: [{ type: 'image', image: new Uint8Array([1, 2, 3]), mediaType: 'image/png' }] }] }),
-    (e) => UnsupportedFunctionalityError.isInstance(e) && /image\/png/.test(e.message),
+    (e) => APICallError.isInstance(e) && e.code === 'INVALID_ARGUMENT' && /takes no images/.test(e.message),
+  )
+  // Remote image URLs are not fetched.
+  await assert.rejects(
+    generateText({ model, messages: [{ role: 'user', content: [{ type: 'image', image: new URL('https://example.com/a.png') }] }] }),
+    (e) => UnsupportedFunctionalityError.isInstance(e) || /example\.com/.test(e.message),
   )
 })
 

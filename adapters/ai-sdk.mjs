@@ -391,9 +391,14 @@ function convertPrompt(prompt) {
       case 'system':
         messages.push({ role: 'system', content: message.content })
         break
-      case 'user':
-        messages.push({ role: 'user', content: message.content.map((part) => userPartText(part, prompt)).join('') })
+      case 'user': {
+        // Text (text files inline), and images as mlex image parts (for models whose
+        // session.info.supportsImages; others refuse them with INVALID_ARGUMENT).
+        const parts = message.content.map((part) => userImage(part) ?? { type: 'text', text: userPartText(part, prompt) })
+        const plain = parts.every((p) => p.type === 'text')
+        messages.push({ role: 'user', content: plain ? parts.map((p) => p.text).join('') : parts })
         break
+      }
       case 'assistant': {
         let text = ''
         let reasoning = ''
@@ -431,6 +436,25 @@ function convertPrompt(prompt) {
     }
   }
   return messages
+}
+
+/** An image file part as an mlex image part (bytes or a data: URL); undefined for other parts. */
+function userImage(part) {
+  const type = part.mediaType ?? ''
+  if (part.type !== 'file' || !(type === 'image' || type.startsWith('image/'))) return undefined
+  const data = part.data
+  let image
+  if (data instanceof Uint8Array) image = data
+  else if (typeof data === 'string') image = data.startsWith('data:') ? data : `data:${type};base64,${data}`
+  else if (data?.type === 'data') image = typeof data.data === 'string' ? `data:${type};base64,${data.data}` : data.data
+  else if (data instanceof URL || data?.type === 'url') {
+    const url = String(data instanceof URL ? data : data.url)
+    if (!url.startsWith('data:')) {
+      throw new UnsupportedFunctionalityError({ functionality: `image URLs (${url.slice(0, 40)}): mlex fetches nothing, pass the bytes` })
+    }
+    image = url
+  } else throw new UnsupportedFunctionalityError({ functionality: `image parts of this shape (${type})` })
+  return { type: 'image', image }
 }
 
 /** Text of a user message part: text, or a text file given inline. */

@@ -278,7 +278,7 @@ impl Session {
             dtype: facts.dtype.name().to_string(),
             device: facts.device.as_str().to_string(),
             weights_bytes: facts.weights_bytes,
-            supports_images: false,
+            supports_images: facts.images,
             supports_audio: false,
         };
         Ok(Session {

@@ -164,3 +164,104 @@ fn gemma3_image_prompt_matches_mlx_vlm_greedy() {
     }
     assert_eq!(got, want, "greedy tokens differ from mlx-vlm's");
 }
+
+/// A byte-level tokenizer over the oracle model's 320 ids: bytes 0..=255, Gemma 3's image and
+/// turn tokens at 300..=306 (300 is the config's image_token_index), fillers elsewhere.
+fn write_gemma3_tokenizer(dir: &Path) {
+    let mut tok = common::tiny_tokenizer_json();
+    let specials = [
+        (300, "<image_soft_token>"),
+        (301, "<start_of_image>"),
+        (302, "<end_of_image>"),
+        (303, "<start_of_turn>"),
+        (304, "<end_of_turn>"),
+        (305, "<bos>"),
+        (306, "<eos>"),
+    ];
+    let vocab = tok["model"]["vocab"].as_object_mut().unwrap();
+    vocab.retain(|_, id| id.as_u64().unwrap() < 256);
+    let mut added = vec![];
+    for id in 256..320u64 {
+        let content = specials.iter().find(|(i, _)| *i == id).map_or(format!("<unused_{id}>"), |(_, s)| s.to_string());
+        vocab.insert(content.clone(), id.into());
+        added.push(serde_json::json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+                                      "rstrip": false, "normalized": false, "special": true}));
+    }
+    tok["added_tokens"] = added.into();
+    std::fs::write(dir.join("tokenizer.json"), tok.to_string()).unwrap();
+    // Gemma 3's template, cut down: image parts become <start_of_image>.
+    let template = "{{ bos_token }}{% for message in messages %}<start_of_turn>{{ message['role'] }}\n\
+        {% if message['content'] is string %}{{ message['content'] }}{% else %}{% for item in message['content'] %}\
+        {% if item['type'] == 'image' %}<start_of_image>{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}\
+        {% endfor %}{% endif %}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}";
+    let config = serde_json::json!({"bos_token": "<bos>", "eos_token": "<eos>", "chat_template": template,
+                                    "tokenizer_class": "PreTrainedTokenizerFast"});
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+}
+
+/// Images through a whole session: a message's image part reaches the model (the same image
+/// gives the same reply, from the prompt cache the second time), a different image is never
+/// served from the first one's cache, inline data URLs work like bytes, and bad images, image
+/// parts for a text-only model and a template that places no image marker are clear errors.
+#[test]
+fn gemma3_images_through_a_session() {
+    use mlex::chat::{parse_messages_json, ContentPart, ImageData};
+    use mlex::{ChatMessage, GenerateOptions, Session};
+
+    let Some(python) = require_oracle("gemma3_images_through_a_session") else { return };
+    let out = tempfile::tempdir().unwrap();
+    let ok = Command::new(&python).arg(repo_root().join("tests/oracle/gemma3_vlm.py")).arg(out.path()).status().unwrap();
+    assert!(ok.success(), "the oracle failed");
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(out.path().join(f), dir.path().join(f)).unwrap();
+    }
+    write_gemma3_tokenizer(dir.path());
+    let session = Session::load(dir.path()).unwrap();
+    assert!(session.info().supports_images);
+
+    let seed = |name: &str| std::fs::read(repo_root().join("fuzz/corpus/media_image").join(name)).unwrap();
+    let (png, webp) = (seed("seed-png-rgba"), seed("seed-webp-lossless-rgba"));
+    let ask = |img: &[u8]| {
+        vec![ChatMessage::user_with_images(vec![
+            ContentPart::Text("look: ".into()),
+            ContentPart::Image(ImageData::new(img.to_vec())),
+            ContentPart::Text("what is it?".into()),
+        ])]
+    };
+    let opts = GenerateOptions { max_tokens: 6, ignore_eos: true, ..Default::default() };
+    // Where the image's tokens start: the template's marker, after the "\n\n" the processor adds.
+    let ids = session.encode_messages(&ask(&png), None, None).unwrap();
+    let image_start = ids.iter().position(|&t| t == 301).unwrap() + 3;
+
+    let first = session.generate(&ask(&png), opts.clone()).unwrap();
+    assert_eq!(first.usage.prompt_tokens, ids.len() + 2 + 16 + 1 + 2, "the marker expands to 2 + 1 + 16 + 1 + 2 tokens");
+    let again = session.generate(&ask(&png), opts.clone()).unwrap();
+    assert_eq!(again.tokens, first.tokens);
+    assert!(again.usage.cached_tokens >= image_start + 16, "{} cached", again.usage.cached_tokens);
+    let other = session.generate(&ask(&webp), opts.clone()).unwrap();
+    assert!(other.usage.cached_tokens <= image_start, "another image reused {} cached tokens", other.usage.cached_tokens);
+    assert_ne!(other.logprobs, first.logprobs, "the image does not reach the model");
+
+    // The same image inline, as an OpenAI client sends it.
+    use base64::Engine as _;
+    let url = format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(&png));
+    let json = serde_json::json!([{"role": "user", "content": [
+        {"type": "text", "text": "look: "}, {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "what is it?"}]}]);
+    let parsed = parse_messages_json(&json.to_string()).unwrap();
+    assert_eq!(parsed, ask(&png));
+    assert_eq!(session.generate(&parsed, opts.clone()).unwrap().tokens, first.tokens);
+
+    // Bad input.
+    let err = session.generate(&ask(b"not an image"), opts.clone()).unwrap_err().to_string();
+    assert!(err.contains("image 1 of the conversation") && err.contains("image"), "{err}");
+    // A marker typed in the text: two places for one image.
+    let mut typed = ask(&png);
+    typed[0].content.push_str(" <start_of_image>");
+    let err = session.generate(&typed, opts.clone()).unwrap_err().to_string();
+    assert!(err.contains("placed 2 image marker(s)") && err.contains("for 1 image"), "{err}");
+    let text_only = Session::load(common::tiny_llama_dir().path()).unwrap();
+    assert!(!text_only.info().supports_images);
+    let err = text_only.generate(&ask(&png), opts).unwrap_err().to_string();
+    assert!(err.contains("takes no images"), "{err}");
+}

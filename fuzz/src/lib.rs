@@ -9,6 +9,8 @@
 #[path = "../../src/error.rs"]
 pub mod error;
 
+#[path = "../../src/chat/media.rs"]
+pub mod chat_media;
 #[path = "../../src/chat/messages.rs"]
 mod messages;
 #[path = "../../src/chat/parse.rs"]
@@ -20,7 +22,7 @@ pub mod stream;
 #[path = "../../src/chat/tools.rs"]
 pub mod tools;
 
-pub use messages::{parse_messages_json, parse_tools_json, ChatMessage, FunctionDef, Role, Tool, ToolCall};
+pub use messages::{parse_messages_json, parse_messages_json_with, parse_tools_json, ChatMessage, ContentPart, FunctionDef, Role, Tool, ToolCall};
 
 /// The same names as `mlex::chat`.
 pub mod chat {
@@ -28,7 +30,9 @@ pub mod chat {
     pub use super::stream::{self, OutputClassifier, Part, Segment, SpanKind};
     pub use super::parse::{self, parse_tool_calls, parse_tool_calls_with_tools};
     pub use super::tools::ToolCallFormat;
-    pub use super::{parse_messages_json, parse_tools_json, ChatMessage, Role, Tool, ToolCall};
+    pub use super::chat_media as media;
+    pub use super::chat_media::{ImageData, MediaAccess, MessageImage};
+    pub use super::{parse_messages_json, parse_messages_json_with, parse_tools_json, ChatMessage, ContentPart, Role, Tool, ToolCall};
 }
 
 // The other files sit at the crate root too, each file's `super::` being its siblings (a
@@ -99,6 +103,8 @@ pub mod media {
     pub use super::media_image::{
         decode_image, resize_bilinear, Gemma3ImageProcessor, PixelValues, RgbImage, MAX_IMAGE_PIXELS,
     };
+    // (chat/messages.rs, at the crate root here, reads `super::media` as mlex's `chat::media`)
+    pub use super::chat_media::*;
 }
 
 /// `mlex::serve`'s request parsing.

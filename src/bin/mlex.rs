@@ -387,6 +387,10 @@ struct GenerateArgs {
     /// Use --prompt as raw text, without the chat template.
     #[arg(long)]
     raw: bool,
+    /// An image file (PNG, JPEG, WebP, GIF) shown with --prompt, before its text; repeatable.
+    /// Needs a model with a vision tower (e.g. a gemma3 checkpoint with its vision_config).
+    #[arg(long, requires = "prompt")]
+    image: Vec<PathBuf>,
     /// A JSON file with OpenAI-style tool definitions.
     #[arg(long)]
     tools: Option<PathBuf>,
@@ -651,8 +655,17 @@ fn generate(a: GenerateArgs) -> mlex::Result<()> {
     } else {
         let prompt = a.prompt.as_deref().unwrap_or_default();
         let templated = !a.raw && session.tokenizer()?.has_chat_template();
+        if !a.image.is_empty() && !templated {
+            return Err(mlex::Error::InvalidArgument("--image needs the model's chat template (not --raw)".into()).into());
+        }
         if templated {
-            session.generate_cached(&[ChatMessage::user(prompt)], tools.as_deref(), opts, stream)?
+            let mut parts = a
+                .image
+                .iter()
+                .map(|p| mlex::chat::media::read_file(p).map(mlex::chat::ContentPart::Image))
+                .collect::<mlex::Result<Vec<_>>>()?;
+            parts.push(mlex::chat::ContentPart::Text(prompt.to_string()));
+            session.generate_cached(&[ChatMessage::user_with_images(parts)], tools.as_deref(), opts, stream)?
         } else {
             session.generate_text(prompt, opts, stream)?
         }

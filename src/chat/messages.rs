@@ -8,6 +8,7 @@ use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::media::{image_from_part, is_image_part, MediaAccess, MessageImage};
 use crate::error::{Error, Result};
 
 /// Who wrote a message.
@@ -70,6 +71,8 @@ pub struct ChatMessage {
     pub role: Role,
     /// The text; content parts are joined on input, `null` becomes "".
     pub content: String,
+    /// Image parts, each at its byte offset in `content` (in order).
+    pub images: Vec<MessageImage>,
     /// The model's thinking, for templates that re-render it (`reasoning_content`).
     pub reasoning: Option<String>,
     pub tool_calls: Vec<ToolCall>,
@@ -79,10 +82,37 @@ pub struct ChatMessage {
 }
 
 impl ChatMessage {
+    /// The content as parts, text and images in order (empty text left out), as Hugging Face
+    /// chat templates read it: `{"type": "text", "text"}` and `{"type": "image"}` (with
+    /// `with_data`, the image as an OpenAI `image_url` data URL instead).
+    pub fn content_parts_json(&self, with_data: bool) -> Value {
+        use base64::Engine as _;
+        let mut parts = vec![];
+        let mut from = 0;
+        for img in &self.images {
+            let at = img.at.min(self.content.len());
+            if at > from {
+                parts.push(serde_json::json!({"type": "text", "text": &self.content[from..at]}));
+            }
+            from = at.max(from);
+            parts.push(if with_data {
+                let data = base64::engine::general_purpose::STANDARD.encode(&img.image.bytes);
+                serde_json::json!({"type": "image_url", "image_url": {"url": format!("data:application/octet-stream;base64,{data}")}})
+            } else {
+                serde_json::json!({"type": "image"})
+            });
+        }
+        if from < self.content.len() {
+            parts.push(serde_json::json!({"type": "text", "text": &self.content[from..]}));
+        }
+        Value::Array(parts)
+    }
+
     pub fn new(role: Role, content: impl Into<String>) -> Self {
         ChatMessage {
             role,
             content: content.into(),
+            images: Vec::new(),
             reasoning: None,
             tool_calls: Vec::new(),
             tool_call_id: None,
@@ -107,6 +137,17 @@ impl ChatMessage {
     }
     pub fn assistant_with_reasoning(content: impl Into<String>, reasoning: impl Into<String>) -> Self {
         ChatMessage { reasoning: Some(reasoning.into()), ..Self::assistant(content) }
+    }
+    /// A user message of `parts`, in order: text, or an image.
+    pub fn user_with_images(parts: Vec<ContentPart>) -> Self {
+        let mut m = Self::user("");
+        for p in parts {
+            match p {
+                ContentPart::Text(t) => m.content.push_str(&t),
+                ContentPart::Image(image) => m.images.push(MessageImage { at: m.content.len(), image }),
+            }
+        }
+        m
     }
     pub fn assistant_with_tool_calls(content: impl Into<String>, tool_calls: Vec<ToolCall>) -> Self {
         ChatMessage { tool_calls, ..Self::assistant(content) }
@@ -170,8 +211,21 @@ impl ToolCall {
     }
 }
 
-/// Parses `--messages FILE.json`: a bare array of messages or `{"messages": [...]}`.
+/// A part of a message's content.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ContentPart {
+    Text(String),
+    Image(super::media::ImageData),
+}
+
+/// Parses `--messages FILE.json`: a bare array of messages or `{"messages": [...]}`. Image parts
+/// may name local files (the caller's own): see [`parse_messages_json_with`].
 pub fn parse_messages_json(text: &str) -> Result<Vec<ChatMessage>> {
+    parse_messages_json_with(text, MediaAccess::LocalFiles)
+}
+
+/// [`parse_messages_json`], image parts reading only what `access` allows.
+pub fn parse_messages_json_with(text: &str, access: MediaAccess) -> Result<Vec<ChatMessage>> {
     let value: Value = serde_json::from_str(text)
         .map_err(|e| Error::InvalidArgument(format!("messages are not valid JSON: {e}")))?;
     let list = match value {
@@ -194,7 +248,7 @@ pub fn parse_messages_json(text: &str) -> Result<Vec<ChatMessage>> {
     let messages = items
         .into_iter()
         .enumerate()
-        .map(|(i, item)| message_from_value(item).map_err(|e| prefix_index("message", i, e)))
+        .map(|(i, item)| message_from_value(item, access).map_err(|e| prefix_index("message", i, e)))
         .collect::<Result<Vec<_>>>()?;
     check_tool_results(&messages)?;
     Ok(messages)
@@ -264,7 +318,7 @@ fn invalid(msg: impl Into<String>) -> Error {
     Error::InvalidArgument(msg.into())
 }
 
-fn message_from_value(value: Value) -> Result<ChatMessage> {
+fn message_from_value(value: Value, access: MediaAccess) -> Result<ChatMessage> {
     let Value::Object(mut obj) = value else {
         return Err(invalid("a message must be a JSON object"));
     };
@@ -273,7 +327,7 @@ fn message_from_value(value: Value) -> Result<ChatMessage> {
         Some(_) => return Err(invalid("\"role\" must be a string")),
         None => return Err(invalid("missing \"role\"")),
     };
-    let content = content_from_value(obj.remove("content").unwrap_or(Value::Null))?;
+    let (content, images) = content_from_value(obj.remove("content").unwrap_or(Value::Null), access)?;
     let reasoning = match (obj.remove("reasoning"), obj.remove("reasoning_content")) {
         (Some(a), _) if !a.is_null() => Some(string_field("reasoning", a)?),
         (_, Some(b)) if !b.is_null() => Some(string_field("reasoning_content", b)?),
@@ -293,7 +347,7 @@ fn message_from_value(value: Value) -> Result<ChatMessage> {
     };
     let tool_call_id = optional_string(&mut obj, "tool_call_id")?;
     let name = optional_string(&mut obj, "name")?;
-    Ok(ChatMessage { role, content, reasoning, tool_calls, tool_call_id, name })
+    Ok(ChatMessage { role, content, images, reasoning, tool_calls, tool_call_id, name })
 }
 
 fn string_field(field: &str, v: Value) -> Result<String> {
@@ -311,14 +365,15 @@ fn optional_string(obj: &mut Map<String, Value>, field: &str) -> Result<Option<S
 }
 
 /// `content` may be a string, null, or OpenAI content parts; text parts are joined with no
-/// separator (as mlx-lm's server does).
-fn content_from_value(v: Value) -> Result<String> {
+/// separator (as mlx-lm's server does), image parts are kept at their place in the text.
+fn content_from_value(v: Value, access: MediaAccess) -> Result<(String, Vec<MessageImage>)> {
     match v {
-        Value::Null => Ok(String::new()),
-        Value::String(s) => Ok(s),
+        Value::Null => Ok((String::new(), vec![])),
+        Value::String(s) => Ok((s, vec![])),
         Value::Array(parts) => {
             let mut text = String::new();
-            for part in parts {
+            let mut images = vec![];
+            for (i, part) in parts.into_iter().enumerate() {
                 match part {
                     Value::String(s) => text.push_str(&s),
                     Value::Object(p) => {
@@ -328,14 +383,14 @@ fn content_from_value(v: Value) -> Result<String> {
                                 Some(Value::String(s)) => text.push_str(s),
                                 _ => return Err(invalid("a text content part needs a string \"text\"")),
                             },
-                            "image_url" | "image" | "input_image" => {
-                                return Err(invalid(
-                                    "image content parts are not supported yet (text-only models)",
-                                ))
+                            kind if is_image_part(kind) => {
+                                let image = image_from_part(&p, access)
+                                    .map_err(|e| invalid(format!("content part {i}: {}", strip_prefix(&e))))?;
+                                images.push(MessageImage { at: text.len(), image });
                             }
                             other => {
                                 return Err(invalid(format!(
-                                    "unsupported content part type {other:?} (only \"text\")"
+                                    "unsupported content part type {other:?} (text and image parts are)"
                                 )))
                             }
                         }
@@ -343,7 +398,7 @@ fn content_from_value(v: Value) -> Result<String> {
                     _ => return Err(invalid("content parts must be objects")),
                 }
             }
-            Ok(text)
+            Ok((text, images))
         }
         _ => Err(invalid("\"content\" must be a string, null or an array of content parts")),
     }
@@ -407,7 +462,8 @@ fn tool_from_value(v: Value) -> Result<Tool> {
 
 impl<'de> Deserialize<'de> for ChatMessage {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        message_from_value(Value::deserialize(d)?).map_err(|e| de::Error::custom(strip_prefix(&e)))
+        // Deserialized messages come from wire formats: images inline only.
+        message_from_value(Value::deserialize(d)?, MediaAccess::InlineOnly).map_err(|e| de::Error::custom(strip_prefix(&e)))
     }
 }
 
@@ -439,7 +495,11 @@ impl Serialize for ChatMessage {
     fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
         let mut m = s.serialize_map(None)?;
         m.serialize_entry("role", &self.role)?;
-        m.serialize_entry("content", &self.content)?;
+        if self.images.is_empty() {
+            m.serialize_entry("content", &self.content)?;
+        } else {
+            m.serialize_entry("content", &self.content_parts_json(true))?;
+        }
         if let Some(r) = &self.reasoning {
             m.serialize_entry("reasoning", r)?;
         }
@@ -483,13 +543,48 @@ mod tests {
     }
 
     #[test]
-    fn image_parts_rejected() {
-        let err = parse_messages_json(
-            r#"[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]"#,
-        )
-        .unwrap_err();
-        assert!(matches!(err, Error::InvalidArgument(_)));
-        assert!(err.to_string().contains("image"), "{err}");
+    fn image_parts() {
+        use crate::chat::media::MediaAccess;
+        // Inline (base64 of the 4 bytes "abcd": decoding is the model's business), a file, a
+        // path, each at its place in the text.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pic.png");
+        std::fs::write(&file, b"efgh").unwrap();
+        let json = json!([{"role": "user", "content": [
+            {"type": "text", "text": "a"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,YWJjZA=="}},
+            {"type": "text", "text": "b"},
+            {"type": "image", "image": format!("file://{}", file.display())},
+            {"type": "input_image", "image_url": file.display().to_string()},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "YWJjZA=="}}]}]);
+        let m = &parse_messages_json(&json.to_string()).unwrap()[0];
+        assert_eq!(m.content, "ab");
+        let got: Vec<(usize, &[u8])> = m.images.iter().map(|i| (i.at, &i.image.bytes[..])).collect();
+        assert_eq!(got, [(1, &b"abcd"[..]), (2, b"efgh"), (2, b"efgh"), (2, b"abcd")]);
+        assert_eq!(m.content_parts_json(false), json!([{"type": "text", "text": "a"}, {"type": "image"},
+            {"type": "text", "text": "b"}, {"type": "image"}, {"type": "image"}, {"type": "image"}]));
+        // Serialized with its images inline, it reads back the same.
+        let back: ChatMessage = serde_json::from_value(serde_json::to_value(m).unwrap()).unwrap();
+        assert_eq!(&back, m);
+
+        let bad = |part: serde_json::Value, access: MediaAccess| {
+            let json = json!([{"role": "user", "content": [part]}]);
+            parse_messages_json_with(&json.to_string(), access).unwrap_err().to_string()
+        };
+        let path = json!({"type": "image_url", "image_url": {"url": file.display().to_string()}});
+        assert!(bad(path, MediaAccess::InlineOnly).contains("as data: URLs"));
+        let remote = json!({"type": "image_url", "image_url": {"url": "https://example.com/a.png"}});
+        assert!(bad(remote, MediaAccess::LocalFiles).contains("remote image URLs are not fetched"));
+        let missing = json!({"type": "image", "image": "/no/such/file.png"});
+        assert!(bad(missing, MediaAccess::LocalFiles).contains("/no/such/file.png"));
+        let garbled = json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}});
+        assert!(bad(garbled, MediaAccess::LocalFiles).contains("content part 0: inline image is not valid base64"));
+        let plain = json!({"type": "image_url", "image_url": {"url": "data:image/png,abc"}});
+        assert!(bad(plain, MediaAccess::LocalFiles).contains("must be base64"));
+        let empty = json!({"type": "image_url"});
+        assert!(bad(empty, MediaAccess::LocalFiles).contains("needs \"image_url\""));
+        let audio = json!({"type": "input_audio", "input_audio": {"data": "", "format": "wav"}});
+        assert!(bad(audio, MediaAccess::LocalFiles).contains("unsupported content part type \"input_audio\""));
     }
 
     #[test]

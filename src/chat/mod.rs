@@ -4,6 +4,7 @@
 //! whole-reply parsing through that classifier (`parse`).
 mod call_grammar;
 pub mod generic;
+pub mod media;
 mod messages;
 pub mod parse;
 pub mod reasoning;
@@ -11,8 +12,10 @@ pub mod stream;
 pub mod tool_choice;
 pub mod tools;
 
+pub use media::{ImageData, MediaAccess, MessageImage};
 pub use messages::{
-    parse_messages_json, parse_tools_json, ChatMessage, FunctionDef, Role, Tool, ToolCall,
+    parse_messages_json, parse_messages_json_with, parse_tools_json, ChatMessage, ContentPart, FunctionDef, Role, Tool,
+    ToolCall,
 };
 pub use parse::{parse_tool_calls, parse_tool_calls_any, parse_tool_calls_with_tools, split_reasoning, ParsedToolCalls, SplitReasoning};
 pub use reasoning::ReasoningFormat;

@@ -11,7 +11,8 @@ use super::prompt_cache::{PromptCacheConfig, PromptCachePool};
 use super::prompt_disk::{self, DiskCache};
 use super::request::{self, Reply};
 use super::speculative::{self, DraftModel, Drafts};
-use crate::chat::{ChatMessage, Tool};
+use crate::chat::{ChatMessage, ImageData, Tool};
+use crate::models::vision_lm::is_media_token;
 use crate::error::{Error, Result};
 use crate::loader::{ModelConfig, Vb, WeightStore};
 use crate::mlx::{self, Device, Dtype};
@@ -111,6 +112,8 @@ pub struct LoadedFacts {
     pub dtype: Dtype,
     pub device: Device,
     pub weights_bytes: usize,
+    /// The model has a vision tower (image parts are taken).
+    pub images: bool,
 }
 
 pub(super) struct Engine {
@@ -301,7 +304,7 @@ fn load(spec: &EngineSpec) -> Result<(Engine, LoadedFacts)> {
     let weights_bytes = params.iter().map(|a| a.nbytes()).sum();
     let dtype = model.dtype();
     drop(params);
-    let facts = LoadedFacts { dtype, device: spec.device, weights_bytes };
+    let facts = LoadedFacts { dtype, device: spec.device, weights_bytes, images: model.image_prompt().is_some() };
     // Measured here, while the session may still be loading the tokenizer on its thread.
     let kv_per_token = if model.batchable() { kv_bytes_per_token(model.as_ref()).ok() } else { None };
     crate::startup_trace::mark("kv bytes per token measured");
@@ -396,7 +399,14 @@ impl Engine {
                 let tok = self.tokenizer.as_deref().ok_or_else(|| {
                     Error::Tokenizer("this model has no tokenizer.json: only token-id prompts work".into())
                 })?;
-                tok.encode_chat(messages, job.tools.as_deref(), *enable_thinking)?
+                let images: Vec<&ImageData> = messages.iter().flat_map(|m| m.images.iter().map(|i| &i.image)).collect();
+                if let (Some(i), None) = (messages.iter().position(|m| !m.images.is_empty()), self.model.image_prompt()) {
+                    return Err(Error::InvalidArgument(format!(
+                        "message {i} holds an image, and this model takes no images (it has no vision tower)"
+                    )));
+                }
+                let ids = tok.encode_chat_with_images(messages, job.tools.as_deref(), *enable_thinking, self.model.image_prompt())?;
+                self.model.bind_images(ids, &images)?
             }
         };
         if ids.is_empty() {
@@ -429,7 +439,11 @@ impl Engine {
         let mut snapshot = None;
         let snap = if use_pool { Some(&mut snapshot) } else { None };
         let constraint = self.constraint(prompt, opts)?;
-        let plan = self.drafts.plan(opts, self.model.as_ref(), self.tokenizer.as_deref(), constraint.is_some())?;
+        let mut plan = self.drafts.plan(opts, self.model.as_ref(), self.tokenizer.as_deref(), constraint.is_some())?;
+        // A draft model sees no images: an image prompt decodes without it (prompt lookup works).
+        if matches!(plan, Some((speculative::Drafter::Model(_), _))) && prompt.iter().any(|&t| is_media_token(t)) {
+            plan = None;
+        }
         let speculated = plan.is_some();
         if speculated && opts.kv_cache.max_kv_size.is_some() {
             return Err(Error::InvalidArgument(

@@ -4,6 +4,7 @@
 use super::constraint::Constraint;
 use super::options::GenerateOptions;
 use super::sampler::Sampler;
+use crate::models::vision_lm::is_media_token;
 use crate::error::{Error, Result};
 use crate::mlx::{async_eval, eval, memory_stats, reset_peak_memory, Array, Dtype};
 use crate::models::CausalLm;
@@ -347,7 +348,11 @@ pub(crate) fn prepare(model: &dyn CausalLm, caches: &mut LayerCaches, prompt: &[
         return Err(Error::InvalidArgument("the prompt is empty: at least one token is needed".into()));
     }
     let vocab = model.vocab_size() as u32;
-    if let Some(bad) = prompt.iter().find(|&&t| t >= vocab) {
+    let images = model.image_prompt().is_some();
+    if let Some(&bad) = prompt.iter().find(|&&t| t >= vocab && !(images && is_media_token(t))) {
+        if is_media_token(bad) {
+            return Err(Error::InvalidArgument("the prompt holds images, and this model takes none".into()));
+        }
         return Err(Error::InvalidArgument(format!("prompt token id {bad} is outside the vocabulary (size {vocab})")));
     }
     opts.sampling.validate().map_err(Error::InvalidArgument)?;

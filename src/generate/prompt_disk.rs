@@ -324,6 +324,11 @@ impl DiskCache {
         if caches.offset() != tokens.len() || tokens.is_empty() {
             return Ok(());
         }
+        // Ids standing for images are this session's own (their slots are given in the order
+        // images arrive): another process would read them as other images.
+        if tokens.iter().any(|&t| crate::models::vision_lm::is_media_token(t)) {
+            return Ok(());
+        }
         let Some(saved) = caches.save()? else { return Ok(()) };
         self.refresh();
         let trim_floor = caches.trim_floor();

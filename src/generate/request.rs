@@ -192,7 +192,13 @@ impl TopLogprobs {
 /// reasoning), if any: the reply starts inside it.
 pub fn prompt_opens_reasoning(tokenizer: Option<&Tokenizer>, prompt: &[u32]) -> Result<Option<crate::chat::ReasoningFormat>> {
     let (Some(t), Some(f)) = (tokenizer, tokenizer.and_then(|t| t.reasoning_format())) else { return Ok(None) };
-    let tail = t.decode(&prompt[prompt.len().saturating_sub(16)..], false)?;
+    // (ids standing for image tokens have no text)
+    let tail: Vec<u32> = prompt[prompt.len().saturating_sub(16)..]
+        .iter()
+        .copied()
+        .filter(|&id| !crate::models::vision_lm::is_media_token(id))
+        .collect();
+    let tail = t.decode(&tail, false)?;
     Ok(f.prompt_opens_reasoning(&tail).then_some(f))
 }
 

@@ -15,6 +15,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
+pub use crate::chat::ImageData;
+
 use super::gemma3_vision::Gemma3Vision;
 use super::CausalLm;
 use crate::error::{Error, Result};
@@ -31,29 +33,6 @@ pub const KEPT_IMAGES: usize = 64;
 /// Whether a prompt id stands for an image token.
 pub fn is_media_token(id: u32) -> bool {
     id >= MEDIA_TOKEN_BASE
-}
-
-/// An image as a message carries it: its encoded bytes (PNG, JPEG, WebP, GIF) and their hash.
-#[derive(Debug, Clone)]
-pub struct ImageData {
-    pub bytes: std::sync::Arc<[u8]>,
-    pub hash: u64,
-}
-
-impl ImageData {
-    pub fn new(bytes: Vec<u8>) -> Self {
-        ImageData { hash: fnv1a64(&bytes), bytes: bytes.into() }
-    }
-}
-
-impl PartialEq for ImageData {
-    fn eq(&self, other: &Self) -> bool {
-        self.hash == other.hash && self.bytes == other.bytes
-    }
-}
-
-fn fnv1a64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
 /// How a model's prompt marks an image (what its processor writes for each image marker the
@@ -242,7 +221,11 @@ impl CausalLm for VisionLm {
             let image = next.next().ok_or_else(|| {
                 Error::InvalidArgument("the prompt has more image places than the messages have images".into())
             })?;
-            let first = self.image_slot(image)?;
+            let n = images.len() - next.len();
+            let first = self.image_slot(image).map_err(|e| match e {
+                Error::InvalidArgument(m) => Error::InvalidArgument(format!("image {n} of the conversation: {m}")),
+                other => other,
+            })?;
             out.extend((0..t as u32).map(|k| first + k));
             i += run;
         }

@@ -137,15 +137,19 @@ pub struct ToolCall {
     pub function: ToolCallFunction,
 }
 
-/// One part of a multi-part message content.
+/// One part of a multi-part message content: text, or an image for models whose
+/// `session.info.supportsImages` (PNG, JPEG, WebP or GIF bytes; remote URLs are not fetched).
 #[napi(object, object_to_js = false)]
 pub struct ContentPart {
-    /// `'text'` (images and audio are accepted in the type for models that support them).
-    #[napi(js_name = "type", ts_type = "'text' | 'image_url' | 'input_audio' | (string & {})")]
+    /// `'text'`, or an image: `'image'` (with `image`) or `'image_url'` (with `image_url`).
+    #[napi(js_name = "type", ts_type = "'text' | 'image' | 'image_url' | (string & {})")]
     pub kind: String,
     /// The text of a `'text'` part.
     pub text: Option<String>,
-    /// `{ url }` of an `'image_url'` part.
+    /// An `'image'` part's image: its bytes, a file path, or a `data:` / `file:` URL.
+    #[napi(ts_type = "Uint8Array | string")]
+    pub image: Option<Value>,
+    /// `{ url }` of an `'image_url'` part: a `data:` URL (base64), a `file:` URL or a path.
     #[napi(ts_type = "{ url: string }")]
     pub image_url: Option<Value>,
 }

@@ -5,7 +5,7 @@
 //! build from the fields, so the fuzz crate compiles it on its own
 //! (fuzz/fuzz_targets/serve_request.rs).
 use super::error::ApiError;
-use crate::chat::{parse_messages_json, parse_tools_json, ChatMessage, Role, Tool, ToolCall};
+use crate::chat::{parse_messages_json_with, parse_tools_json, ChatMessage, MediaAccess, Role, Tool, ToolCall};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 
@@ -148,7 +148,9 @@ pub(crate) fn option_fields(body: &Map<String, Value>, top_logprobs: Option<usiz
 /// A chat completion's messages and tools.
 pub(crate) fn chat_request(body: &Map<String, Value>) -> Result<(Vec<ChatMessage>, Option<Vec<Tool>>), ApiError> {
     let messages = body.get("messages").ok_or_else(|| ApiError::bad("messages is required").param("messages"))?;
-    let messages = parse_messages_json(&messages.to_string()).map_err(|e| ApiError::from(e).param("messages"))?;
+    // A client sends images inline (data: URLs): the server reads none of its own files for it.
+    let messages = parse_messages_json_with(&messages.to_string(), MediaAccess::InlineOnly)
+        .map_err(|e| ApiError::from(e).param("messages"))?;
     let tools = match body.get("tools").filter(|t| !t.is_null()) {
         Some(t) => Some(parse_tools_json(&t.to_string()).map_err(|e| ApiError::from(e).param("tools"))?),
         None => None,
@@ -260,7 +262,7 @@ fn text_of(v: &Value, what: &str) -> Result<String, ApiError> {
                 match (b.get("type").and_then(Value::as_str), b.get("text").and_then(Value::as_str)) {
                     (Some("text"), Some(t)) => parts.push(t),
                     (Some(k @ ("image" | "document")), _) => {
-                        return Err(ApiError::bad(format!("{what}: {k} blocks are not supported (text-only models)")))
+                        return Err(ApiError::bad(format!("{what}: {k} blocks are not supported here (images go in a user message's content)")))
                     }
                     _ => return Err(ApiError::bad(format!("{what}: expected text blocks ({{type: 'text', text}}), got {b}"))),
                 }
@@ -290,6 +292,7 @@ pub(crate) fn chat_messages(list: &[Value]) -> Result<Vec<ChatMessage>, ApiError
             other => return Err(at(format!("content must be a string or an array of content blocks, got {}", other.unwrap_or(&Value::Null)))),
         };
         let (mut text, mut reasoning, mut calls, mut results) = (String::new(), String::new(), vec![], vec![]);
+        let mut images = vec![];
         for b in &blocks {
             let field = |k: &str| b.get(k).and_then(Value::as_str).ok_or_else(|| at(format!("a {} block needs a string '{k}'", b["type"])));
             match (role, b.get("type").and_then(Value::as_str)) {
@@ -314,7 +317,12 @@ pub(crate) fn chat_messages(list: &[Value]) -> Result<Vec<ChatMessage>, ApiError
                     msg.name = names.get(&id).cloned();
                     results.push(msg);
                 }
-                (_, Some(k @ ("image" | "document"))) => return Err(at(format!("{k} blocks are not supported (text-only models)"))),
+                (Role::User, Some("image")) => {
+                    let obj = b.as_object().cloned().unwrap_or_default();
+                    let image = crate::chat::media::image_from_part(&obj, MediaAccess::InlineOnly).map_err(|e| at(e.to_string()))?;
+                    images.push(crate::chat::MessageImage { at: text.len(), image });
+                }
+                (_, Some(k @ ("image" | "document"))) => return Err(at(format!("{k} blocks are not supported in a {role} message"))),
                 (_, k) => return Err(at(format!("unsupported content block type {} in a {} message", k.map_or("(none)".into(), |k| format!("{k:?}")), role))),
             }
         }
@@ -327,8 +335,10 @@ pub(crate) fn chat_messages(list: &[Value]) -> Result<Vec<ChatMessage>, ApiError
             _ => {
                 let answered = !results.is_empty();
                 out.extend(results);
-                if !text.is_empty() || !answered {
-                    out.push(ChatMessage::user(text));
+                if !text.is_empty() || !images.is_empty() || !answered {
+                    let mut msg = ChatMessage::user(text);
+                    msg.images = images;
+                    out.push(msg);
                 }
             }
         }
@@ -505,7 +515,9 @@ fn content_text(v: &Value) -> Result<String, String> {
             for p in parts {
                 match (p.get("type").and_then(Value::as_str), p.get("text").or_else(|| p.get("refusal")).and_then(Value::as_str)) {
                     (Some("input_text" | "output_text" | "text" | "refusal"), Some(t)) => text.push_str(t),
-                    (Some(k @ ("input_image" | "input_file" | "input_audio")), _) => return Err(format!("{k} parts are not supported (text-only models)")),
+                    (Some(k @ ("input_image" | "input_file" | "input_audio")), _) => {
+                        return Err(format!("{k} parts are not supported on /v1/responses (images: /v1/chat/completions or /v1/messages)"))
+                    }
                     _ => return Err(format!("unsupported content part {p}")),
                 }
             }

@@ -205,6 +205,38 @@ impl Tokenizer {
         }
     }
 
+    /// [`Tokenizer::encode_chat`] for messages that may hold images: the template's image
+    /// markers become what the model's processor writes for each image (`prompt`), one marker
+    /// per image. Without images this is `encode_chat`.
+    pub fn encode_chat_with_images(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[Tool]>,
+        enable_thinking: Option<bool>,
+        prompt: Option<&crate::models::vision_lm::ImagePrompt>,
+    ) -> Result<Vec<u32>> {
+        let images: usize = messages.iter().map(|m| m.images.len()).sum();
+        if images == 0 {
+            return self.encode_chat(messages, tools, enable_thinking);
+        }
+        let Some(prompt) = prompt else {
+            return Err(Error::InvalidArgument("this model takes no images (it has no vision tower)".into()));
+        };
+        if !self.has_chat_template() {
+            return Err(Error::InvalidArgument("images need the model's chat template, and it has none".into()));
+        }
+        let opts = TemplateOptions { add_generation_prompt: true, tools, enable_thinking, extra: Default::default() };
+        let text = self.apply_chat_template(messages, &opts)?;
+        let markers = text.matches(prompt.marker.as_str()).count();
+        if markers != images {
+            return Err(Error::InvalidArgument(format!(
+                "the chat template placed {markers} image marker(s) ({}) for {images} image(s)",
+                prompt.marker
+            )));
+        }
+        self.encode_prompt(&text.replace(prompt.marker.as_str(), &prompt.expansion), true)
+    }
+
     /// A streaming detokenizer that keeps special tokens' text (e.g. `<think>`, `<|im_end|>`).
     pub fn stream_decoder(&self) -> StreamDecoder {
         StreamDecoder::new(self.clone(), false)

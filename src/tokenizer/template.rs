@@ -302,7 +302,13 @@ fn message_value(m: &ChatMessage) -> Json {
         v.insert("thinking".into(), Json::String(r.clone()));
     }
     v.insert("role".into(), Json::String(m.role.as_str().into()));
-    v.insert("content".into(), Json::String(m.content.clone()));
+    // With images, content is the list of parts Hugging Face templates iterate
+    // (`{"type": "image"}` where each image sits, the model's processor expands it).
+    if m.images.is_empty() {
+        v.insert("content".into(), Json::String(m.content.clone()));
+    } else {
+        v.insert("content".into(), m.content_parts_json(false));
+    }
     if let Some(r) = &m.reasoning {
         v.insert("reasoning_content".into(), Json::String(r.clone()));
     }
