@@ -453,6 +453,9 @@ mod tests {
             "{% macro d(s) %}{{ s }}{{ s }}{% endmacro %}{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = d(ns.s) %}{% endfor %}".to_string(),
             // raw text printed in a loop inside a captured block (fuel alone allows ~6 GB)
             format!("{{% set x %}}{{% for i in range(100000) %}}{{% for j in range(100000) %}}{kb}{{% endfor %}}{{% endfor %}}{{% endset %}}{{{{ x|length }}}}"),
+            // nested 1-tuples whose printed form escapes each level's quotes (fuzz/'s
+            // chat_template found it: corpus/chat_template/regress-nested-repr-doubling)
+            "{% set ns = namespace(s='ab') %}{% for i in range(50) %}{% set ns.s = ns.s ~ 1, %}{% endfor %}".to_string(),
             // a list doubled: its items are shared, but joining or printing copies each
             "{% set ns = namespace(l=['x' * 1000000]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l|join }}".to_string(),
             // lazy repetitions (folded into constants) joined, listed
