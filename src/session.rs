@@ -513,7 +513,9 @@ impl Generation {
         self.reply.take().unwrap_or(Err(Error::SessionClosed))
     }
 
-    /// Every token through `on_token` (returning false aborts), then the reply.
+    /// Every token through `on_token` (returning false aborts), then the reply. A reply the
+    /// callback stopped has finish reason `abort`, also when the engine, running ahead of the
+    /// callback, had already ended it another way.
     pub fn run(mut self, mut on_token: impl FnMut(&GeneratedToken) -> bool) -> Result<GenerateReply> {
         let mut stopped = false;
         while let Some(t) = self.next() {
@@ -522,7 +524,11 @@ impl Generation {
                 self.abort();
             }
         }
-        self.finish()
+        let mut reply = self.finish();
+        if let (true, Ok(r)) = (stopped, reply.as_mut()) {
+            r.finish_reason = crate::FinishReason::Abort;
+        }
+        reply
     }
 }
 
