@@ -27,6 +27,15 @@ fn max_abs_diff(a: &Array, b: &Array) -> f32 {
     a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
+/// Runs `tests/oracle/<script>` into a new directory (None, with a skip, without the oracle venv).
+fn run_oracle(script: &str, test: &str) -> Option<tempfile::TempDir> {
+    let python = require_oracle(test)?;
+    let out = tempfile::tempdir().unwrap();
+    let status = Command::new(&python).arg(repo_root().join("tests/oracle").join(script)).arg(out.path()).status().unwrap();
+    assert!(status.success(), "the oracle {script} failed");
+    Some(out)
+}
+
 /// Loads the vision side of the checkpoint in `dir`, checking that it takes every tensor but the
 /// text model's.
 fn load(dir: &Path) -> Gemma3Vision {
@@ -42,14 +51,7 @@ fn load(dir: &Path) -> Gemma3Vision {
 
 #[test]
 fn gemma3_vision_tower_and_projector_match_mlx_vlm() {
-    let Some(python) = require_oracle("gemma3_vision_tower_and_projector_match_mlx_vlm") else { return };
-    let out = tempfile::tempdir().unwrap();
-    let status = Command::new(&python)
-        .arg(repo_root().join("tests/oracle/gemma3_vision.py"))
-        .arg(out.path())
-        .status()
-        .unwrap();
-    assert!(status.success(), "the oracle failed");
+    let Some(out) = run_oracle("gemma3_vision.py", "gemma3_vision_tower_and_projector_match_mlx_vlm") else { return };
     let io = read_tensors(&out.path().join("io.safetensors"));
     let get = |name: &str| f32_array(io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}")));
     let (pixels, tower, features) = (get("pixel_values"), get("tower"), get("features"));
@@ -113,14 +115,7 @@ fn i32_values(t: &common::RawTensor) -> Vec<i32> {
 /// logits, and the same 32 greedy tokens.
 #[test]
 fn gemma3_image_prompt_matches_mlx_vlm_greedy() {
-    let Some(python) = require_oracle("gemma3_image_prompt_matches_mlx_vlm_greedy") else { return };
-    let out = tempfile::tempdir().unwrap();
-    let status = Command::new(&python)
-        .arg(repo_root().join("tests/oracle/gemma3_vlm.py"))
-        .arg(out.path())
-        .status()
-        .unwrap();
-    assert!(status.success(), "the oracle failed");
+    let Some(out) = run_oracle("gemma3_vlm.py", "gemma3_image_prompt_matches_mlx_vlm_greedy") else { return };
     let io = read_tensors(&out.path().join("io.safetensors"));
     let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
     let pixels = f32_array(get("pixel_values"));
@@ -208,10 +203,7 @@ fn gemma3_images_through_a_session() {
     use mlex::chat::{parse_messages_json, ContentPart, ImageData};
     use mlex::{ChatMessage, GenerateOptions, Session};
 
-    let Some(python) = require_oracle("gemma3_images_through_a_session") else { return };
-    let out = tempfile::tempdir().unwrap();
-    let ok = Command::new(&python).arg(repo_root().join("tests/oracle/gemma3_vlm.py")).arg(out.path()).status().unwrap();
-    assert!(ok.success(), "the oracle failed");
+    let Some(out) = run_oracle("gemma3_vlm.py", "gemma3_images_through_a_session") else { return };
     let dir = tempfile::tempdir().unwrap();
     for f in ["config.json", "model.safetensors"] {
         std::fs::copy(out.path().join(f), dir.path().join(f)).unwrap();

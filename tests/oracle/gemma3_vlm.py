@@ -80,7 +80,7 @@ import mlx.nn as nn  # noqa: E402
 import numpy as np  # noqa: E402
 from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
 
-from gemma3_vision import import_mlx_vlm_gemma3  # noqa: E402
+from gemma3_vision import VISION_CONFIG, import_mlx_vlm_gemma3  # noqa: E402
 
 IMAGE_TOKEN = 300
 TOKENS_PER_IMAGE = 16
@@ -112,18 +112,8 @@ TEXT_CONFIG = {
     "mm_tokens_per_image": TOKENS_PER_IMAGE,
 }
 
-VISION_CONFIG = {
-    "model_type": "siglip_vision_model",
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "patch_size": 4,
-    "image_size": 32,  # 8x8 = 64 patches, pooled 2x2 to 16 tokens
-    "num_channels": 3,
-    "layer_norm_eps": 1e-6,
-    "vision_use_head": False,
-}
+# The vision side is gemma3_vision.py's (8x8 = 64 patches, pooled 2x2 to 16 tokens).
+VISION_CONFIG = dict(VISION_CONFIG)
 
 CONFIG = {
     "architectures": ["Gemma3ForConditionalGeneration"],
