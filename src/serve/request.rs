@@ -458,8 +458,9 @@ pub(crate) fn input_items(items: &[Value]) -> Result<Vec<ChatMessage>, ApiError>
                     "developer" => Role::Developer,
                     r => return Err(at(format!("role must be user, assistant, system or developer, got {r:?}"))),
                 };
-                let text = content_text(obj.get("content").unwrap_or(&Value::Null)).map_err(at)?;
+                let (text, images) = content_parts(obj.get("content").unwrap_or(&Value::Null)).map_err(at)?;
                 let mut m = ChatMessage::new(role, text);
+                m.images = images;
                 if role == Role::Assistant {
                     m.reasoning = reasoning.take();
                 }
@@ -508,20 +509,32 @@ pub(crate) fn input_items(items: &[Value]) -> Result<Vec<ChatMessage>, ApiError>
 
 /// A message's content: a string, or parts (input_text / output_text / text / refusal) joined.
 fn content_text(v: &Value) -> Result<String, String> {
+    match content_parts(v)? {
+        (text, images) if images.is_empty() => Ok(text),
+        _ => Err("input_image parts are only taken in a message's content".into()),
+    }
+}
+
+/// [`content_text`], with `input_image` parts (inline `image_url` data URLs) kept at their place.
+fn content_parts(v: &Value) -> Result<(String, Vec<crate::chat::MessageImage>), String> {
     match v {
-        Value::String(s) => Ok(s.clone()),
+        Value::String(s) => Ok((s.clone(), vec![])),
         Value::Array(parts) => {
             let mut text = String::new();
+            let mut images = vec![];
             for p in parts {
                 match (p.get("type").and_then(Value::as_str), p.get("text").or_else(|| p.get("refusal")).and_then(Value::as_str)) {
                     (Some("input_text" | "output_text" | "text" | "refusal"), Some(t)) => text.push_str(t),
-                    (Some(k @ ("input_image" | "input_file" | "input_audio")), _) => {
-                        return Err(format!("{k} parts are not supported on /v1/responses (images: /v1/chat/completions or /v1/messages)"))
+                    (Some("input_image"), _) => {
+                        let obj = p.as_object().cloned().unwrap_or_default();
+                        let image = crate::chat::media::image_from_part(&obj, MediaAccess::InlineOnly).map_err(|e| e.to_string())?;
+                        images.push(crate::chat::MessageImage { at: text.len(), image });
                     }
+                    (Some(k @ ("input_file" | "input_audio")), _) => return Err(format!("{k} parts are not supported")),
                     _ => return Err(format!("unsupported content part {p}")),
                 }
             }
-            Ok(text)
+            Ok((text, images))
         }
         other => Err(format!("content must be a string or an array of parts, got {other}")),
     }
@@ -583,5 +596,26 @@ mod tests {
         assert_eq!((m[2].role, m[2].name.as_deref()), (Role::Tool, Some("weather")));
         assert_eq!(m[3], ChatMessage::assistant("18C."));
         assert!(input_items(json!([{"type": "item_reference", "id": "x"}]).as_array().unwrap()).is_err());
+    }
+
+    #[test]
+    fn images_come_inline_on_every_route() {
+        let data = "data:image/png;base64,YWJjZA==";
+        // responses: input_image with an image_url string
+        let items = json!([{"role": "user", "content": [{"type": "input_text", "text": "see "}, {"type": "input_image", "image_url": data}]}]);
+        let m = input_items(items.as_array().unwrap()).unwrap();
+        assert_eq!((m[0].content.as_str(), m[0].images.len(), m[0].images[0].at), ("see ", 1, 4));
+        assert_eq!(&m[0].images[0].image.bytes[..], b"abcd");
+        // Anthropic: a base64 source
+        let msgs = json!([{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "YWJjZA=="}}, {"type": "text", "text": "what?"}]}]);
+        let m = chat_messages(msgs.as_array().unwrap()).unwrap();
+        assert_eq!((m[0].content.as_str(), m[0].images[0].at), ("what?", 0));
+        // neither reads the server's files nor fetches URLs
+        for url in ["/etc/hostname", "file:///etc/hostname", "https://example.com/a.png"] {
+            let items = json!([{"role": "user", "content": [{"type": "input_image", "image_url": url}]}]);
+            assert!(input_items(items.as_array().unwrap()).is_err(), "{url}");
+        }
+        let msgs = json!([{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}]}]);
+        assert!(chat_messages(msgs.as_array().unwrap()).is_err());
     }
 }
