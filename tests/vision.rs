@@ -236,6 +236,16 @@ fn gemma3_images_through_a_session() {
     let other = session.generate(&ask(&webp), opts.clone()).unwrap();
     assert!(other.usage.cached_tokens <= image_start, "another image reused {} cached tokens", other.usage.cached_tokens);
     assert_ne!(other.logprobs, first.logprobs, "the image does not reach the model");
+    // An image whose hash equals the first's (as a crafted collision would) is still another image.
+    let forged = ImageData { bytes: webp.clone().into(), hash: ImageData::new(png.clone()).hash };
+    let msgs = vec![ChatMessage::user_with_images(vec![
+        ContentPart::Text("look: ".into()),
+        ContentPart::Image(forged),
+        ContentPart::Text("what is it?".into()),
+    ])];
+    let collided = session.generate(&msgs, opts.clone()).unwrap();
+    assert_eq!(collided.logprobs, other.logprobs, "a hash collision swapped images");
+    assert!(collided.usage.cached_tokens <= image_start || collided.usage.cached_tokens >= image_start + 16);
 
     // The same image inline, as an OpenAI client sends it.
     use base64::Engine as _;

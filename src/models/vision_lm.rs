@@ -4,15 +4,17 @@
 //! The chat prompt holds, for each image, a run of the model's image token (`<image_soft_token>`
 //! for Gemma 3, as its processor expands them). [`CausalLm::bind_images`] encodes each image
 //! (decode, the model's preprocessing, tower, projector) and replaces its run with ids of its
-//! own: `MEDIA_TOKEN_BASE + slot · tokens_per_image + i`, where `slot` is given once per image
-//! content (by a 64-bit hash of its bytes) and never reused. [`VisionLm::embed`] turns those ids
-//! into the image's rows. So everything keyed on token ids keys on the image too: a second turn
-//! about the same image reuses the first's cached prefix, and a different image never does.
+//! own: `MEDIA_TOKEN_BASE + slot · tokens_per_image + i`, where `slot` is given to an image's
+//! content (its bytes, compared whole: a hash alone could be made to collide) and never reused.
+//! [`VisionLm::embed`] turns those ids into the image's rows. So everything keyed on token ids
+//! keys on the image too: a second turn about the same image reuses the first's cached prefix,
+//! and a different image never does.
 //!
-//! Features are kept for the last [`KEPT_IMAGES`] images (an image's tokens are embedded while
-//! its prompt is prefilled, right after `bind_images`); an id whose features were dropped is an
-//! error, never another image's rows.
-use std::collections::{HashMap, VecDeque};
+//! The last [`KEPT_IMAGES`] images (at most [`KEPT_BYTES`] of their bytes) are kept with their
+//! features (an image's tokens are embedded while its prompt is prefilled, right after
+//! `bind_images`). An image seen again after it was dropped gets a new slot: a prompt-cache miss,
+//! never another image's rows; an id whose features were dropped is an error.
+use std::collections::VecDeque;
 use std::sync::Mutex;
 
 pub use crate::chat::ImageData;
@@ -29,6 +31,9 @@ pub const MEDIA_TOKEN_BASE: u32 = 0x8000_0000;
 
 /// Images whose features stay in memory (a 4B Gemma 3's image is 256 × 2560 values).
 pub const KEPT_IMAGES: usize = 64;
+
+/// The most encoded image bytes kept with them (the newest image is kept whatever its size).
+pub const KEPT_BYTES: usize = 256 << 20;
 
 /// Whether a prompt id stands for an image token.
 pub fn is_media_token(id: u32) -> bool {
@@ -49,12 +54,18 @@ pub struct ImagePrompt {
     pub tokens_per_image: usize,
 }
 
+/// An image kept: its slot, its bytes, its rows `[tokens_per_image, hidden]`.
+struct Kept {
+    slot: u32,
+    image: ImageData,
+    rows: Array,
+}
+
 #[derive(Default)]
 struct Slots {
-    by_hash: HashMap<(u64, usize), u32>,
     next: u32,
-    /// Each kept image's rows `[tokens_per_image, hidden]`, oldest first.
-    features: VecDeque<(u32, Array)>,
+    /// Least recently used first.
+    kept: VecDeque<Kept>,
 }
 
 /// A Gemma 3 text model with its vision tower.
@@ -80,33 +91,31 @@ impl VisionLm {
         VisionLm { text, vision, processor, prompt, slots: Mutex::new(Slots::default()) }
     }
 
-    /// The image's first id, encoding it unless its features are kept.
+    /// The image's first id, encoding it unless it is kept.
     fn image_slot(&self, image: &ImageData) -> Result<u32> {
         let t = self.prompt.tokens_per_image;
         let mut slots = self.slots.lock().map_err(|_| Error::Mlx("image slots poisoned by a panic".into()))?;
-        let key = (image.hash, image.bytes.len());
-        let slot = match slots.by_hash.get(&key) {
-            Some(&s) => s,
-            None => {
-                let s = slots.next;
-                if (s as u64 + 1) * t as u64 > (u32::MAX - MEDIA_TOKEN_BASE) as u64 {
-                    return Err(Error::InvalidArgument("this session has seen too many distinct images".into()));
-                }
-                slots.next += 1;
-                slots.by_hash.insert(key, s);
-                s
-            }
-        };
-        if !slots.features.iter().any(|(s, _)| *s == slot) {
-            let pv = self.processor.preprocess(&decode_image(&image.bytes)?)?;
-            let shape: Vec<i32> = pv.shape.iter().map(|&d| d as i32).collect();
-            let pixels = Array::from_slice(&pv.data, &shape)?;
-            let rows = self.vision.merge_scale(&self.vision.encode(&pixels)?)?.reshape(&[t as i32, -1])?;
-            rows.eval()?;
-            if slots.features.len() >= KEPT_IMAGES {
-                slots.features.pop_front();
-            }
-            slots.features.push_back((slot, rows));
+        if let Some(at) = slots.kept.iter().position(|k| k.image == *image) {
+            let k = slots.kept.remove(at).expect("found above");
+            let slot = k.slot;
+            slots.kept.push_back(k);
+            return Ok(MEDIA_TOKEN_BASE + slot * t as u32);
+        }
+        let slot = slots.next;
+        if (slot as u64 + 1) * t as u64 > (u32::MAX - MEDIA_TOKEN_BASE) as u64 {
+            return Err(Error::InvalidArgument("this session has seen too many distinct images".into()));
+        }
+        let pv = self.processor.preprocess(&decode_image(&image.bytes)?)?;
+        let shape: Vec<i32> = pv.shape.iter().map(|&d| d as i32).collect();
+        let pixels = Array::from_slice(&pv.data, &shape)?;
+        let rows = self.vision.merge_scale(&self.vision.encode(&pixels)?)?.reshape(&[t as i32, -1])?;
+        rows.eval()?;
+        slots.next += 1;
+        slots.kept.push_back(Kept { slot, image: image.clone(), rows });
+        while slots.kept.len() > 1
+            && (slots.kept.len() > KEPT_IMAGES || slots.kept.iter().map(|k| k.image.bytes.len()).sum::<usize>() > KEPT_BYTES)
+        {
+            slots.kept.pop_front();
         }
         Ok(MEDIA_TOKEN_BASE + slot * t as u32)
     }
@@ -124,7 +133,7 @@ impl VisionLm {
             while i + n < ids.len() && ids[i + n] == ids[i] + n as u32 && (first + n as u32) < t {
                 n += 1;
             }
-            let rows = slots.features.iter().find(|(s, _)| *s == slot).map(|(_, r)| r).ok_or_else(|| {
+            let rows = slots.kept.iter().find(|k| k.slot == slot).map(|k| &k.rows).ok_or_else(|| {
                 Error::InvalidArgument(format!(
                     "the prompt refers to an image this session no longer keeps (more than {KEPT_IMAGES} images since)"
                 ))
