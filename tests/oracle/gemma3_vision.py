@@ -23,8 +23,9 @@ with their real __path__, and only the model files are imported.
 
 What mlx-vlm 0.7.10 does that a port might not: the tower's post_layernorm is nn.LayerNorm with its
 default eps 1e-5 (the encoder's layer norms take layer_norm_eps, 1e-6; Hugging Face's SigLIP uses
-layer_norm_eps for all); the projector's RMSNorm scales by (1 + weight) with eps layer_norm_eps; GELU
-is the exact (erf) one; mm_tokens_per_image is read from text_config.
+layer_norm_eps for all); the projector's RMSNorm scales by (1 + weight) with eps layer_norm_eps; the
+MLP's GELU is nn.GELU(approx="precise"), which in MLX is the tanh approximation (gelu_approx), not
+the exact erf one; mm_tokens_per_image is read from text_config.
 """
 
 import argparse
