@@ -269,3 +269,41 @@ fn gemma3_images_through_a_session() {
     let err = text_only.generate(&ask(&png), opts).unwrap_err().to_string();
     assert!(err.contains("takes no images"), "{err}");
 }
+
+/// Speed, side by side with mlx-vlm in the same run (not a pass/fail test): the Gemma 3 tower and
+/// projector at gemma-3-4b's widths on one image, same random weights, best of 3 after a warm-up.
+///
+/// `MLEX_ORACLE_VENV=<venv> [MLEX_BENCH_SIZE=224] cargo test --release --test vision -- --ignored --nocapture bench_`
+#[test]
+#[ignore]
+fn bench_gemma3_tower_against_mlx_vlm() {
+    let Some(python) = require_oracle("bench_gemma3_tower_against_mlx_vlm") else { return };
+    let size = std::env::var("MLEX_BENCH_SIZE").unwrap_or_else(|_| "224".into());
+    let out = tempfile::tempdir().unwrap();
+    let status = Command::new(&python)
+        .arg(repo_root().join("tests/oracle/gemma3_vision_bench.py"))
+        .arg(out.path())
+        .args(["--size", &size, "--runs", "3"])
+        .status()
+        .unwrap();
+    assert!(status.success(), "the oracle failed");
+    let theirs: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.path().join("bench.json")).unwrap()).unwrap();
+    let theirs: Vec<f64> = theirs["ms"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let pixels = f32_array(&read_tensors(&out.path().join("pixels.safetensors"))[0]);
+    std::fs::remove_file(out.path().join("pixels.safetensors")).unwrap();
+    let vision = load(out.path());
+    let encode = || {
+        let t0 = std::time::Instant::now();
+        vision.encode(&pixels).unwrap().eval().unwrap();
+        t0.elapsed().as_secs_f64() * 1e3
+    };
+    encode();
+    let ours: Vec<f64> = (0..3).map(|_| encode()).collect();
+    let best = |v: &[f64]| v.iter().cloned().fold(f64::INFINITY, f64::min);
+    println!(
+        "gemma3 tower + projector, {size} px, one image: mlex {ours:.1?} ms, mlx-vlm {theirs:.1?} ms: best {:.1} vs {:.1} ms, {:.2}x",
+        best(&ours),
+        best(&theirs),
+        best(&theirs) / best(&ours)
+    );
+}
