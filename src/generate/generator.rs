@@ -381,8 +381,7 @@ pub(crate) fn prefill_chunk(
     if n == 0 {
         return Ok(pos);
     }
-    let chunk = Array::from_slice(&prompt[pos..pos + n], &[1, n as i32])?;
-    model.forward(&chunk, caches)?;
+    model.forward_prompt(&prompt[pos..pos + n], caches)?;
     eval(&caches.state())?;
     crate::startup_trace::mark("prefill chunk evaluated");
     Ok(pos + n)

@@ -47,6 +47,12 @@ pub trait CausalLm: Params {
         self.forward_embeddings(self.embed(tokens)?, caches)
     }
 
+    /// A chunk of prompt ids (on the host) → logits, extending `caches`: [`Self::forward`], unless
+    /// prompts hold ids of the model's own (a vision tower's image ids: [`vision_lm`]).
+    fn forward_prompt(&self, ids: &[u32], caches: &mut LayerCaches) -> Result<Array> {
+        self.forward(&Array::from_slice(ids, &[1, ids.len() as i32])?, caches)
+    }
+
     /// Fresh, empty caches, one per layer, of the kind each layer needs.
     fn make_caches(&self) -> LayerCaches;
 

@@ -154,36 +154,32 @@ impl Params for VisionLm {
 }
 
 impl CausalLm for VisionLm {
+    /// Token ids the model sampled (decode steps): never images, so the text model's embedding,
+    /// with no look at the ids (reading them would wait for the step that sampled them).
     fn embed(&self, tokens: &Array) -> Result<Array> {
-        let shape = tokens.shape();
-        let ids = tokens.astype(Dtype::Uint32)?.to_vec::<u32>()?;
+        self.text.embed(tokens)
+    }
+
+    /// A prompt chunk: runs of text ids through the text embedding, runs of image ids from their
+    /// images' rows.
+    fn forward_prompt(&self, ids: &[u32], caches: &mut LayerCaches) -> Result<Array> {
         if !ids.iter().any(|&t| is_media_token(t)) {
-            return self.text.embed(tokens);
+            return self.text.forward_prompt(ids, caches);
         }
-        if shape.len() != 2 || shape[0] != 1 {
-            return Err(Error::InvalidArgument("image tokens can only be embedded one prompt at a time".into()));
-        }
-        // Runs of text ids through the text embedding, runs of media ids from their images.
         let mut parts = vec![];
         let mut i = 0;
         while i < ids.len() {
             let media = is_media_token(ids[i]);
-            let mut j = i + 1;
-            while j < ids.len() && is_media_token(ids[j]) == media {
-                j += 1;
-            }
-            let run = if media {
-                self.media_rows(&ids[i..j])?.expand_dims(0)?
+            let j = i + ids[i..].iter().take_while(|&&t| is_media_token(t) == media).count();
+            parts.push(if media {
+                self.media_rows(&ids[i..j])?.astype(self.text.dtype())?.expand_dims(0)?
             } else {
                 self.text.embed(&Array::from_slice(&ids[i..j], &[1, (j - i) as i32])?)?
-            };
-            parts.push(run);
+            });
             i = j;
         }
-        let dtype = parts.iter().find(|p| !matches!(p.dtype(), Dtype::Float32)).map_or(Dtype::Float32, |p| p.dtype());
-        let parts = parts.iter().map(|p| p.astype(dtype)).collect::<Result<Vec<_>>>()?;
         let refs: Vec<&Array> = parts.iter().collect();
-        Array::concatenate(&refs, 1)
+        self.text.forward_embeddings(Array::concatenate(&refs, 1)?, caches)
     }
 
     fn forward_embeddings(&self, h: Array, caches: &mut LayerCaches) -> Result<Array> {
@@ -237,6 +233,10 @@ impl CausalLm for VisionLm {
             })?;
             out.extend((0..t as u32).map(|k| first + k));
             i += run;
+        }
+        // The prompt's last token is fed as a sampled one would be (`embed`, not `forward_prompt`).
+        if out.last().is_some_and(|&t| is_media_token(t)) {
+            return Err(Error::InvalidArgument("the prompt ends with an image: the chat template must put text after it".into()));
         }
         if next.next().is_some() {
             return Err(Error::InvalidArgument(format!(
