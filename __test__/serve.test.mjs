@@ -148,6 +148,12 @@ test('errors come in OpenAI shape and the server keeps serving', async () => {
   await assert.rejects(client.chat.completions.create({ model: 'tiny', messages: msgs, n: 2 }), (e) => e.status === 400 && e.param === 'n')
   const wrongKey = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'wrong', maxRetries: 0 })
   await assert.rejects(wrongKey.models.list(), (e) => e.status === 401)
+  // Image parts, as the OpenAI client sends them: read (inline), then refused by this text-only
+  // model; a URL is not fetched and a server path is not read.
+  const withImage = (url) => client.chat.completions.create({ model: 'tiny', max_tokens: 4, messages: [{ role: 'user', content: [{ type: 'text', text: 'what is it?' }, { type: 'image_url', image_url: { url } }] }] })
+  await assert.rejects(withImage('data:image/png;base64,iVBORw0KGgo='), (e) => e.status === 400 && /takes no images/.test(e.message))
+  await assert.rejects(withImage('https://example.com/a.png'), (e) => e.status === 400 && /remote image URLs are not fetched/.test(e.message))
+  await assert.rejects(withImage('/etc/hostname'), (e) => e.status === 400 && /inline here, as data: URLs/.test(e.message))
   const raw = async (body, headers = {}) => {
     const r = await fetch(`${base}/v1/chat/completions`, { method: 'POST', headers: { authorization: `Bearer ${KEY}`, 'content-type': 'application/json', ...headers }, body })
     return { status: r.status, body: await r.json() }
