@@ -26,6 +26,8 @@ fn main() {
     println!("cargo:rerun-if-changed=src/mlx/gated_delta.h");
     println!("cargo:rerun-if-changed=src/mlx/ablation.h");
     println!("cargo:rerun-if-changed=src/mlx/gated_delta.cpp");
+    println!("cargo:rerun-if-changed=src/mlx/cuda_jit.h");
+    println!("cargo:rerun-if-changed=src/mlx/cuda_jit.cpp");
     println!("cargo:rerun-if-changed=vendor/mlx.lock");
     println!("cargo:rerun-if-env-changed=MLX_DIR");
     println!("cargo:rerun-if-env-changed=MLEX_BACKEND");
@@ -56,6 +58,7 @@ fn main() {
         .file("src/mlx/cpu_fast_ops.cpp")
         .file("src/mlx/cpu_thread_pool.cpp")
         .file("src/mlx/gated_delta.cpp")
+        .file("src/mlx/cuda_jit.cpp")
         .include(&include)
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-deprecated-declarations")

@@ -1,10 +1,7 @@
 #include "cuda_quantized_matvec.h"
 
 #include "ablation.h"
-#include <cstdlib>
-
-#include "mlx/backend/cuda/cuda.h"
-#include "mlx/fast.h"
+#include "cuda_jit.h"
 
 namespace mx = mlx::core;
 
@@ -20,11 +17,9 @@ constexpr int kMaxRowsOfX = 32;
 // Rows of x up to which the one-row instantiation serves (see cuda_quantized_matvec).
 constexpr int kSmallRows = 4;
 
-// Helpers NVRTC compiles ahead of the kernel body (MLX's default header brings the CUDA
+// Helpers NVRTC compiles ahead of the kernel body (cuda_jit's prelude brings the CUDA
 // bfloat16/half types).
 constexpr const char* kHeader = R"(
-#include "mlx/backend/cuda/device/binary_ops.cuh"
-#include "mlx/backend/cuda/device/unary_ops.cuh"
 __device__ __forceinline__ float2 mlex_unpack2(uint32_t u, const __nv_bfloat16*) {
   // bfloat16 is the top half of a float32.
   return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
@@ -37,6 +32,16 @@ __device__ __forceinline__ float mlex_float(__nv_bfloat16 v) { return __bfloat16
 __device__ __forceinline__ float mlex_float(__half v) { return __half2float(v); }
 __device__ __forceinline__ void mlex_store(__nv_bfloat16* p, float v) { *p = __float2bfloat16(v); }
 __device__ __forceinline__ void mlex_store(__half* p, float v) { *p = __float2half(v); }
+// The element-wise ops the epilogues fold in, as MLX's unfused graph applies them to a half
+// type (its Add, Multiply and Sigmoid functors): + and * are the type's own operators (one
+// rounding); sigmoid is 1 / (1 + exp|x|), or one minus it for x >= 0, each step in T.
+template <typename T> __device__ __forceinline__ T mlex_add(T a, T b) { return a + b; }
+template <typename T> __device__ __forceinline__ T mlex_mul(T a, T b) { return a * b; }
+template <typename T> __device__ __forceinline__ T mlex_sigmoid(T x) {
+  const T one = T(1.0f);
+  const T y = one / (one + hexp(__habs(x)));
+  return mlex_float(x) < 0.0f ? y : one - y;
+}
 // A nibble masked in place (q * 16^i, i < 4) as an exact float: OR-ed into the mantissa of 2^23
 // and 2^23 subtracted, cheaper than an int-to-float conversion per weight.
 __device__ __forceinline__ float mlex_nibble(uint32_t word, uint32_t mask) {
@@ -70,7 +75,7 @@ constexpr const char* kSource = R"(
   const int rows_x = min(MB, (int)gridDim.y - m0);
   const uint4* wq = reinterpret_cast<const uint4*>(w);
   // 16-byte loads need 16-byte aligned buffers; a view into a larger buffer may not be.
-  const bool aligned = ((reinterpret_cast<size_t>(x) | reinterpret_cast<size_t>(w)) & 15) == 0;
+  const bool aligned = ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(w)) & 15) == 0;
   float acc[ROWS][MB];
   #pragma unroll
   for (int r = 0; r < ROWS; ++r) {
@@ -83,7 +88,7 @@ constexpr const char* kSource = R"(
     float wf[ROWS][32];
     #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
-      const size_t at = (size_t)wrow(r) * CHUNKS + c;
+      const unsigned long long at = (unsigned long long)wrow(r) * CHUNKS + c;
       uint4 wv;
       if (!has_row(r)) {
         wv = make_uint4(0, 0, 0, 0);
@@ -110,7 +115,7 @@ constexpr const char* kSource = R"(
     #pragma unroll
     for (int m = 0; m < MB; ++m) {
       if (m >= rows_x) break;
-      const T* xm = x + (size_t)(m0 + m) * K;
+      const T* xm = x + (unsigned long long)(m0 + m) * K;
       float xs[32];
       float xsum = 0.0f;
       if (aligned) {
@@ -151,7 +156,7 @@ constexpr const char* kSource = R"(
           d0 += wf[r][8 * j + 6] * xs[8 * j + 6];
           d1 += wf[r][8 * j + 7] * xs[8 * j + 7];
         }
-        const size_t sg = (size_t)wrow(r) * GROUPS + g;
+        const unsigned long long sg = (unsigned long long)wrow(r) * GROUPS + g;
         acc[r][m] += mlex_float(scales[sg]) * (d0 + d1) + mlex_float(biases[sg]) * xsum;
       }
     }
@@ -172,27 +177,23 @@ constexpr const char* kSource = R"(
     // the unfused graph applies them, so the result is bit for bit the unfused one's.
     if constexpr (EPI == 2) {
       // silu(gate) * up, as the compiled SwiGLU: each step rounded to T.
-      const T s = mlx::core::cu::Sigmoid{}(y[0]);
-      const T t = mlx::core::cu::Multiply{}(y[0], s);
-      out[(size_t)(m0 + m) * NO + o0] = mlx::core::cu::Multiply{}(t, y[1]);
+      const T s = mlex_sigmoid(y[0]);
+      const T t = mlex_mul(y[0], s);
+      out[(unsigned long long)(m0 + m) * NO + o0] = mlex_mul(t, y[1]);
     } else {
       #pragma unroll
       for (int r = 0; r < ROWS; ++r) {
         if (o0 + r >= N) break;
-        const size_t at = (size_t)(m0 + m) * N + o0 + r;
+        const unsigned long long at = (unsigned long long)(m0 + m) * N + o0 + r;
         // residual + product (the residual stream's add, as the unfused graph writes it).
-        out[at] = EPI == 1 ? mlx::core::cu::Add{}(res[at], y[r]) : y[r];
+        out[at] = EPI == 1 ? mlex_add(res[at], y[r]) : y[r];
       }
     }
   }
 )";
 
 // `res` is the residual of kEpiAdd; the other epilogues get x in its place (never read).
-const mx::fast::CustomKernelFunction& kernel() {
-  static const mx::fast::CustomKernelFunction k =
-      mx::fast::cuda_kernel("mlex_qmv4", {"x", "w", "scales", "biases", "res"}, {"out"}, kSource, kHeader);
-  return k;
-}
+const cuda_jit::KernelSpec kSpec{"qmv4", kHeader, kSource, {"x", "w", "scales", "biases", "res"}, {"out"}};
 
 }  // namespace
 
@@ -202,7 +203,7 @@ std::optional<mx::array> cuda_quantized_matvec(const mx::array& x, const mx::arr
                                                const std::optional<mx::array>& residual) {
   // Benchmark ablation only (BENCHMARKS.md): MLX's own kernel everywhere.
   const bool ablated = mlex::ablated(MLEX_ABLATE_KERNEL_CUDA_QMV);
-  static const bool cuda = mx::cu::is_available();
+  static const bool cuda = cuda_jit::available();
   if (ablated || !cuda || mx::to_stream({}).device != mx::Device::gpu || mode != "affine" || !transpose ||
       !biases || bits != 4 || (group_size != 32 && group_size != 64 && group_size != 128) || w.ndim() != 2 ||
       w.dtype() != mx::uint32 || x.ndim() < 1 || (x.dtype() != mx::bfloat16 && x.dtype() != mx::float16) ||
@@ -226,26 +227,24 @@ std::optional<mx::array> cuda_quantized_matvec(const mx::array& x, const mx::arr
       (!residual || residual->shape() != shape || residual->dtype() != x.dtype())) {
     return std::nullopt;
   }
-  // Rows of x per block: one, or up to eight. Each instantiation is compiled (NVRTC) once per
-  // process on first use, and MLX keeps no disk cache of custom kernels: with buckets 2/4/8 the
-  // first batched steps of a process took ~20 s more on the H200 (qwen3-0.6b shape), so a batch
-  // of any size takes the 8-row kernel (rows past the batch's are skipped at run time).
-  // Up to kSmallRows rows take the one-row kernel (grid y = m, the weights read once per row):
-  // it is compiled at load (the first decode step), so a speculative verification pass or a
-  // small batch compiles nothing new in the middle of a generation (NVRTC, ~0.5 s a kernel,
-  // every process: BENCHMARKS.md, 2026-12-01).
+  // Rows of x per block: one, or up to eight. Each instantiation is compiled (NVRTC, ~0.5 s) on
+  // its first use on a machine, then read from cuda_jit's disk cache; still, every bucket is a
+  // compile in the middle of some first generation, so a batch of any size takes the 8-row
+  // kernel (rows past the batch's are skipped at run time). Up to kSmallRows rows take the
+  // one-row kernel (grid y = m, the weights read once per row), which the first decode step
+  // already needed, so a speculative verification pass or a small batch needs nothing new.
   const int mb = m <= kSmallRows ? 1 : 8;
   // A warp's rows of w: two for one row of x (or the gate and up rows of one SwiGLU output).
   const int rows_per_warp = (mb == 1 || epilogue == Epilogue::SwiGlu) ? kRowsPerWarp : 1;
   const int outputs_per_block = (epilogue == Epilogue::SwiGlu ? 1 : rows_per_warp) * kWarps;
   const int blocks = (static_cast<int>(shape.back()) + outputs_per_block - 1) / outputs_per_block;
   const mx::array& res = epilogue == Epilogue::AddResidual ? *residual : x;
-  auto outs = kernel()({x, w, scales, *biases, res}, {shape}, {x.dtype()}, {blocks * kWarps * 32, m, 1},
-                       {kWarps * 32, 1, 1},
-                       {{"T", x.dtype()}, {"N", n}, {"K", k}, {"GS", group_size}, {"ROWS", rows_per_warp},
-                        {"WARPS", kWarps}, {"MB", mb}, {"EPI", static_cast<int>(epilogue)}},
-                       std::nullopt, false, {});
-  return outs[0];
+  auto outs = cuda_jit::try_run(kSpec, {x, w, scales, *biases, res}, {shape}, {x.dtype()},
+                                {blocks * kWarps * 32, m, 1}, {kWarps * 32, 1, 1},
+                                {{"T", x.dtype()}, {"N", n}, {"K", k}, {"GS", group_size}, {"ROWS", rows_per_warp},
+                                 {"WARPS", kWarps}, {"MB", mb}, {"EPI", static_cast<int>(epilogue)}});
+  if (!outs) return std::nullopt;
+  return (*outs)[0];
 }
 
 }  // namespace mlex

@@ -2,7 +2,7 @@
 // product: `x @ dequantize(w)ᵀ` with one row of x (or the few rows of a continuous batch), affine 4-bit weights, bfloat16/float16
 // activations. MLX's kernel streams weights at about a fifth of an H200's memory bandwidth,
 // and these products are most of a large model's decode step (BENCHMARKS.md).
-// It goes through `mlx::core::fast::cuda_kernel`, so it is an ordinary op of the lazy graph.
+// It is compiled and cached by cuda_jit.h and run as an ordinary op of the lazy graph.
 #pragma once
 
 #include <optional>

@@ -3,6 +3,7 @@
 #include "ablation.h"
 #include "cpu_simd.h"
 #include "cpu_thread_pool.h"
+#include "cuda_jit.h"
 
 #include <cmath>
 #include <cstdlib>
@@ -12,7 +13,6 @@
 #include <vector>
 
 #include "mlx/backend/cpu/encoder.h"
-#include "mlx/backend/cuda/cuda.h"
 #include "mlx/fast.h"
 #include "mlx/primitives.h"
 
@@ -297,12 +297,9 @@ constexpr const char* kSource = R"(
   for (int i = 0; i < NPT; ++i) state_out[(n * DV + row) * DK + lane + 32 * i] = s[i];
 )";
 
-const mx::fast::CustomKernelFunction& cuda_kernel() {
-  static const mx::fast::CustomKernelFunction k = mx::fast::cuda_kernel(
-      "mlex_gated_delta_update", {"q", "k", "v", "a", "b_in", "a_log", "dt_bias", "state_in", "dims", "consts"},
-      {"y", "state_out"}, kSource, kHeader);
-  return k;
-}
+const mlex::cuda_jit::KernelSpec kSpec{
+    "gated_delta_update", kHeader, kSource,
+    {"q", "k", "v", "a", "b_in", "a_log", "dt_bias", "state_in", "dims", "consts"}, {"y", "state_out"}};
 
 // Benchmark ablation only (src/ablation.rs): the reference graph everywhere.
 bool ablated() { return mlex::ablated(MLEX_ABLATE_KERNEL_GATED_DELTA); }
@@ -339,7 +336,7 @@ std::optional<std::pair<mx::array, mx::array>> gated_delta_update(const mx::arra
                                                                   const mx::array& b, const mx::array& a_log,
                                                                   const mx::array& dt_bias, const mx::array& state) {
   const auto s = mx::to_stream({});
-  static const bool cuda = mx::cu::is_available();
+  static const bool cuda = cuda_jit::available();
   if (ablated() || !cuda || s.device != mx::Device::gpu || q.ndim() != 4 || k.shape() != q.shape() ||
       v.ndim() != 4 || a.ndim() != 3 || state.ndim() != 4) {
     return std::nullopt;
@@ -359,12 +356,13 @@ std::optional<std::pair<mx::array, mx::array>> gated_delta_update(const mx::arra
   const mx::array consts({static_cast<float>(inv * inv), static_cast<float>(inv), static_cast<float>(1e-6 * inv * inv)});
   const int warps = B * hv * dv;
   const int blocks = (warps + kWarps - 1) / kWarps;
-  auto outs = cuda_kernel()({q, k, v, a, b, mx::astype(a_log, mx::float32, s), dt_bias, state,
-                             mx::array({T, B}, mx::int32), consts},
-                            {{B, T, hv, dv}, state.shape()}, {dt, mx::float32}, {blocks * kWarps * 32, 1, 1},
-                            {kWarps * 32, 1, 1}, {{"DK", dk}, {"DV", dv}, {"HK", hk}, {"HV", hv}}, std::nullopt,
-                            false, s);
-  return std::make_pair(outs[0], outs[1]);
+  auto outs = cuda_jit::try_run(kSpec,
+                                {q, k, v, a, b, mx::astype(a_log, mx::float32, s), dt_bias, state,
+                                 mx::array({T, B}, mx::int32), consts},
+                                {{B, T, hv, dv}, state.shape()}, {dt, mx::float32}, {blocks * kWarps * 32, 1, 1},
+                                {kWarps * 32, 1, 1}, {{"DK", dk}, {"DV", dv}, {"HK", hk}, {"HV", hv}}, s);
+  if (!outs) return std::nullopt;
+  return std::make_pair((*outs)[0], (*outs)[1]);
 }
 
 }  // namespace mlex

@@ -1,5 +1,5 @@
 // The gated delta rule recurrence of Qwen3.5 / Qwen3-Next linear attention as one op, for the
-// CPU (an MLX primitive) and CUDA (a kernel JIT-compiled through `fast::cuda_kernel`, which also
+// CPU (an MLX primitive) and CUDA (a kernel of ours compiled and cached by cuda_jit.h, which also
 // takes in the q/k normalisation and gate computations that precede it). The
 // reference graph (`nn/gated_delta.rs`, what mlx-lm runs off Metal) costs ~10 ops per token and
 // layer: a 2,048-token prompt through 18 such layers is ~370k ops, and a decode step ~200.
