@@ -218,7 +218,7 @@ fn over_white(c: u32, a: u32) -> u8 {
 }
 
 // ---------------------------------------------------------------------------------------------
-// PIL's BILINEAR resize (8 bits per channel)
+// PIL's BILINEAR (and BICUBIC: same passes, another kernel) resize (8 bits per channel)
 
 /// Fractional bits of the fixed-point weights (32-bit accumulators, 8-bit samples, 2 spare bits).
 const PRECISION_BITS: u32 = 32 - 8 - 2;
@@ -232,6 +232,19 @@ struct AxisWeights {
     weights: Vec<i32>,
 }
 
+/// A resampling filter as Pillow defines it: its support at scale 1 and its kernel.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Filter {
+    support: f64,
+    kernel: fn(f64) -> f64,
+}
+
+/// PIL's BILINEAR (a triangle).
+pub(crate) const BILINEAR: Filter = Filter { support: 1.0, kernel: triangle };
+
+/// PIL's BICUBIC (Keys' cubic convolution with a = −0.5).
+pub(crate) const BICUBIC: Filter = Filter { support: 2.0, kernel: bicubic };
+
 fn triangle(x: f64) -> f64 {
     let x = x.abs();
     if x < 1.0 {
@@ -241,13 +254,25 @@ fn triangle(x: f64) -> f64 {
     }
 }
 
-/// The triangle filter's weights for resampling `in_size` samples to `out_size`: sample centres at
+fn bicubic(x: f64) -> f64 {
+    const A: f64 = -0.5;
+    let x = x.abs();
+    if x < 1.0 {
+        ((A + 2.0) * x - (A + 3.0)) * x * x + 1.0
+    } else if x < 2.0 {
+        (((x - 5.0) * x + 8.0) * x - 4.0) * A
+    } else {
+        0.0
+    }
+}
+
+/// A filter's weights for resampling `in_size` samples to `out_size`: sample centres at
 /// `(i + 0.5) · scale`, the support widened by the downscale factor (antialiasing), weights
 /// normalised to sum 1 and then rounded half away from zero to fixed point.
-fn axis_weights(in_size: usize, out_size: usize) -> AxisWeights {
+fn axis_weights(in_size: usize, out_size: usize, filter: Filter) -> AxisWeights {
     let scale = in_size as f64 / out_size as f64;
     let filterscale = scale.max(1.0);
-    let support = filterscale; // the triangle's support is 1 at scale 1
+    let support = filter.support * filterscale;
     let ksize = support.ceil() as usize * 2 + 1;
     let inv = 1.0 / filterscale;
     let mut first = Vec::with_capacity(out_size);
@@ -262,7 +287,7 @@ fn axis_weights(in_size: usize, out_size: usize) -> AxisWeights {
         let n = hi.saturating_sub(lo).min(ksize);
         let mut total = 0.0;
         for (i, slot) in k.iter_mut().enumerate().take(n) {
-            let w = triangle(((i + lo) as f64 - center + 0.5) * inv);
+            let w = (filter.kernel)(((i + lo) as f64 - center + 0.5) * inv);
             *slot = w;
             total += w;
         }
@@ -292,6 +317,11 @@ fn clip8(acc: i32) -> u8 {
 /// InvalidArgument for an empty source or target, or pixel data whose length is not
 /// `width × height × 3`.
 pub fn resize_bilinear(img: &RgbImage, width: u32, height: u32) -> Result<RgbImage> {
+    resize_with(img, width, height, BILINEAR)
+}
+
+/// [`resize_bilinear`] with another of PIL's filters (same passes, same pass order).
+pub(crate) fn resize_with(img: &RgbImage, width: u32, height: u32, filter: Filter) -> Result<RgbImage> {
     check(img)?;
     if width == 0 || height == 0 {
         return Err(invalid(format!("cannot resize to {width}x{height} pixels")));
@@ -303,10 +333,10 @@ pub fn resize_bilinear(img: &RgbImage, width: u32, height: u32) -> Result<RgbIma
     let (mut w, mut h) = (in_w, in_h);
     for pass in if vertical_first { [false, true] } else { [true, false] } {
         if pass && out_w != w {
-            cur = horizontal_pass(&cur, w, h, out_w);
+            cur = horizontal_pass(&cur, w, h, out_w, filter);
             w = out_w;
         } else if !pass && out_h != h {
-            cur = vertical_pass(&cur, w, h, out_h);
+            cur = vertical_pass(&cur, w, h, out_h, filter);
             h = out_h;
         }
     }
@@ -331,9 +361,9 @@ fn check(img: &RgbImage) -> Result<()> {
 }
 
 /// Resamples each row of a `w × h` RGB image to `out_w` pixels.
-fn horizontal_pass(src: &[u8], w: usize, h: usize, out_w: usize) -> Vec<u8> {
+fn horizontal_pass(src: &[u8], w: usize, h: usize, out_w: usize, filter: Filter) -> Vec<u8> {
     let half = 1i32 << (PRECISION_BITS - 1);
-    let ax = axis_weights(w, out_w);
+    let ax = axis_weights(w, out_w, filter);
     let mut out = vec![0u8; out_w * h * 3];
     for y in 0..h {
         let row = &src[y * w * 3..(y + 1) * w * 3];
@@ -357,9 +387,9 @@ fn horizontal_pass(src: &[u8], w: usize, h: usize, out_w: usize) -> Vec<u8> {
 }
 
 /// Resamples each column of a `w × h` RGB image to `out_h` pixels.
-fn vertical_pass(src: &[u8], w: usize, h: usize, out_h: usize) -> Vec<u8> {
+fn vertical_pass(src: &[u8], w: usize, h: usize, out_h: usize, filter: Filter) -> Vec<u8> {
     let half = 1i32 << (PRECISION_BITS - 1);
-    let ax = axis_weights(h, out_h);
+    let ax = axis_weights(h, out_h, filter);
     let stride = w * 3;
     let mut out = vec![0u8; out_h * stride];
     let mut acc = vec![0i32; stride];
@@ -577,7 +607,7 @@ mod tests {
     #[test]
     fn weights_sum_to_one_in_fixed_point() {
         for (i, o) in [(1, 896), (3, 896), (897, 896), (4000, 896), (2000, 896), (896, 896)] {
-            let ax = axis_weights(i, o);
+            let ax = axis_weights(i, o, BILINEAR);
             for x in 0..o {
                 let s: i32 = ax.weights[x * ax.ksize..x * ax.ksize + ax.count[x]].iter().sum();
                 assert!((s - (1 << PRECISION_BITS)).abs() <= ax.ksize as i32, "{i}->{o} at {x}: {s}");

@@ -3,6 +3,8 @@
 //! computed exactly as the model's Hugging Face processor computes it. Nothing here touches MLX:
 //! the output is plain `Vec<f32>` plus a shape, so it is tested against the reference processor
 //! without a device (tests/image_preprocess.rs).
+pub mod gemma4;
 pub mod image;
 
+pub use gemma4::Gemma4ImageProcessor;
 pub use image::{decode_image, Gemma3ImageProcessor, PixelValues, RgbImage, MAX_IMAGE_PIXELS};

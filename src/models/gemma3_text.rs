@@ -296,7 +296,7 @@ fn load_with_vision(c: &ModelConfig, vb: &Vb) -> Result<Box<dyn super::CausalLm>
     };
     let size = vision.image_size() as u32;
     let processor = Gemma3ImageProcessor { height: size, width: size, do_pan_and_scan: false, ..processor };
-    Ok(Box::new(VisionLm::new(text, vision, image_token, processor)))
+    Ok(Box::new(VisionLm::gemma3(text, vision, image_token, processor)))
 }
 
 #[cfg(test)]

@@ -786,15 +786,11 @@ impl Gemma4Text {
 
     /// `[B, L, layers, P]`: the per-layer inputs of tokens `ids` (input embeddings `embeds`,
     /// scaled `h`).
-    fn per_layer_input_table(&self, p: &PerLayerInputs, embeds: &Array, h: &Array, ids: Option<&Array>) -> Result<Array> {
+    fn per_layer_input_table(&self, p: &PerLayerInputs, h: &Array, ids: &Array) -> Result<Array> {
         let s = h.shape();
         let shape = [s[0], s[1], self.layers.len() as i32, p.width as i32];
-        let ids = match ids {
-            Some(t) => t.clone(),
-            None => self.nearest_tokens(embeds)?,
-        };
         let scalar = |v: f64, like: &Array| Array::scalar_f32(v as f32, like.dtype());
-        let from_ids = p.embed_tokens_per_layer.forward(&ids)?;
+        let from_ids = p.embed_tokens_per_layer.forward(ids)?;
         let from_ids = from_ids.multiply(&scalar((p.width as f64).sqrt(), &from_ids)?)?.reshape(&shape)?;
         let proj = p.per_layer_model_projection.forward(h)?;
         let proj = proj.multiply(&scalar((self.hidden_size as f64).powf(-0.5), &proj)?)?.reshape(&shape)?;
@@ -806,9 +802,21 @@ impl Gemma4Text {
     /// Input embeddings `[B, L, hidden]` (and their token ids when known) → logits.
     fn run(&self, embeds: Array, ids: Option<&Array>, caches: &mut LayerCaches) -> Result<Array> {
         let h = embeds.multiply(&Array::scalar_f32((self.hidden_size as f64).sqrt() as f32, embeds.dtype())?)?;
-        let table = match &self.per_layer_inputs {
-            Some(p) => Some(self.per_layer_input_table(p, &embeds, &h, ids)?),
-            None => None,
+        let ids = match (ids, &self.per_layer_inputs) {
+            (Some(t), _) => Some(t.clone()),
+            (None, Some(_)) => Some(self.nearest_tokens(&embeds)?),
+            (None, None) => None,
+        };
+        self.run_rows(h, ids.as_ref(), caches)
+    }
+
+    /// Input rows at the decoder's scale `[B, L, hidden]` (and the ids the per-layer inputs read,
+    /// required when the model has them) → logits.
+    fn run_rows(&self, h: Array, ids: Option<&Array>, caches: &mut LayerCaches) -> Result<Array> {
+        let table = match (&self.per_layer_inputs, ids) {
+            (Some(p), Some(ids)) => Some(self.per_layer_input_table(p, &h, ids)?),
+            (Some(_), None) => return Err(Error::InvalidArgument("gemma4: per-layer inputs need token ids".into())),
+            (None, _) => None,
         };
         let layer_input = |i: usize| -> Result<Option<Array>> {
             table.as_ref().map(|t| t.slice_axis(2, i as i32, i as i32 + 1)?.squeeze(2)).transpose()
@@ -857,6 +865,10 @@ impl CausalLm for Gemma4Text {
         self.run(h, None, caches)
     }
 
+    fn forward_input_rows(&self, h: Array, ids: &Array, caches: &mut LayerCaches) -> Result<Array> {
+        self.run_rows(h, Some(ids), caches)
+    }
+
     fn make_caches(&self) -> LayerCaches {
         LayerCaches::for_windows(self.windows.iter().copied())
     }
@@ -888,7 +900,7 @@ impl Loadable for Gemma4Text {
     fn load(c: Gemma4Config, _: &ModelConfig, vb: &Vb) -> Result<Self> {
         let bad = |m: String| Error::InvalidArgument(m);
         let (root, m) = if c.is_wrapped() {
-            // Images and audio are not supported yet: their towers are dropped.
+            // The vision side is loaded before (`load_with_vision`); what is left (audio) is dropped.
             for part in NON_TEXT {
                 vb.pp(part).discard_all();
                 vb.pp("model").pp(part).discard_all();
@@ -942,7 +954,57 @@ impl Loadable for Gemma4Text {
     }
 }
 
-pub const ARCH: Architecture = Architecture::new::<Gemma4Text>("gemma4_text", &["gemma4"]);
+pub const ARCH: Architecture = Architecture {
+    model_type: "gemma4_text",
+    aliases: &["gemma4"],
+    check: super::check_as::<Gemma4Text>,
+    load: load_with_vision,
+};
+
+/// A gemma4 checkpoint with a `vision_config` gets its vision tower too
+/// ([`super::vision_lm::VisionLm`]); the tower's tensors are taken first (the text model drops
+/// whatever is left of the non-text parts: the audio tower, for now). Not for checkpoints whose
+/// text model attends bidirectionally inside each image (`use_bidirectional_attention: "vision"`,
+/// the larger Gemma 4 models): that mask is not reproduced, so they load as text models, saying so.
+fn load_with_vision(c: &ModelConfig, vb: &Vb) -> Result<Box<dyn CausalLm>> {
+    let wrapped = c.raw.get("outer_model_type").and_then(Value::as_str) == Some("gemma4") || c.model_type == "gemma4";
+    let has_vision = c.raw.get("vision_config").is_some_and(|v| !v.is_null());
+    let bidirectional = c.raw.get("use_bidirectional_attention").and_then(Value::as_str) == Some("vision");
+    if wrapped && has_vision && bidirectional {
+        eprintln!(
+            "mlex: {}: images are not supported yet for Gemma 4 checkpoints with bidirectional attention over \
+             images (use_bidirectional_attention \"vision\"); loaded as a text model",
+            c.path.display()
+        );
+    }
+    let vision = if wrapped && has_vision && !bidirectional { super::gemma4_vision::Gemma4Vision::load(&c.raw, vb)? } else { None };
+    let text = super::load_as::<Gemma4Text>(c, vb)?;
+    let Some(vision) = vision else { return Ok(text) };
+    let image_token = c.raw.get("image_token_id").and_then(Value::as_u64).unwrap_or(258_880) as u32;
+    if image_token as usize >= text.vocab_size() {
+        return Err(c.error(format!("image_token_id {image_token} is outside the vocabulary ({})", text.vocab_size())));
+    }
+    // mlx-vlm's Gemma4Processor.from_pretrained: processor_config.json, else preprocessor_config.json.
+    let dir = c.path.parent().map(std::path::Path::to_path_buf).unwrap_or_default();
+    let file = ["processor_config.json", "preprocessor_config.json"].into_iter().map(|f| dir.join(f)).find(|p| p.is_file());
+    let processor = match file {
+        Some(path) => {
+            let text = std::fs::read_to_string(&path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+            let json: Value = serde_json::from_str(&text).map_err(|e| Error::checkpoint(&path, format!("not JSON: {e}")))?;
+            crate::media::Gemma4ImageProcessor::from_config(&json)
+                .map_err(|e| Error::checkpoint(&path, e.to_string()))?
+        }
+        None => crate::media::Gemma4ImageProcessor::default(),
+    };
+    let vc = vision.config();
+    if processor.patch_size != vc.patch_size || processor.pooling_kernel_size != vc.pooling_kernel_size {
+        return Err(c.error(format!(
+            "the image processor's patch_size {} / pooling_kernel_size {} differ from vision_config's {} / {}",
+            processor.patch_size, processor.pooling_kernel_size, vc.patch_size, vc.pooling_kernel_size
+        )));
+    }
+    Ok(Box::new(super::vision_lm::VisionLm::gemma4(text, vision, image_token, processor)))
+}
 
 #[cfg(test)]
 mod tests {

@@ -10,6 +10,7 @@ pub mod deepseek;
 pub mod gemma3_text;
 pub mod gemma3_vision;
 pub mod gemma4_text;
+pub mod gemma4_vision;
 pub mod gpt_oss;
 pub mod llama;
 pub mod minicpm;
@@ -45,6 +46,16 @@ pub trait CausalLm: Params {
     /// Token ids `[B, L]` → logits `[B, L, vocab]`, extending `caches`.
     fn forward(&self, tokens: &Array, caches: &mut LayerCaches) -> Result<Array> {
         self.forward_embeddings(self.embed(tokens)?, caches)
+    }
+
+    /// Input rows `h` `[B, L, hidden]` already at the decoder's input scale (image rows as a
+    /// vision tower gives them, text rows times the model's embedding scale), with token ids `ids`
+    /// `[B, L]` for what the model reads besides the rows (Gemma 4's per-layer inputs; image
+    /// positions hold the pad id) → logits, extending `caches`. Only models whose vision towers
+    /// need it ([`vision_lm::RowScale::Input`]) implement it.
+    fn forward_input_rows(&self, h: Array, ids: &Array, caches: &mut LayerCaches) -> Result<Array> {
+        let _ = (h, ids, caches);
+        Err(crate::error::Error::InvalidArgument("this model takes no input rows at its decoder's scale".into()))
     }
 
     /// A chunk of prompt ids (on the host) → logits, extending `caches`: [`Self::forward`], unless

@@ -1,14 +1,15 @@
 //! A language model with a vision tower in front (issue 15): how image tokens reach a decoder
 //! without the engine, the batcher or the prompt cache knowing about images.
 //!
-//! The chat prompt holds, for each image, a run of the model's image token (`<image_soft_token>`
-//! for Gemma 3, as its processor expands them). [`CausalLm::bind_images`] encodes each image
-//! (decode, the model's preprocessing, tower, projector) and replaces its run with ids of its
-//! own: `MEDIA_TOKEN_BASE + slot · tokens_per_image + i`, where `slot` is given to an image's
-//! content (its bytes, compared whole: a hash alone could be made to collide) and never reused.
-//! [`VisionLm::embed`] turns those ids into the image's rows. So everything keyed on token ids
-//! keys on the image too: a second turn about the same image reuses the first's cached prefix,
-//! and a different image never does.
+//! The chat prompt holds, for each image, a run of the model's image token (Gemma 3: 256
+//! `<image_soft_token>`, as its processor expands them; Gemma 4: one `<|image|>`, whose image
+//! decides how many tokens it takes). [`CausalLm::bind_images`] encodes each image (decode, the
+//! model's preprocessing, tower, projector: an [`ImageEncoder`]) and replaces its run with ids of
+//! its own, one per row the image became: `MEDIA_TOKEN_BASE + first + i`, where the range
+//! `first..first + rows` is given to an image's content (its bytes, compared whole: a hash alone
+//! could be made to collide) and never reused. [`CausalLm::forward_prompt`] turns those ids into
+//! the image's rows. So everything keyed on token ids keys on the image too: a second turn about
+//! the same image reuses the first's cached prefix, and a different image never does.
 //!
 //! The last [`KEPT_IMAGES`] images (at most [`KEPT_BYTES`] of their bytes) are kept with their
 //! features (an image's tokens are embedded while its prompt is prefilled, right after
@@ -20,9 +21,10 @@ use std::sync::Mutex;
 pub use crate::chat::ImageData;
 
 use super::gemma3_vision::Gemma3Vision;
+use super::gemma4_vision::Gemma4Vision;
 use super::CausalLm;
 use crate::error::{Error, Result};
-use crate::media::{decode_image, Gemma3ImageProcessor};
+use crate::media::{decode_image, Gemma3ImageProcessor, Gemma4ImageProcessor, RgbImage};
 use crate::mlx::{Array, Dtype};
 use crate::nn::{LayerCaches, Params};
 
@@ -44,101 +46,193 @@ pub fn is_media_token(id: u32) -> bool {
 /// chat template renders).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImagePrompt {
-    /// What the template writes per image (Gemma 3: `<start_of_image>`).
+    /// What the template writes per image (Gemma 3: `<start_of_image>`; Gemma 4: `<|image|>`).
     pub marker: String,
     /// What the processor writes in its place (Gemma 3: `\n\n<start_of_image>` + the image token
-    /// `tokens_per_image` times + `<end_of_image>\n\n`).
+    /// 256 times + `<end_of_image>\n\n`; Gemma 4: `<|image>` + the image token once + `<image|>`,
+    /// the one token standing for as many as the image turns out to take).
     pub expansion: String,
-    /// The id of the image token, and how many an image takes.
+    /// The id of the image token, and how many of them the expansion writes per image.
     pub image_token: u32,
-    pub tokens_per_image: usize,
+    pub placeholder_tokens: usize,
 }
 
-/// An image kept: its slot, its bytes, its rows `[tokens_per_image, hidden]`.
+/// How an encoder's rows join the text model's input.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RowScale {
+    /// The rows are in the token embeddings' scale: the prompt chunk goes through
+    /// [`CausalLm::forward_embeddings`], which scales every row alike (Gemma 3).
+    Embedding,
+    /// The rows are at the decoder's input scale: text rows are the token embeddings times `scale`
+    /// (in their dtype), and the chunk goes through [`CausalLm::forward_input_rows`] with `pad_id`
+    /// in the image positions' ids (Gemma 4, whose per-layer inputs read ids).
+    Input { scale: f32, pad_id: u32 },
+}
+
+/// A vision tower with its preprocessing and projector: a decoded image in, its rows out.
+pub trait ImageEncoder: Params {
+    /// The image's rows `[n, text hidden]` (n ≥ 1, the image's token count), as [`Self::row_scale`] says.
+    fn encode(&self, image: &RgbImage) -> Result<Array>;
+
+    fn row_scale(&self) -> RowScale;
+}
+
+/// Gemma 3's SigLIP tower and projector with its processor (a fixed 256 tokens per image, rows
+/// divided by √hidden: see [`Gemma3Vision::merge_image_tokens`]).
+pub struct Gemma3Images {
+    pub vision: Gemma3Vision,
+    pub processor: Gemma3ImageProcessor,
+}
+
+impl ImageEncoder for Gemma3Images {
+    fn encode(&self, image: &RgbImage) -> Result<Array> {
+        let pv = self.processor.preprocess(image)?;
+        let shape: Vec<i32> = pv.shape.iter().map(|&d| d as i32).collect();
+        let pixels = Array::from_slice(&pv.data, &shape)?;
+        let t = self.vision.tokens_per_image() as i32;
+        self.vision.merge_scale(&self.vision.encode(&pixels)?)?.reshape(&[t, -1])
+    }
+
+    fn row_scale(&self) -> RowScale {
+        RowScale::Embedding
+    }
+}
+
+impl Params for Gemma3Images {
+    fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
+        self.vision.params(out);
+    }
+}
+
+/// Gemma 4's vision encoder and embedder with its processor (as many tokens as the image's
+/// aspect ratio gives within the budget; rows at the decoder's input scale).
+pub struct Gemma4Images {
+    pub vision: Gemma4Vision,
+    pub processor: Gemma4ImageProcessor,
+}
+
+impl ImageEncoder for Gemma4Images {
+    fn encode(&self, image: &RgbImage) -> Result<Array> {
+        let pv = self.processor.preprocess(image)?;
+        let shape: Vec<i32> = pv.shape.iter().map(|&d| d as i32).collect();
+        let pixels = Array::from_slice(&pv.data, &shape)?;
+        let n = self.vision.soft_tokens(pv.shape[2], pv.shape[3]);
+        if n == 0 {
+            return Err(Error::InvalidArgument(format!("the image becomes no tokens ({}x{} pixels after resizing)", pv.shape[3], pv.shape[2])));
+        }
+        self.vision.encode(&pixels)?.reshape(&[n as i32, -1])
+    }
+
+    fn row_scale(&self) -> RowScale {
+        RowScale::Input { scale: (self.vision.text_hidden() as f64).sqrt() as f32, pad_id: 0 }
+    }
+}
+
+impl Params for Gemma4Images {
+    fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
+        self.vision.params(out);
+    }
+}
+
+/// An image kept: its ids' range (offsets from [`MEDIA_TOKEN_BASE`]), its bytes, its rows
+/// `[len, hidden]`.
 struct Kept {
-    slot: u32,
+    first: u32,
+    len: u32,
     image: ImageData,
     rows: Array,
 }
 
 #[derive(Default)]
 struct Slots {
+    /// The next free id offset.
     next: u32,
     /// Least recently used first.
     kept: VecDeque<Kept>,
 }
 
-/// A Gemma 3 text model with its vision tower.
+/// A text model with a vision tower in front.
 pub struct VisionLm {
     text: Box<dyn CausalLm>,
-    vision: Gemma3Vision,
-    processor: Gemma3ImageProcessor,
+    encoder: Box<dyn ImageEncoder>,
     prompt: ImagePrompt,
     slots: Mutex<Slots>,
 }
 
 impl VisionLm {
-    /// `processor`: the checkpoint's preprocessing (pan and scan must be off: its crops take
-    /// prompt text of their own, which is not reproduced).
-    pub fn new(text: Box<dyn CausalLm>, vision: Gemma3Vision, image_token: u32, processor: Gemma3ImageProcessor) -> Self {
+    pub fn new(text: Box<dyn CausalLm>, encoder: Box<dyn ImageEncoder>, prompt: ImagePrompt) -> Self {
+        VisionLm { text, encoder, prompt, slots: Mutex::new(Slots::default()) }
+    }
+
+    /// Gemma 3. `processor`: the checkpoint's preprocessing (pan and scan must be off: its crops
+    /// take prompt text of their own, which is not reproduced).
+    pub fn gemma3(text: Box<dyn CausalLm>, vision: Gemma3Vision, image_token: u32, processor: Gemma3ImageProcessor) -> Self {
         let t = vision.tokens_per_image();
         let prompt = ImagePrompt {
             marker: "<start_of_image>".into(),
             expansion: format!("\n\n<start_of_image>{}<end_of_image>\n\n", "<image_soft_token>".repeat(t)),
             image_token,
-            tokens_per_image: t,
+            placeholder_tokens: t,
         };
-        VisionLm { text, vision, processor, prompt, slots: Mutex::new(Slots::default()) }
+        VisionLm::new(text, Box::new(Gemma3Images { vision, processor }), prompt)
     }
 
-    /// The image's first id, encoding it unless it is kept.
-    fn image_slot(&self, image: &ImageData) -> Result<u32> {
-        let t = self.prompt.tokens_per_image;
+    /// Gemma 4: the template's `<|image|>` becomes `<|image>` `<|image|>` `<image|>`, and that one
+    /// image token as many as the image takes (mlx-vlm's Gemma4Processor writes them all at once).
+    pub fn gemma4(text: Box<dyn CausalLm>, vision: Gemma4Vision, image_token: u32, processor: Gemma4ImageProcessor) -> Self {
+        let prompt = ImagePrompt {
+            marker: "<|image|>".into(),
+            expansion: "<|image><|image|><image|>".into(),
+            image_token,
+            placeholder_tokens: 1,
+        };
+        VisionLm::new(text, Box::new(Gemma4Images { vision, processor }), prompt)
+    }
+
+    /// The image's ids (first offset, count), encoding it unless it is kept.
+    fn image_ids(&self, image: &ImageData) -> Result<(u32, u32)> {
         let mut slots = self.slots.lock().map_err(|_| Error::Mlx("image slots poisoned by a panic".into()))?;
         if let Some(at) = slots.kept.iter().position(|k| k.image == *image) {
             let k = slots.kept.remove(at).expect("found above");
-            let slot = k.slot;
+            let ids = (k.first, k.len);
             slots.kept.push_back(k);
-            return Ok(MEDIA_TOKEN_BASE + slot * t as u32);
+            return Ok(ids);
         }
-        let slot = slots.next;
-        if (slot as u64 + 1) * t as u64 > (u32::MAX - MEDIA_TOKEN_BASE) as u64 {
+        let rows = self.encoder.encode(&decode_image(&image.bytes)?)?;
+        let len = rows.shape()[0] as u32;
+        let first = slots.next;
+        if first as u64 + len as u64 > (u32::MAX - MEDIA_TOKEN_BASE) as u64 {
             return Err(Error::InvalidArgument("this session has seen too many distinct images".into()));
         }
-        let pv = self.processor.preprocess(&decode_image(&image.bytes)?)?;
-        let shape: Vec<i32> = pv.shape.iter().map(|&d| d as i32).collect();
-        let pixels = Array::from_slice(&pv.data, &shape)?;
-        let rows = self.vision.merge_scale(&self.vision.encode(&pixels)?)?.reshape(&[t as i32, -1])?;
         rows.eval()?;
-        slots.next += 1;
-        slots.kept.push_back(Kept { slot, image: image.clone(), rows });
+        slots.next += len;
+        slots.kept.push_back(Kept { first, len, image: image.clone(), rows });
         while slots.kept.len() > 1
             && (slots.kept.len() > KEPT_IMAGES || slots.kept.iter().map(|k| k.image.bytes.len()).sum::<usize>() > KEPT_BYTES)
         {
             slots.kept.pop_front();
         }
-        Ok(MEDIA_TOKEN_BASE + slot * t as u32)
+        Ok((first, len))
     }
 
     /// The rows of media ids `ids` (consecutive ids of one image or several).
     fn media_rows(&self, ids: &[u32]) -> Result<Array> {
-        let t = self.prompt.tokens_per_image as u32;
         let slots = self.slots.lock().map_err(|_| Error::Mlx("image slots poisoned by a panic".into()))?;
         let mut parts = vec![];
         let mut i = 0;
         while i < ids.len() {
-            let slot = (ids[i] - MEDIA_TOKEN_BASE) / t;
-            let first = (ids[i] - MEDIA_TOKEN_BASE) % t;
-            let mut n = 1;
-            while i + n < ids.len() && ids[i + n] == ids[i] + n as u32 && (first + n as u32) < t {
-                n += 1;
-            }
-            let rows = slots.kept.iter().find(|k| k.slot == slot).map(|k| &k.rows).ok_or_else(|| {
+            let at = ids[i] - MEDIA_TOKEN_BASE;
+            let kept = slots.kept.iter().find(|k| k.first <= at && at < k.first + k.len).ok_or_else(|| {
                 Error::InvalidArgument(format!(
                     "the prompt refers to an image this session no longer keeps (more than {KEPT_IMAGES} images since)"
                 ))
             })?;
-            parts.push(rows.slice_axis(0, first as i32, (first + n as u32) as i32)?);
+            let first = at - kept.first;
+            let mut n = 1;
+            while i + n < ids.len() && ids[i + n] == ids[i] + n as u32 && first + (n as u32) < kept.len {
+                n += 1;
+            }
+            parts.push(kept.rows.slice_axis(0, first as i32, (first + n as u32) as i32)?);
             i += n;
         }
         let refs: Vec<&Array> = parts.iter().collect();
@@ -149,7 +243,7 @@ impl VisionLm {
 impl Params for VisionLm {
     fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
         self.text.params(out);
-        self.vision.params(out);
+        self.encoder.params(out);
     }
 }
 
@@ -166,6 +260,7 @@ impl CausalLm for VisionLm {
         if !ids.iter().any(|&t| is_media_token(t)) {
             return self.text.forward_prompt(ids, caches);
         }
+        let scale = self.encoder.row_scale();
         let mut parts = vec![];
         let mut i = 0;
         while i < ids.len() {
@@ -174,12 +269,23 @@ impl CausalLm for VisionLm {
             parts.push(if media {
                 self.media_rows(&ids[i..j])?.astype(self.text.dtype())?.expand_dims(0)?
             } else {
-                self.text.embed(&Array::from_slice(&ids[i..j], &[1, (j - i) as i32])?)?
+                let rows = self.text.embed(&Array::from_slice(&ids[i..j], &[1, (j - i) as i32])?)?;
+                match scale {
+                    RowScale::Embedding => rows,
+                    RowScale::Input { scale, .. } => rows.multiply(&Array::scalar_f32(scale, rows.dtype())?)?,
+                }
             });
             i = j;
         }
         let refs: Vec<&Array> = parts.iter().collect();
-        self.text.forward_embeddings(Array::concatenate(&refs, 1)?, caches)
+        let h = Array::concatenate(&refs, 1)?;
+        match scale {
+            RowScale::Embedding => self.text.forward_embeddings(h, caches),
+            RowScale::Input { pad_id, .. } => {
+                let ids: Vec<u32> = ids.iter().map(|&t| if is_media_token(t) { pad_id } else { t }).collect();
+                self.text.forward_input_rows(h, &Array::from_slice(&ids, &[1, ids.len() as i32])?, caches)
+            }
+        }
     }
 
     fn forward_embeddings(&self, h: Array, caches: &mut LayerCaches) -> Result<Array> {
@@ -207,7 +313,7 @@ impl CausalLm for VisionLm {
     }
 
     fn bind_images(&self, ids: Vec<u32>, images: &[&ImageData]) -> Result<Vec<u32>> {
-        let t = self.prompt.tokens_per_image;
+        let t = self.prompt.placeholder_tokens;
         let mut out = Vec::with_capacity(ids.len());
         let mut next = images.iter();
         let mut i = 0;
@@ -227,11 +333,11 @@ impl CausalLm for VisionLm {
                 Error::InvalidArgument("the prompt has more image places than the messages have images".into())
             })?;
             let n = images.len() - next.len();
-            let first = self.image_slot(image).map_err(|e| match e {
+            let (first, len) = self.image_ids(image).map_err(|e| match e {
                 Error::InvalidArgument(m) => Error::InvalidArgument(format!("image {n} of the conversation: {m}")),
                 other => other,
             })?;
-            out.extend((0..t as u32).map(|k| first + k));
+            out.extend((0..len).map(|k| MEDIA_TOKEN_BASE + first + k));
             i += run;
         }
         // The prompt's last token is fed as a sampled one would be (`embed`, not `forward_prompt`).

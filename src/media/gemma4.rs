@@ -1,0 +1,159 @@
+//! Gemma 4's image preprocessing (mlx-vlm 0.7.10 `models/gemma4/processing_gemma4.py`,
+//! `Gemma4ImageProcessor`, which follows transformers'): the image keeps its aspect ratio and is
+//! resized to the largest size whose sides are multiples of `pooling_kernel_size · patch_size`
+//! and whose patches fit the budget `max_soft_tokens · pooling_kernel_size²`, with PIL's BICUBIC
+//! filter on the 8-bit image (no resize when the size already fits), then rescaled by 1/255. No
+//! normalisation (the tower maps [0, 1] to [−1, 1] itself) and no padding: the image's soft-token
+//! count is `(H/p)·(W/p)/k²`, which varies with its aspect ratio.
+use super::image::{decode_image, resize_with, PixelValues, RgbImage, BICUBIC};
+use crate::error::{Error, Result};
+
+/// The soft-token budgets the Gemma 4 checkpoints are trained with (any positive one is accepted).
+pub const GEMMA4_SOFT_TOKEN_BUDGETS: [usize; 5] = [70, 140, 280, 560, 1120];
+
+/// Gemma 4's image processor, as the checkpoints' `processor_config.json` configures it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gemma4ImageProcessor {
+    pub patch_size: usize,
+    pub max_soft_tokens: usize,
+    pub pooling_kernel_size: usize,
+    pub rescale_factor: f64,
+}
+
+impl Default for Gemma4ImageProcessor {
+    /// The gemma-4 checkpoints': 16-pixel patches, 280 soft tokens, 3 × 3 pooling, 1/255.
+    fn default() -> Self {
+        Gemma4ImageProcessor { patch_size: 16, max_soft_tokens: 280, pooling_kernel_size: 3, rescale_factor: 1.0 / 255.0 }
+    }
+}
+
+fn invalid(what: impl std::fmt::Display) -> Error {
+    Error::InvalidArgument(what.to_string())
+}
+
+impl Gemma4ImageProcessor {
+    /// From a checkpoint's processor config (parsed `processor_config.json`, whose image settings
+    /// sit under `image_processor`, or a flat `preprocessor_config.json`); absent or null keys
+    /// keep the defaults. Settings not reproduced (normalisation, resize or rescale off, another
+    /// resample filter) are InvalidArgument rather than silently different.
+    pub fn from_config(cfg: &serde_json::Value) -> Result<Self> {
+        let cfg = cfg.get("image_processor").filter(|v| v.is_object()).unwrap_or(cfg);
+        let mut p = Gemma4ImageProcessor::default();
+        let get = |k: &str| cfg.get(k).filter(|v| !v.is_null());
+        let bad = |k: &str, v: &serde_json::Value| invalid(format!("processor config: unsupported {k} {v}"));
+        let size = |k: &str, max: u64| -> Result<Option<usize>> {
+            match get(k) {
+                None => Ok(None),
+                Some(v) => v.as_u64().filter(|&n| n > 0 && n <= max).map(|n| Some(n as usize)).ok_or_else(|| bad(k, v)),
+            }
+        };
+        if let Some(n) = size("patch_size", 1024)? {
+            p.patch_size = n;
+        }
+        if let Some(n) = size("max_soft_tokens", 1 << 16)? {
+            p.max_soft_tokens = n;
+        }
+        if let Some(n) = size("pooling_kernel_size", 64)? {
+            p.pooling_kernel_size = n;
+        }
+        if let Some(v) = get("rescale_factor") {
+            p.rescale_factor = v.as_f64().filter(|f| f.is_finite() && *f > 0.0).ok_or_else(|| bad("rescale_factor", v))?;
+        }
+        if let Some(v) = get("resample") {
+            if v.as_u64() != Some(3) {
+                return Err(bad("resample (only 3, BICUBIC)", v));
+            }
+        }
+        for (k, want) in [("do_resize", true), ("do_rescale", true), ("do_convert_rgb", true), ("do_normalize", false)] {
+            if let Some(v) = get(k) {
+                if v.as_bool() != Some(want) {
+                    return Err(bad(k, v));
+                }
+            }
+        }
+        Ok(p)
+    }
+
+    /// The size (height, width) an image of `height × width` is resized to: processing_gemma4's
+    /// `get_aspect_ratio_preserving_size`, in the same float64 arithmetic.
+    pub fn target_size(&self, height: u32, width: u32) -> Result<(u32, u32)> {
+        let (k, p) = (self.pooling_kernel_size, self.patch_size);
+        let max_patches = self.max_soft_tokens * k * k;
+        let target_px = (max_patches * p * p) as f64;
+        let (h, w) = (height as f64, width as f64);
+        let factor = (target_px / (h * w)).sqrt();
+        let side = (k * p) as f64;
+        let mut th = (factor * h / side).floor() * side;
+        let mut tw = (factor * w / side).floor() * side;
+        if th == 0.0 && tw == 0.0 {
+            return Err(invalid(format!("a {width}x{height} image cannot be resized for Gemma 4 (0 x 0 target)")));
+        }
+        let max_side = ((max_patches / (k * k)) * k * p) as f64;
+        if th == 0.0 {
+            th = side;
+            tw = ((w / h).floor() * side).min(max_side);
+        } else if tw == 0.0 {
+            tw = side;
+            th = ((h / w).floor() * side).min(max_side);
+        }
+        Ok((th as u32, tw as u32))
+    }
+
+    /// The soft tokens an image of `height × width` pixels (after resizing) becomes.
+    pub fn soft_tokens(&self, height: u32, width: u32) -> usize {
+        let p = self.patch_size as u32;
+        ((height / p) * (width / p)) as usize / (self.pooling_kernel_size * self.pooling_kernel_size)
+    }
+
+    /// The resized 8-bit image (what the float output is an exact function of).
+    pub fn resized(&self, img: &RgbImage) -> Result<RgbImage> {
+        let (th, tw) = self.target_size(img.height, img.width)?;
+        if (th, tw) == (img.height, img.width) {
+            return Ok(img.clone());
+        }
+        resize_with(img, tw, th, BICUBIC)
+    }
+
+    /// [`decode_image`] then [`Self::preprocess`].
+    pub fn preprocess_bytes(&self, bytes: &[u8]) -> Result<PixelValues> {
+        self.preprocess(&decode_image(bytes)?)
+    }
+
+    /// The pixel values `[1, 3, H, W]` in [0, 1], as the processor's `pixel_values` for this image.
+    pub fn preprocess(&self, img: &RgbImage) -> Result<PixelValues> {
+        let r = self.resized(img)?;
+        let (h, w) = (r.height as usize, r.width as usize);
+        let plane = h * w;
+        // numpy: uint8 → float32, × rescale_factor (a Python float: the product is taken in float32).
+        let factor = self.rescale_factor as f32;
+        let lut: Vec<f32> = (0..256u32).map(|v| v as f32 * factor).collect();
+        let mut data = vec![0f32; 3 * plane];
+        for (i, px) in r.data.chunks_exact(3).enumerate() {
+            for c in 0..3 {
+                data[c * plane + i] = lut[px[c] as usize];
+            }
+        }
+        Ok(PixelValues { data, shape: [1, 3, h, w], num_crops: 0 })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn target_sizes() {
+        let p = Gemma4ImageProcessor::default();
+        // A square image at the default budget: 280 tokens → 15 × 15 kernels… floored to 48-multiples.
+        let (h, w) = p.target_size(1000, 1000).unwrap();
+        assert_eq!((h % 48, w % 48), (0, 0));
+        assert!(p.soft_tokens(h, w) <= 280);
+        // Very narrow: one side takes one kernel, the other is capped.
+        let q = Gemma4ImageProcessor { max_soft_tokens: 20, ..p.clone() };
+        assert_eq!(q.target_size(333, 9).unwrap(), (960, 48));
+        let cfg = serde_json::json!({"image_processor": {"max_soft_tokens": 70, "do_normalize": false}});
+        assert_eq!(Gemma4ImageProcessor::from_config(&cfg).unwrap().max_soft_tokens, 70);
+        let bad = serde_json::json!({"do_normalize": true});
+        assert!(Gemma4ImageProcessor::from_config(&bad).is_err());
+    }
+}

@@ -1,0 +1,230 @@
+"""The oracle for mlex's whole Gemma 4 vision-language model: mlx-vlm's own greedy decode on tiny weights.
+
+Builds mlx-vlm 0.7.10's full gemma4 `Model` (vision encoder, embed_vision, Gemma 4 language model
+with per-layer inputs) on a tiny config, gives every parameter random float32 values, writes a PNG
+of odd size, runs mlx-vlm's Gemma4ImageProcessor on it (as PIL opens it) and greedy-decodes 32
+tokens for a prompt holding that image the way mlx-vlm's generate_step (generate/ar.py) drives the
+model: `Model.get_input_embeddings(input_ids, pixel_values)` (its inputs_embeds and
+per_layer_inputs), the language model's own cache (`LanguageModel.make_cache()`), the prompt
+prefilled with `language_model(input_ids, inputs_embeds=…, per_layer_inputs=…, cache=…)`, then
+one token at a time `language_model(y[None], cache=…)` with argmax on the last position's logits (no
+stop at eos). Writes into OUT_DIR:
+
+    config.json        a gemma4 checkpoint's config.json (nested text_config / vision_config)
+    processor_config.json  the image processor's settings (patch 4, 20 soft tokens, 2x2 pooling)
+    model.safetensors  the parameters, named as mlx-vlm's Model holds them after sanitize:
+                       "language_model.model.…", "vision_tower.…", "embed_vision.…" (the head is
+                       tied: LanguageModel has none)
+    image.png          the image, 37 x 23 pixels RGB
+    io.safetensors     pixel_values [1, 3, 24, 40] f32 (the processor's), input_ids [1, L] int32
+                       (bos 305, "look: ", boi 301, the image token 300 once per soft token (15),
+                       eoi 302, " what is it?"), logits0 [320] f32 (the last prompt position's
+                       logits), tokens [32] int32 (the greedy tokens)
+
+    python tests/oracle/gemma4_vlm.py OUT_DIR [--seed N]
+
+What mlx-vlm 0.7.10 does that a port might not (besides the tower's quirks, in gemma4_vision.py):
+- The processor expands each image token of the prompt into boi + image token × (that image's
+  soft-token count) + eoi; the count is the resized image's (H/p)·(W/p)/k².
+- get_input_embeddings: text rows are embed_tokens(ids) × sqrt(hidden) (a Python float: in the
+  embeddings' dtype); image-token positions get the embedder's rows as they are (no scaling).
+  The per-layer inputs read the ids with every image (and audio/video) token replaced by 0, and
+  their projection half is computed from the merged rows.
+- Attention over the prompt is causal (sliding layers: a window of sliding_window keys) unless
+  text_config.use_bidirectional_attention is "vision" and the processor's mm_token_type_ids reach
+  the model: then each image's tokens also see each other, and prefill is not chunked. This
+  config leaves it null (mlex loads such checkpoints as text models for now).
+- generate_step's prefill is chunked: all but the last prompt position in one call (with
+  per_layer_inputs sliced by the cache offset), then the last position alone. This script prefills
+  in one call and checks that the chunked way gives the same tokens.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
+from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
+
+from gemma4_vision import import_mlx_vlm_gemma4  # noqa: E402
+
+IMAGE_TOKEN, BOI, EOI, AUDIO_TOKEN, BOS = 300, 301, 302, 303, 305
+STEPS = 32
+
+TEXT_CONFIG = {
+    "model_type": "gemma4_text",
+    "hidden_size": 48,
+    "num_hidden_layers": 2,
+    "intermediate_size": 64,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 16,
+    "global_head_dim": 16,
+    "vocab_size": 320,
+    "vocab_size_per_layer_input": 320,
+    "hidden_size_per_layer_input": 8,
+    "num_kv_shared_layers": 0,
+    "sliding_window": 8,
+    "layer_types": ["sliding_attention", "full_attention"],
+    "rms_norm_eps": 1e-6,
+    "final_logit_softcapping": 30.0,
+    "use_double_wide_mlp": False,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": True,
+    "rope_parameters": {
+        "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0, "rope_type": "proportional"},
+        "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+    },
+}
+
+VISION_CONFIG = {
+    "model_type": "gemma4_vision",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "rms_norm_eps": 1e-6,
+    "patch_size": 4,
+    "position_embedding_size": 64,
+    "pooling_kernel_size": 2,
+    "default_output_length": 20,
+    "rope_parameters": {"rope_theta": 100.0, "rope_type": "default"},
+    "use_clipped_linears": False,
+    "standardize": False,
+}
+
+PROCESSOR = {"patch_size": 4, "max_soft_tokens": 20, "pooling_kernel_size": 2}
+
+
+def random_parameters(model):
+    flat = sorted(tree_flatten(model.parameters()), key=lambda kv: kv[0])
+    new = []
+    for name, p in flat:
+        noise = 0.1 * mx.random.normal(p.shape, dtype=mx.float32)
+        leaf = name.rsplit(".", 1)[-1]
+        if ("norm" in name and leaf == "weight") or leaf == "layer_scalar":
+            value = 1.0 + noise
+        elif name.endswith("embed_tokens.weight"):
+            value = 0.3 * noise
+        elif leaf == "position_embedding_table":
+            value = 5 * noise
+        else:
+            value = noise
+        new.append((name, value))
+    model.update(tree_unflatten(new))
+    mx.eval(model.parameters())
+    return dict(new)
+
+
+def greedy(model, input_ids, pixel_values, chunked):
+    emb = model.get_input_embeddings(input_ids=input_ids, pixel_values=pixel_values)
+    embeds, pli = emb.inputs_embeds, emb.per_layer_inputs
+    lm = model.language_model
+    cache = lm.make_cache()
+    if chunked:
+        n = input_ids.shape[1] - 1
+        lm(inputs=input_ids[:, :n], inputs_embeds=embeds[:, :n], cache=cache, per_layer_inputs=pli, logits_to_keep=1)
+        out = lm(input_ids[:, n:], inputs_embeds=embeds[:, n:], cache=cache, per_layer_inputs=pli, logits_to_keep=1)
+    else:
+        out = lm(input_ids, inputs_embeds=embeds, cache=cache, per_layer_inputs=pli, logits_to_keep=1)
+    logits0 = out.logits[0, -1]
+    y = mx.argmax(logits0)
+    tokens = [y.item()]
+    while len(tokens) < STEPS:
+        out = lm(y.reshape(1, 1), cache=cache)
+        y = mx.argmax(out.logits[0, -1])
+        tokens.append(y.item())
+    return logits0, tokens
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out_dir")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    mods = import_mlx_vlm_gemma4()
+    cfg = mods["config"]
+    text_config = cfg.TextConfig.from_dict(TEXT_CONFIG)
+    vision_config = cfg.VisionConfig.from_dict(VISION_CONFIG)
+    model_config = cfg.ModelConfig(
+        text_config=text_config,
+        vision_config=vision_config,
+        image_token_id=IMAGE_TOKEN,
+        boi_token_id=BOI,
+        eoi_token_id=EOI,
+        audio_token_id=AUDIO_TOKEN,
+        vocab_size=320,
+        hidden_size=48,
+    )
+    mx.random.seed(args.seed)
+    model = mods["gemma4"].Model(model_config)
+    weights = random_parameters(model)
+    assert set(model.sanitize(weights)) == set(weights)
+
+    from PIL import Image
+
+    os.makedirs(args.out_dir, exist_ok=True)
+    rng = np.random.default_rng(args.seed)
+    h, w = 23, 37
+    yy, xx = np.mgrid[0:h, 0:w]
+    img = np.stack([(xx * 7) % 256, (yy * 11) % 256, rng.integers(0, 256, (h, w))], axis=-1).astype(np.uint8)
+    png = os.path.join(args.out_dir, "image.png")
+    Image.fromarray(img).save(png)
+
+    proc = mods["processing_gemma4"].Gemma4ImageProcessor(**PROCESSOR)
+    data, counts = proc.preprocess([Image.open(png).convert("RGB")])
+    pixel_values = mx.array(np.asarray(data["pixel_values"], dtype=np.float32))
+    n = counts[0]
+    assert pixel_values.shape == (1, 3, 24, 40) and n == 15, (pixel_values.shape, n)
+
+    ids = [BOS] + list(b"look: ") + [BOI] + [IMAGE_TOKEN] * n + [EOI] + list(b" what is it?")
+    input_ids = mx.array([ids], dtype=mx.int32)
+
+    logits0, tokens = greedy(model, input_ids, pixel_values, chunked=False)
+    _, chunked = greedy(model, input_ids, pixel_values, chunked=True)
+    assert chunked == tokens, (chunked, tokens)
+    assert len(set(tokens)) > 4, f"greedy decoding repeats: {tokens}"
+
+    config = {
+        "architectures": ["Gemma4ForConditionalGeneration"],
+        "model_type": "gemma4",
+        "image_token_id": IMAGE_TOKEN,
+        "boi_token_id": BOI,
+        "eoi_token_id": EOI,
+        "audio_token_id": AUDIO_TOKEN,
+        "vocab_size": 320,
+        "hidden_size": 48,
+        "tie_word_embeddings": True,
+        "text_config": TEXT_CONFIG,
+        "vision_config": VISION_CONFIG,
+    }
+    with open(os.path.join(args.out_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+        f.write("\n")
+    with open(os.path.join(args.out_dir, "processor_config.json"), "w") as f:
+        json.dump({"image_processor": dict(PROCESSOR, image_processor_type="Gemma4ImageProcessor")}, f, indent=2)
+        f.write("\n")
+    mx.save_safetensors(os.path.join(args.out_dir, "model.safetensors"), weights)
+    mx.save_safetensors(
+        os.path.join(args.out_dir, "io.safetensors"),
+        {
+            "pixel_values": pixel_values,
+            "input_ids": input_ids,
+            "logits0": logits0.astype(mx.float32),
+            "tokens": mx.array(tokens, dtype=mx.int32),
+        },
+    )
+    print(f"gemma4_vlm: seed {args.seed}: {len(ids)} prompt ids ({n} image tokens), tokens {tokens} in {args.out_dir}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,301 @@
+//! Gemma 4 vision against mlx-vlm 0.7.10 (issue 15).
+//!
+//! - tests/oracle/gemma4_vision.py builds mlx-vlm's Gemma 4 vision encoder and embedder on tiny
+//!   random weights (clipped linears and standardization on), runs them on pixels of two aspect
+//!   ratios (15 and 8 soft tokens) and runs its Gemma4ImageProcessor on random images of odd
+//!   sizes; mlex must give the same tower output (within 1e-5 of its largest value), the same
+//!   embedded rows (1e-5) and the same pixels (exactly).
+//! - tests/oracle/gemma4_vlm.py builds mlx-vlm's whole gemma4 Model (vision + text with per-layer
+//!   inputs) and greedy-decodes 32 tokens for a prompt holding a PNG; mlex loads the same
+//!   checkpoint (wrapped in a VisionLm), binds the same PNG and must give the same first logits
+//!   (1e-4) and the same 32 tokens, directly and through a Session with a chat template.
+//!
+//! Without `MLEX_ORACLE_VENV` (the venv holding mlx-vlm) the oracle tests skip, saying so.
+mod common;
+
+use common::{read_tensors, repo_root, require_oracle, RawTensor};
+use mlex::loader::{ModelConfig, Vb, WeightStore};
+use mlex::media::{Gemma4ImageProcessor, RgbImage};
+use mlex::mlx::{Array, Dtype};
+use mlex::models::gemma4_vision::Gemma4Vision;
+use mlex::models::vision_lm::{ImageData, MEDIA_TOKEN_BASE};
+use std::cell::RefCell;
+use std::path::Path;
+use std::process::Command;
+
+fn f32_array(t: &RawTensor) -> Array {
+    assert_eq!(t.dtype, "F32", "{}", t.name);
+    let values: Vec<f32> = t.data.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    let shape: Vec<i32> = t.shape.iter().map(|&d| d as i32).collect();
+    Array::from_slice(&values, &shape).unwrap()
+}
+
+fn i32_values(t: &RawTensor) -> Vec<i32> {
+    assert_eq!(t.dtype, "I32", "{}", t.name);
+    t.data.chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap())).collect()
+}
+
+fn max_abs_diff(a: &Array, b: &Array) -> f32 {
+    assert_eq!(a.shape(), b.shape());
+    let (a, b) = (a.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap(), b.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap());
+    a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// Runs `tests/oracle/<script>` into a new directory (None, with a skip, without the oracle venv).
+fn run_oracle(script: &str, test: &str) -> Option<tempfile::TempDir> {
+    let python = require_oracle(test)?;
+    let out = tempfile::tempdir().unwrap();
+    let status = Command::new(&python).arg(repo_root().join("tests/oracle").join(script)).arg(out.path()).status().unwrap();
+    assert!(status.success(), "the oracle {script} failed");
+    Some(out)
+}
+
+/// A checkpoint directory holding `files` of the oracle's output (its io.safetensors stays out:
+/// the weight store reads every safetensors file of a directory).
+fn model_dir(out: &Path, files: &[&str]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for f in files {
+        std::fs::copy(out.join(f), dir.path().join(f)).unwrap();
+    }
+    dir
+}
+
+/// The vision side of the checkpoint in `dir`, checking that it takes every tensor there.
+fn load_vision(dir: &Path) -> Gemma4Vision {
+    let path = dir.join("config.json");
+    let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+    let store = RefCell::new(WeightStore::open(dir).unwrap());
+    let vision = Gemma4Vision::load(&cfg.raw, &Vb::new(&store, None)).unwrap().expect("a vision_config");
+    store.into_inner().finish().expect("every tensor of the checkpoint is used");
+    vision
+}
+
+#[test]
+fn gemma4_vision_tower_embedder_and_preprocessing_match_mlx_vlm() {
+    let Some(out) = run_oracle("gemma4_vision.py", "gemma4_vision_tower_embedder_and_preprocessing_match_mlx_vlm") else { return };
+    let io = read_tensors(&out.path().join("io.safetensors"));
+    let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
+    let vision = load_vision(model_dir(out.path(), &["config.json", "model.safetensors"]).path());
+    for (tag, tokens) in [("a", 15), ("b", 8)] {
+        let pixels = f32_array(get(&format!("pixels_{tag}")));
+        let s = pixels.shape();
+        assert_eq!(vision.soft_tokens(s[2] as usize, s[3] as usize), tokens);
+        let tower = vision.tower(&pixels).unwrap();
+        let theirs = f32_array(get(&format!("tower_{tag}")));
+        // The tower's output is large (pooled features times √hidden, up to ~30 here): within
+        // 1e-5 of its largest value (float32 rounding: a few ulp).
+        let scale = theirs.abs().unwrap().max(&[], false).unwrap().item_f32().unwrap().max(1.0);
+        let d = max_abs_diff(&tower, &theirs);
+        assert!(d <= 1e-5 * scale, "image {tag}: tower differs from mlx-vlm's by {d} (largest value {scale})");
+        let rows = vision.encode(&pixels).unwrap();
+        let d2 = max_abs_diff(&rows, &f32_array(get(&format!("features_{tag}"))));
+        assert!(d2 <= 1e-5, "image {tag}: embedded rows differ from mlx-vlm's by {d2}");
+        eprintln!("image {tag} ({tokens} tokens): max |Δ| tower {d:e} (largest value {scale}), rows {d2:e}");
+    }
+    // Pixels that do not fit the pooling grid are refused.
+    let odd = Array::zeros(&[1, 3, 20, 40], Dtype::Float32).unwrap();
+    let err = vision.tower(&odd).err().expect("20 px is not a multiple of 8").to_string();
+    assert!(err.contains("multiples of 8"), "{err}");
+
+    // Preprocessing: the processor's pixels for images of odd sizes, exactly.
+    let mut k = 0;
+    while let Some(img) = io.iter().find(|t| t.name == format!("image_{k}")) {
+        let want = get(&format!("processed_{k}"));
+        let max_soft = i32_values(get(&format!("max_soft_tokens_{k}")))[0] as usize;
+        let p = Gemma4ImageProcessor { max_soft_tokens: max_soft, ..Gemma4ImageProcessor::default() };
+        let rgb = RgbImage::from_raw(img.shape[1] as u32, img.shape[0] as u32, img.data.clone()).unwrap();
+        let pv = p.preprocess(&rgb).unwrap();
+        assert_eq!(pv.shape.to_vec(), want.shape, "case {k}: {}x{} image", img.shape[1], img.shape[0]);
+        let want: Vec<f32> = want.data.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        let diff = pv.data.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+        assert!(diff == 0.0, "case {k} ({}x{} → {:?}): pixels differ by up to {diff}", img.shape[1], img.shape[0], pv.shape);
+        k += 1;
+    }
+    assert!(k >= 8, "only {k} preprocessing cases");
+}
+
+/// The prompt ids mlx-vlm's processor wrote, with the image's run collapsed to the one image
+/// token the chat-template path puts there.
+fn collapsed(ids: &[u32], image_token: u32) -> Vec<u32> {
+    let mut out: Vec<u32> = vec![];
+    for &t in ids {
+        if t == image_token && out.last() == Some(&image_token) {
+            continue;
+        }
+        out.push(t);
+    }
+    out
+}
+
+#[test]
+fn gemma4_image_prompt_matches_mlx_vlm_greedy() {
+    let Some(out) = run_oracle("gemma4_vlm.py", "gemma4_image_prompt_matches_mlx_vlm_greedy") else { return };
+    let io = read_tensors(&out.path().join("io.safetensors"));
+    let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
+    let ids: Vec<u32> = i32_values(get("input_ids")).into_iter().map(|t| t as u32).collect();
+    let want: Vec<u32> = i32_values(get("tokens")).into_iter().map(|t| t as u32).collect();
+
+    // Our preprocessing of the PNG gives the processor's pixels.
+    let png = std::fs::read(out.path().join("image.png")).unwrap();
+    let p = Gemma4ImageProcessor { patch_size: 4, max_soft_tokens: 20, pooling_kernel_size: 2, ..Default::default() };
+    let pv = p.preprocess_bytes(&png).unwrap();
+    let d = max_abs_diff(&Array::from_slice(&pv.data, &[1, 3, 24, 40]).unwrap(), &f32_array(get("pixel_values")));
+    assert_eq!(d, 0.0, "pixels differ from mlx-vlm's processor");
+
+    let dir = model_dir(out.path(), &["config.json", "processor_config.json", "model.safetensors"]);
+    let path = dir.path().join("config.json");
+    let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+    let store = RefCell::new(WeightStore::open(dir.path()).unwrap());
+    let model = mlex::models::build_model(&cfg, &Vb::new(&store, None)).unwrap();
+    store.into_inner().finish().expect("every tensor of the checkpoint is used");
+    let prompt = model.image_prompt().expect("a gemma4 checkpoint with vision_config takes images");
+    assert_eq!((prompt.marker.as_str(), prompt.image_token, prompt.placeholder_tokens), ("<|image|>", 300, 1));
+
+    let bound = model.bind_images(collapsed(&ids, 300), &[&ImageData::new(png.clone())]).unwrap();
+    assert_eq!(bound.len(), ids.len(), "the image takes 15 tokens");
+    for (i, (&b, &t)) in bound.iter().zip(&ids).enumerate() {
+        assert_eq!(b >= MEDIA_TOKEN_BASE, t == 300, "position {i}");
+        if t != 300 {
+            assert_eq!(b, t, "position {i}");
+        }
+    }
+
+    let mut caches = model.make_caches();
+    let logits = model.forward_prompt(&bound, &mut caches).unwrap();
+    let l = bound.len() as i32;
+    let last = logits.slice_axis(1, l - 1, l).unwrap().reshape(&[-1]).unwrap();
+    let d = max_abs_diff(&last, &f32_array(get("logits0")));
+    assert!(d <= 1e-4, "first logits differ from mlx-vlm's by {d}");
+    eprintln!("first logits: max |Δ| {d:e}");
+    let argmax = |a: &Array| a.argmax(0, false).unwrap().astype(Dtype::Uint32).unwrap().to_vec::<u32>().unwrap()[0];
+    let mut next = argmax(&last);
+    let mut got = vec![next];
+    while got.len() < want.len() {
+        let logits = model.forward(&Array::from_slice(&[next], &[1, 1]).unwrap(), &mut caches).unwrap();
+        next = argmax(&logits.reshape(&[-1]).unwrap());
+        got.push(next);
+    }
+    assert_eq!(got, want, "greedy tokens differ from mlx-vlm's");
+
+    // The same image again reuses its ids; another image gets ids of its own.
+    let again = model.bind_images(collapsed(&ids, 300), &[&ImageData::new(png.clone())]).unwrap();
+    assert_eq!(again, bound);
+    let seed = std::fs::read(repo_root().join("fuzz/corpus/media_image/seed-png-rgba")).unwrap();
+    let other = model.bind_images(collapsed(&ids, 300), &[&ImageData::new(seed)]).unwrap();
+    let first_media = |v: &[u32]| *v.iter().find(|&&t| t >= MEDIA_TOKEN_BASE).unwrap();
+    assert!(first_media(&other) >= first_media(&bound) + 15, "another image reused the first one's ids");
+    // Two image tokens in a row are not one image's place.
+    let mut two = collapsed(&ids, 300);
+    let at = two.iter().position(|&t| t == 300).unwrap();
+    two.insert(at, 300);
+    let err = model.bind_images(two, &[&ImageData::new(png)]).unwrap_err().to_string();
+    assert!(err.contains("run of 2 image tokens"), "{err}");
+}
+
+/// A byte-level tokenizer over the oracle model's 320 ids: bytes 0..=255 as themselves, Gemma 4's
+/// image tokens at 300..=302 (`<|image|>`, `<|image>`, `<image|>`), `<bos>` 305, `<eos>` 306.
+fn write_gemma4_tokenizer(dir: &Path) {
+    let mut tok = common::tiny_tokenizer_json();
+    let specials = [(300, "<|image|>"), (301, "<|image>"), (302, "<image|>"), (303, "<|audio|>"), (305, "<bos>"), (306, "<eos>")];
+    let vocab = tok["model"]["vocab"].as_object_mut().unwrap();
+    vocab.retain(|_, id| id.as_u64().unwrap() < 256);
+    let mut added = vec![];
+    for id in 256..320u64 {
+        let content = specials.iter().find(|(i, _)| *i == id).map_or(format!("<unused_{id}>"), |(_, s)| s.to_string());
+        vocab.insert(content.clone(), id.into());
+        added.push(serde_json::json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+                                      "rstrip": false, "normalized": false, "special": true}));
+    }
+    tok["added_tokens"] = added.into();
+    std::fs::write(dir.join("tokenizer.json"), tok.to_string()).unwrap();
+    // Renders exactly the oracle's prompt text: bos, then the parts (images as `<|image|>`).
+    let template = "{{ bos_token }}{% for message in messages %}{% for item in message['content'] %}\
+        {% if item['type'] == 'image' %}<|image|>{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}\
+        {% endfor %}{% endfor %}";
+    let config = serde_json::json!({"bos_token": "<bos>", "eos_token": "<eos>", "chat_template": template,
+                                    "tokenizer_class": "PreTrainedTokenizerFast"});
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+}
+
+/// The whole path: a Session over the checkpoint reports images, its chat template's marker is
+/// expanded, the PNG decoded and preprocessed, and 32 greedy tokens equal mlx-vlm's.
+#[test]
+fn gemma4_images_through_a_session() {
+    use mlex::chat::ContentPart;
+    use mlex::{ChatMessage, GenerateOptions, Session};
+
+    let Some(out) = run_oracle("gemma4_vlm.py", "gemma4_images_through_a_session") else { return };
+    let io = read_tensors(&out.path().join("io.safetensors"));
+    let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
+    let ids: Vec<u32> = i32_values(get("input_ids")).into_iter().map(|t| t as u32).collect();
+    let want: Vec<u32> = i32_values(get("tokens")).into_iter().map(|t| t as u32).collect();
+    let dir = model_dir(out.path(), &["config.json", "processor_config.json", "model.safetensors"]);
+    write_gemma4_tokenizer(dir.path());
+    let session = Session::load(dir.path()).unwrap();
+    assert!(session.info().supports_images);
+    let png = std::fs::read(out.path().join("image.png")).unwrap();
+    let ask = vec![ChatMessage::user_with_images(vec![
+        ContentPart::Text("look: ".into()),
+        ContentPart::Image(ImageData::new(png)),
+        ContentPart::Text(" what is it?".into()),
+    ])];
+    let opts = GenerateOptions { max_tokens: want.len(), ignore_eos: true, ..Default::default() };
+    let reply = session.generate(&ask, opts).unwrap();
+    assert_eq!(reply.usage.prompt_tokens, ids.len(), "the prompt as mlx-vlm's processor expands it");
+    assert_eq!(reply.tokens, want, "greedy tokens through the session differ from mlx-vlm's");
+}
+
+/// Bad checkpoints: a missing vision tensor is named, a bad vision_config field is named. No Python.
+#[test]
+fn gemma4_vision_bad_checkpoints_name_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = serde_json::json!({
+        "model_type": "gemma4",
+        "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                          "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16, "patch_size": 4,
+                          "position_embedding_size": 64, "pooling_kernel_size": 2},
+        "text_config": {"model_type": "gemma4_text", "hidden_size": 48, "num_hidden_layers": 1,
+                        "intermediate_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1,
+                        "head_dim": 16, "global_head_dim": 16, "vocab_size": 320,
+                        "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0}
+    });
+    let path = dir.path().join("config.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    // Every vision tensor but the first layer's query projection.
+    let (d, p) = (32usize, 4usize);
+    let t = |name: &str, shape: &[usize]| RawTensor::f32(name, shape, &vec![0.01; shape.iter().product()]);
+    let mut tensors = vec![
+        t("vision_tower.patch_embedder.input_proj.weight", &[d, 3 * p * p]),
+        t("vision_tower.patch_embedder.position_embedding_table", &[2, 64, d]),
+        t("embed_vision.embedding_projection.weight", &[48, d]),
+    ];
+    let l = "vision_tower.encoder.layers.0";
+    for n in ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"] {
+        tensors.push(t(&format!("{l}.{n}.weight"), &[d]));
+    }
+    for n in ["q_norm", "k_norm"] {
+        tensors.push(t(&format!("{l}.self_attn.{n}.weight"), &[16]));
+    }
+    for n in ["k_proj", "v_proj", "o_proj"] {
+        tensors.push(t(&format!("{l}.self_attn.{n}.linear.weight"), &[d, d]));
+    }
+    common::write_safetensors(&dir.path().join("model.safetensors"), &tensors);
+    let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+    let store = RefCell::new(WeightStore::open(dir.path()).unwrap());
+    let err = Gemma4Vision::load(&cfg.raw, &Vb::new(&store, None)).err().expect("a tensor is missing").to_string();
+    assert!(err.contains("vision_tower.encoder.layers.0.self_attn.q_proj.linear.weight"), "{err}");
+    // Through the model builder too.
+    let store = RefCell::new(WeightStore::open(dir.path()).unwrap());
+    let err = mlex::models::build_model(&cfg, &Vb::new(&store, None)).err().expect("a tensor is missing").to_string();
+    assert!(err.contains("vision_tower.encoder.layers.0.self_attn.q_proj.linear.weight"), "{err}");
+
+    let store = RefCell::new(WeightStore::open(dir.path()).unwrap());
+    let mut bad = cfg.raw.clone();
+    bad["vision_config"]["head_dim"] = 18.into();
+    let err = Gemma4Vision::load(&bad, &Vb::new(&store, None)).err().expect("head_dim 18").to_string();
+    assert!(err.contains("head_dim 18 is not a multiple of 4"), "{err}");
+    bad["vision_config"]["head_dim"] = 16.into();
+    bad["vision_config"]["rope_parameters"] = serde_json::json!({"rope_theta": -1});
+    let err = Gemma4Vision::load(&bad, &Vb::new(&store, None)).err().expect("negative theta").to_string();
+    assert!(err.contains("rope_theta"), "{err}");
+}
