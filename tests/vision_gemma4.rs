@@ -190,6 +190,15 @@ fn gemma4_image_prompt_matches_mlx_vlm_greedy() {
     two.insert(at, 300);
     let err = model.bind_images(two, &[&ImageData::new(png)]).unwrap_err().to_string();
     assert!(err.contains("run of 2 image tokens"), "{err}");
+
+    // With bidirectional attention over images (not reproduced) the checkpoint is a text model.
+    let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    json["text_config"]["use_bidirectional_attention"] = "vision".into();
+    let cfg = ModelConfig::from_json(&json.to_string(), &path).unwrap();
+    let store = RefCell::new(WeightStore::open(dir.path()).unwrap());
+    let text_only = mlex::models::build_model(&cfg, &Vb::new(&store, None)).unwrap();
+    store.into_inner().finish().expect("the vision tensors are dropped");
+    assert!(text_only.image_prompt().is_none());
 }
 
 /// A byte-level tokenizer over the oracle model's 320 ids: bytes 0..=255 as themselves, Gemma 4's

@@ -388,7 +388,7 @@ struct GenerateArgs {
     #[arg(long)]
     raw: bool,
     /// An image file (PNG, JPEG, WebP, GIF) shown with --prompt, before its text; repeatable.
-    /// Needs a model with a vision tower (e.g. a gemma3 checkpoint with its vision_config).
+    /// Needs a model with a vision tower (a gemma3 or gemma4 checkpoint with its vision_config).
     #[arg(long, requires = "prompt")]
     image: Vec<PathBuf>,
     /// A JSON file with OpenAI-style tool definitions.
