@@ -27,6 +27,13 @@ pub fn gpu_available() -> bool {
     check(unsafe { sys::mlex_gpu_available(&mut ok) }).map(|_| ok).unwrap_or(false)
 }
 
+/// Whether ops created on this thread now run on a CUDA GPU (the GPU default on Linux), where
+/// some shapes are worth choosing for MLX's CUDA kernels (see `nn::kv_cache`).
+pub fn on_cuda() -> bool {
+    static GPU: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    cfg!(target_os = "linux") && *GPU.get_or_init(gpu_available) && default_device().is_ok_and(|d| d == Device::Gpu)
+}
+
 /// Makes `device` the default for ops created on this thread from now on.
 pub fn set_default_device(device: Device) -> Result<()> {
     let d = match device {

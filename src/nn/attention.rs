@@ -113,7 +113,7 @@ impl Attention {
                 return self.project_out(&o, residual);
             }
         }
-        let (k, v, mask) = cache.update_and_fetch(&k, &v)?;
+        let (k, v, mask) = cache.update_and_fetch_for_sdpa(&k, &v)?;
         let o = match (&self.sinks, &mask) {
             (None, Mask::Padded { key_start, causal }) => {
                 fast::scaled_dot_product_attention_padded(&q, &k, &v, self.scale, *causal, key_start)?

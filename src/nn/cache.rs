@@ -51,6 +51,13 @@ pub trait Cache {
         Err(Error::Mlx("this layer's cache holds no keys/values".into()))
     }
 
+    /// [`Cache::update_and_fetch`] for MLX's fused attention op only: the keys/values may be
+    /// longer than the tokens held (whole buffers) with a mask that hides the rest, where that
+    /// keeps the op's shapes stable for MLX's kernels (see `nn::kv_cache`).
+    fn update_and_fetch_for_sdpa(&mut self, k: &Array, v: &Array) -> Result<(Array, Array, Mask)> {
+        self.update_and_fetch(k, v)
+    }
+
     /// A cache that holds its keys/values quantized (`kv_bits`: see `nn::quantized_kv_cache`)
     /// appends `[B, Hkv, L, D]` keys/values and returns them packed, for attention by quantized
     /// matmuls. None (nothing appended): this cache returns plain arrays ([`Cache::update_and_fetch`]).

@@ -2,10 +2,39 @@
 //! mlx-lm's `KVCache`), written in place with `slice_update`, read as a prefix view.
 use super::cache::{Cache, Mask, SavedCache};
 use crate::error::Result;
-use crate::mlx::Array;
+use crate::mlx::{Array, Dtype};
+use std::cell::RefCell;
 
 /// Growth step in tokens: reallocating every token would copy the whole cache each step.
 pub const KV_STEP: usize = 256;
+
+/// The most queries of a pass that attends to whole buffers on CUDA (see [`short_pass_mask`]).
+pub const SHORT_PASS: usize = 16;
+
+/// A short pass on CUDA (2..=[`SHORT_PASS`] queries: a speculative verification, a small
+/// prompt chunk) attends to the whole key/value buffers under this mask instead of to the
+/// prefix views with a causal flag. MLX runs several queries through cuDNN's attention, whose
+/// compiled graph is keyed on the key length: a prefix that grows by a few tokens each pass
+/// built a new graph every pass (~60 ms: prompt lookup ran 5× slower than plain decoding on the
+/// H200), while the buffers change length only every [`KV_STEP`] tokens. `[L, C]`, additive in
+/// `dtype`: 0 where key `j` is visible to query `i` (`j <= offset + i`), -inf elsewhere (the
+/// buffers' unused tail included). One mask serves every layer of a pass (memoized per thread).
+fn short_pass_mask(offset: usize, queries: usize, capacity: usize, dtype: Dtype) -> Result<Array> {
+    thread_local! {
+        static LAST: RefCell<Option<((usize, usize, usize, Dtype), Array)>> = const { RefCell::new(None) };
+    }
+    let key = (offset, queries, capacity, dtype);
+    if let Some(m) = LAST.with(|l| l.borrow().as_ref().filter(|(k, _)| *k == key).map(|(_, m)| m.clone())) {
+        return Ok(m);
+    }
+    let keys = Array::arange(0.0, capacity as f64, 1.0, Dtype::Int32)?.reshape(&[1, capacity as i32])?;
+    let last = Array::arange(offset as f64, (offset + queries) as f64, 1.0, Dtype::Int32)?.reshape(&[queries as i32, 1])?;
+    let zero = Array::scalar_f32(0.0, dtype)?;
+    let hidden = Array::scalar_f32(f32::NEG_INFINITY, dtype)?;
+    let mask = Array::where_(&keys.less_equal(&last)?, &zero, &hidden)?;
+    LAST.with(|l| *l.borrow_mut() = Some((key, mask.clone())));
+    Ok(mask)
+}
 
 /// Cloning shares the buffers (MLX arrays are immutable values): a clone can be trimmed and
 /// extended without touching the original (see `generate::prompt_cache`).
@@ -76,6 +105,17 @@ impl KvCache {
     }
 }
 
+impl KvCache {
+    /// Appends, then returns the whole buffers and the [`short_pass_mask`] of these queries.
+    fn append_whole(&mut self, k: &Array, v: &Array) -> Result<(Array, Array, Mask)> {
+        let prev = self.offset;
+        self.append(k, v)?;
+        let (keys, values) = (self.keys.clone().unwrap(), self.values.clone().unwrap());
+        let mask = short_pass_mask(prev, k.dim(2) as usize, keys.dim(2) as usize, keys.dtype())?;
+        Ok((keys, values, Mask::Array(mask)))
+    }
+}
+
 impl Cache for KvCache {
     fn offset(&self) -> usize {
         self.offset
@@ -88,6 +128,14 @@ impl Cache for KvCache {
     fn trim_to(&mut self, n: usize) -> Result<()> {
         self.offset = self.offset.min(n);
         Ok(())
+    }
+
+    fn update_and_fetch_for_sdpa(&mut self, k: &Array, v: &Array) -> Result<(Array, Array, Mask)> {
+        let queries = k.dim(2) as usize;
+        if queries > 1 && queries <= SHORT_PASS && crate::mlx::on_cuda() {
+            return self.append_whole(k, v);
+        }
+        self.update_and_fetch(k, v)
     }
 
     fn update_and_fetch(&mut self, k: &Array, v: &Array) -> Result<(Array, Array, Mask)> {
@@ -125,5 +173,51 @@ impl Cache for KvCache {
 
     fn boxed_clone(&self) -> Box<dyn Cache> {
         Box::new(self.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mlx::fast;
+
+    fn rand(shape: &[i32], seed: u64) -> Array {
+        let n: i32 = shape.iter().product();
+        let mut x = seed | 1;
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            })
+            .collect();
+        Array::from_slice(&v, shape).unwrap()
+    }
+
+    /// Attention over the whole buffers under the short-pass mask equals attention over the
+    /// tokens held with the causal flag: a first chunk, a pass after a prefix, one that fills
+    /// the buffer to its end, and one after a trim (stale keys past the offset stay hidden).
+    #[test]
+    fn whole_buffers_under_the_mask_equal_the_causal_prefix() {
+        let (mut whole, mut prefix) = (KvCache::new(), KvCache::new());
+        let mut seed = 1;
+        for (l, trim) in [(3usize, None), (250, None), (3, None), (5, Some(200usize)), (16, None)] {
+            if let Some(n) = trim {
+                whole.trim_to(n).unwrap();
+                prefix.trim_to(n).unwrap();
+            }
+            seed += 1;
+            let (k, v, q) = (rand(&[1, 2, l as i32, 8], seed), rand(&[1, 2, l as i32, 8], seed + 100), rand(&[1, 4, l as i32, 8], seed + 200));
+            let (kw, vw, mw) = whole.append_whole(&k, &v).unwrap();
+            let (kp, vp, mp) = prefix.update_and_fetch(&k, &v).unwrap();
+            assert_eq!(kw.dim(2) as usize % KV_STEP, 0, "whole buffers");
+            let got = fast::scaled_dot_product_attention(&q, &kw, &vw, 0.3, mw.as_attention().unwrap()).unwrap();
+            let want = fast::scaled_dot_product_attention(&q, &kp, &vp, 0.3, mp.as_attention().unwrap()).unwrap();
+            let (g, w) = (got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+            for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+                assert!((a - b).abs() <= 1e-5, "{l} queries after {trim:?}: element {i}: {a} vs {b}");
+            }
+        }
     }
 }
