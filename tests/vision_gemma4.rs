@@ -41,11 +41,17 @@ fn max_abs_diff(a: &Array, b: &Array) -> f32 {
     a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
-/// Runs `tests/oracle/<script>` into a new directory (None, with a skip, without the oracle venv).
+/// Runs `tests/oracle/<script> OUT [args]` into a new directory (None, with a skip, without the
+/// oracle venv).
 fn run_oracle(script: &str, test: &str) -> Option<tempfile::TempDir> {
+    run_oracle_with(script, &[], test)
+}
+
+fn run_oracle_with(script: &str, args: &[&str], test: &str) -> Option<tempfile::TempDir> {
     let python = require_oracle(test)?;
     let out = tempfile::tempdir().unwrap();
-    let status = Command::new(&python).arg(repo_root().join("tests/oracle").join(script)).arg(out.path()).status().unwrap();
+    let status =
+        Command::new(&python).arg(repo_root().join("tests/oracle").join(script)).arg(out.path()).args(args).status().unwrap();
     assert!(status.success(), "the oracle {script} failed");
     Some(out)
 }
@@ -129,7 +135,20 @@ fn collapsed(ids: &[u32], image_token: u32) -> Vec<u32> {
 
 #[test]
 fn gemma4_image_prompt_matches_mlx_vlm_greedy() {
-    let Some(out) = run_oracle("gemma4_vlm.py", "gemma4_image_prompt_matches_mlx_vlm_greedy") else { return };
+    image_prompt_matches("gemma4_image_prompt_matches_mlx_vlm_greedy", false);
+}
+
+/// The same with `use_bidirectional_attention: "vision"` (the larger Gemma 4 models): the image's
+/// tokens attend to each other both ways in the prompt (here the image's 15 tokens outrun the
+/// sliding window of 8, which the overlay ignores).
+#[test]
+fn gemma4_bidirectional_image_prompt_matches_mlx_vlm_greedy() {
+    image_prompt_matches("gemma4_bidirectional_image_prompt_matches_mlx_vlm_greedy", true);
+}
+
+fn image_prompt_matches(test: &str, bidirectional: bool) {
+    let args: &[&str] = if bidirectional { &["--bidirectional"] } else { &[] };
+    let Some(out) = run_oracle_with("gemma4_vlm.py", args, test) else { return };
     let io = read_tensors(&out.path().join("io.safetensors"));
     let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
     let ids: Vec<u32> = i32_values(get("input_ids")).into_iter().map(|t| t as u32).collect();
@@ -191,14 +210,14 @@ fn gemma4_image_prompt_matches_mlx_vlm_greedy() {
     let err = model.bind_images(two, &[&ImageData::new(png)]).unwrap_err().to_string();
     assert!(err.contains("run of 2 image tokens"), "{err}");
 
-    // With bidirectional attention over images (not reproduced) the checkpoint is a text model.
-    let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    json["text_config"]["use_bidirectional_attention"] = "vision".into();
-    let cfg = ModelConfig::from_json(&json.to_string(), &path).unwrap();
-    let store = RefCell::new(WeightStore::open(dir.path()).unwrap());
-    let text_only = mlex::models::build_model(&cfg, &Vb::new(&store, None)).unwrap();
-    store.into_inner().finish().expect("the vision tensors are dropped");
-    assert!(text_only.image_prompt().is_none());
+    // A prefill chunk never splits an image: the cut moves back to its start, or (an image
+    // starting the chunk) forward to its end.
+    let start = bound.iter().position(|&t| t >= MEDIA_TOKEN_BASE).unwrap();
+    let rest = &bound[..bound.len() - 1];
+    assert_eq!(model.prefill_chunk_len(rest, start + 5), start);
+    assert_eq!(model.prefill_chunk_len(&rest[start..], 5), 15);
+    assert_eq!(model.prefill_chunk_len(rest, start), start);
+    assert_eq!(model.prefill_chunk_len(rest, start + 15), start + 15);
 }
 
 /// A byte-level tokenizer over the oracle model's 320 ids: bytes 0..=255 as themselves, Gemma 4's
@@ -230,10 +249,20 @@ fn write_gemma4_tokenizer(dir: &Path) {
 /// expanded, the PNG decoded and preprocessed, and 32 greedy tokens equal mlx-vlm's.
 #[test]
 fn gemma4_images_through_a_session() {
+    images_through_a_session("gemma4_images_through_a_session", false);
+}
+
+#[test]
+fn gemma4_bidirectional_images_through_a_session() {
+    images_through_a_session("gemma4_bidirectional_images_through_a_session", true);
+}
+
+fn images_through_a_session(test: &str, bidirectional: bool) {
     use mlex::chat::ContentPart;
     use mlex::{ChatMessage, GenerateOptions, Session};
 
-    let Some(out) = run_oracle("gemma4_vlm.py", "gemma4_images_through_a_session") else { return };
+    let args: &[&str] = if bidirectional { &["--bidirectional"] } else { &[] };
+    let Some(out) = run_oracle_with("gemma4_vlm.py", args, test) else { return };
     let io = read_tensors(&out.path().join("io.safetensors"));
     let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
     let ids: Vec<u32> = i32_values(get("input_ids")).into_iter().map(|t| t as u32).collect();
@@ -248,10 +277,14 @@ fn gemma4_images_through_a_session() {
         ContentPart::Image(ImageData::new(png)),
         ContentPart::Text(" what is it?".into()),
     ])];
-    let opts = GenerateOptions { max_tokens: want.len(), ignore_eos: true, ..Default::default() };
-    let reply = session.generate(&ask, opts).unwrap();
-    assert_eq!(reply.usage.prompt_tokens, ids.len(), "the prompt as mlx-vlm's processor expands it");
-    assert_eq!(reply.tokens, want, "greedy tokens through the session differ from mlx-vlm's");
+    // Prefill chunks of 10 tokens: the image (15 tokens at 8..23) must not be split.
+    for step in [512, 10] {
+        let session = Session::load(dir.path()).unwrap(); // fresh: no cached prefix
+        let opts = GenerateOptions { max_tokens: want.len(), ignore_eos: true, prefill_step_size: step, ..Default::default() };
+        let reply = session.generate(&ask, opts).unwrap();
+        assert_eq!(reply.usage.prompt_tokens, ids.len(), "the prompt as mlx-vlm's processor expands it");
+        assert_eq!(reply.tokens, want, "prefill chunks of {step}: greedy tokens through the session differ from mlx-vlm's");
+    }
 }
 
 /// Bad checkpoints: a missing vision tensor is named, a bad vision_config field is named. No Python.

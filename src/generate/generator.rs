@@ -378,6 +378,7 @@ pub(crate) fn prefill_chunk(
     opts: &GenerateOptions,
 ) -> Result<usize> {
     let n = (prompt.len() - 1 - pos).min(opts.prefill_step_size.max(1));
+    let n = model.prefill_chunk_len(&prompt[pos..prompt.len() - 1], n);
     if n == 0 {
         return Ok(pos);
     }

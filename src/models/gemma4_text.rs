@@ -93,6 +93,8 @@ pub struct Gemma4Config {
     pub moe_intermediate_size: Option<usize>,
     pub layer_types: Option<Vec<String>>,
     pub tie_word_embeddings: bool,
+    /// "vision": the tokens of one image also attend to each other (both ways) in the prompt.
+    pub use_bidirectional_attention: Option<String>,
 }
 
 impl Default for Gemma4Config {
@@ -127,6 +129,7 @@ impl Default for Gemma4Config {
             moe_intermediate_size: None,
             layer_types: None,
             tie_word_embeddings: true,
+            use_bidirectional_attention: None,
         }
     }
 }
@@ -441,6 +444,31 @@ pub struct SharedKv {
     pub offset: usize,
 }
 
+/// `mask` (a chunk of L queries over S keys, the chunk's own keys last) with the query/key pairs of
+/// `overlay` (`[L, L]`, over the chunk's keys) let through too: mlx-vlm's
+/// `_apply_blockwise_bidirectional_overlay`.
+fn with_overlay(mask: Mask, overlay: &Array, s: i32) -> Result<Mask> {
+    let l = overlay.dim(0);
+    let base = match mask {
+        Mask::Array(a) => a,
+        Mask::Causal => {
+            // Key c is visible to query r when c <= r + (S - L).
+            let r = Array::arange(0.0, l as f64, 1.0, Dtype::Int32)?.reshape(&[l, 1])?;
+            let c = Array::arange(0.0, s as f64, 1.0, Dtype::Int32)?.reshape(&[1, s])?;
+            c.less_equal(&r.add(&Array::scalar_i32(s - l, Dtype::Int32)?)?)?
+        }
+        Mask::None => return Ok(Mask::None),
+        padded @ Mask::Padded { .. } => return Ok(padded),
+    };
+    let extra = if s > l {
+        let none = Array::zeros(&[l, s - l], Dtype::Bool)?;
+        Array::concatenate(&[&none, overlay], 1)?
+    } else {
+        overlay.clone()
+    };
+    Ok(Mask::Array(base.logical_or(&extra)?))
+}
+
 /// Drops checkpoint tensors mlx-lm's sanitize drops (clipping bounds of Gemma's clippable linears).
 fn drop_clip_bounds(vb: &Vb) {
     for name in ["input_max", "input_min", "output_max", "output_min"] {
@@ -504,7 +532,15 @@ impl G4Attention {
 
     /// `x` `[B, L, hidden]` → `[B, L, hidden]`: with its own cache (returning what it stored for
     /// the KV-shared layers), or reading `shared`.
-    pub fn forward(&self, x: &Array, cache: Option<&mut dyn Cache>, shared: Option<&SharedKv>) -> Result<(Array, Option<SharedKv>)> {
+    /// `overlay`: `[L, L]` booleans of query/key pairs of this chunk that see each other besides
+    /// the causal mask (the tokens of one image, with bidirectional attention over images).
+    pub fn forward(
+        &self,
+        x: &Array,
+        cache: Option<&mut dyn Cache>,
+        shared: Option<&SharedKv>,
+        overlay: Option<&Array>,
+    ) -> Result<(Array, Option<SharedKv>)> {
         let s = x.shape();
         let (b, l) = (s[0], s[1]);
         let proj = self.qkv.forward(x)?;
@@ -533,6 +569,10 @@ impl G4Attention {
                 let k = self.rope.forward(&heads(k_raw, self.n_kv_heads, Some(k_norm))?, offset)?;
                 let v = heads(v_raw, self.n_kv_heads, None)?;
                 let (keys, values, mask) = cache.update_and_fetch(&k, &v)?;
+                let mask = match overlay {
+                    Some(o) => with_overlay(mask, o, keys.dim(2))?,
+                    None => mask,
+                };
                 Some(SharedKv { keys, values, mask, offset })
             }
             (None, None) => return Err(Error::InvalidArgument("gemma4 attention needs a cache or shared keys/values".into())),
@@ -652,8 +692,9 @@ impl G4Block {
         cache: Option<&mut dyn Cache>,
         shared: Option<&SharedKv>,
         per_layer_input: Option<&Array>,
+        overlay: Option<&Array>,
     ) -> Result<(Array, Option<SharedKv>)> {
-        let (a, kv) = self.self_attn.forward(&self.input_layernorm.forward(x)?, cache, shared)?;
+        let (a, kv) = self.self_attn.forward(&self.input_layernorm.forward(x)?, cache, shared, overlay)?;
         let h = x.add(&self.post_attention_layernorm.forward(&a)?)?;
         let dense = self.mlp.forward(&self.pre_feedforward_layernorm.forward(&h)?)?;
         let ff = match &self.moe {
@@ -760,6 +801,8 @@ pub struct Gemma4Text {
     pub softcap: Option<f32>,
     pub hidden_size: usize,
     pub vocab_size: usize,
+    /// `use_bidirectional_attention` is "vision" (see [`CausalLm::forward_input_rows`]).
+    pub bidirectional_images: bool,
 }
 
 impl Gemma4Text {
@@ -807,12 +850,12 @@ impl Gemma4Text {
             (None, Some(_)) => Some(self.nearest_tokens(&embeds)?),
             (None, None) => None,
         };
-        self.run_rows(h, ids.as_ref(), caches)
+        self.run_rows(h, ids.as_ref(), None, caches)
     }
 
     /// Input rows at the decoder's scale `[B, L, hidden]` (and the ids the per-layer inputs read,
     /// required when the model has them) → logits.
-    fn run_rows(&self, h: Array, ids: Option<&Array>, caches: &mut LayerCaches) -> Result<Array> {
+    fn run_rows(&self, h: Array, ids: Option<&Array>, overlay: Option<&Array>, caches: &mut LayerCaches) -> Result<Array> {
         let table = match (&self.per_layer_inputs, ids) {
             (Some(p), Some(ids)) => Some(self.per_layer_input_table(p, &h, ids)?),
             (Some(_), None) => return Err(Error::InvalidArgument("gemma4: per-layer inputs need token ids".into())),
@@ -825,7 +868,7 @@ impl Gemma4Text {
         let read = |i: usize| self.kv_sources[m..].contains(&i);
         let mut stored: Vec<Option<SharedKv>> = (0..m).map(|_| None).collect();
         let h = super::run_layers(h, &self.layers[..m], caches, |layer, i, x, cache| {
-            let (y, kv) = layer.forward(x, Some(cache), None, layer_input(i)?.as_ref())?;
+            let (y, kv) = layer.forward(x, Some(cache), None, layer_input(i)?.as_ref(), overlay)?;
             if read(i) {
                 stored[i] = kv;
             }
@@ -836,7 +879,7 @@ impl Gemma4Text {
             let mut none = LayerCaches((m..n).map(|_| Box::new(NoCache) as Box<dyn Cache>).collect());
             super::run_layers(h, &self.layers[m..], &mut none, |layer, j, x, _| {
                 let kv = stored[self.kv_sources[m + j]].as_ref().expect("sources run first");
-                Ok(layer.forward(x, None, Some(kv), layer_input(m + j)?.as_ref())?.0)
+                Ok(layer.forward(x, None, Some(kv), layer_input(m + j)?.as_ref(), None)?.0)
             })?
         } else {
             h
@@ -865,8 +908,31 @@ impl CausalLm for Gemma4Text {
         self.run(h, None, caches)
     }
 
-    fn forward_input_rows(&self, h: Array, ids: &Array, caches: &mut LayerCaches) -> Result<Array> {
-        self.run_rows(h, Some(ids), caches)
+    /// With `use_bidirectional_attention` "vision", each run of media positions (one image's
+    /// tokens: the caller keeps an image within one chunk) also attends to itself both ways.
+    fn forward_input_rows(&self, h: Array, ids: &Array, media: &[bool], caches: &mut LayerCaches) -> Result<Array> {
+        let l = media.len();
+        let overlay = if self.bidirectional_images && l > 1 && media.iter().any(|&m| m) {
+            // Block ids: each maximal run of media positions its own, text positions none.
+            let mut block = vec![-1i32; l];
+            let mut next = 0;
+            for i in 0..l {
+                if media[i] {
+                    if i > 0 && media[i - 1] {
+                        block[i] = block[i - 1];
+                    } else {
+                        block[i] = next;
+                        next += 1;
+                    }
+                }
+            }
+            let q = Array::from_slice(&block, &[l as i32, 1])?;
+            let k = Array::from_slice(&block, &[1, l as i32])?;
+            Some(q.equal(&k)?.logical_and(&q.greater_equal(&Array::scalar_i32(0, Dtype::Int32)?)?)?)
+        } else {
+            None
+        };
+        self.run_rows(h, Some(ids), overlay.as_ref(), caches)
     }
 
     fn make_caches(&self) -> LayerCaches {
@@ -950,6 +1016,7 @@ impl Loadable for Gemma4Text {
             softcap: c.final_logit_softcapping,
             hidden_size: c.hidden_size,
             vocab_size: c.vocab_size,
+            bidirectional_images: c.use_bidirectional_attention.as_deref() == Some("vision"),
         })
     }
 }
@@ -963,21 +1030,10 @@ pub const ARCH: Architecture = Architecture {
 
 /// A gemma4 checkpoint with a `vision_config` gets its vision tower too
 /// ([`super::vision_lm::VisionLm`]); the tower's tensors are taken first (the text model drops
-/// whatever is left of the non-text parts: the audio tower, for now). Not for checkpoints whose
-/// text model attends bidirectionally inside each image (`use_bidirectional_attention: "vision"`,
-/// the larger Gemma 4 models): that mask is not reproduced, so they load as text models, saying so.
+/// whatever is left of the non-text parts: the audio tower, for now).
 fn load_with_vision(c: &ModelConfig, vb: &Vb) -> Result<Box<dyn CausalLm>> {
     let wrapped = c.raw.get("outer_model_type").and_then(Value::as_str) == Some("gemma4") || c.model_type == "gemma4";
-    let has_vision = c.raw.get("vision_config").is_some_and(|v| !v.is_null());
-    let bidirectional = c.raw.get("use_bidirectional_attention").and_then(Value::as_str) == Some("vision");
-    if wrapped && has_vision && bidirectional {
-        eprintln!(
-            "mlex: {}: images are not supported yet for Gemma 4 checkpoints with bidirectional attention over \
-             images (use_bidirectional_attention \"vision\"); loaded as a text model",
-            c.path.display()
-        );
-    }
-    let vision = if wrapped && has_vision && !bidirectional { super::gemma4_vision::Gemma4Vision::load(&c.raw, vb)? } else { None };
+    let vision = if wrapped { super::gemma4_vision::Gemma4Vision::load(&c.raw, vb)? } else { None };
     let text = super::load_as::<Gemma4Text>(c, vb)?;
     let Some(vision) = vision else { return Ok(text) };
     let image_token = c.raw.get("image_token_id").and_then(Value::as_u64).unwrap_or(258_880) as u32;

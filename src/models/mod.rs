@@ -48,14 +48,23 @@ pub trait CausalLm: Params {
         self.forward_embeddings(self.embed(tokens)?, caches)
     }
 
-    /// Input rows `h` `[B, L, hidden]` already at the decoder's input scale (image rows as a
+    /// Input rows `h` `[1, L, hidden]` already at the decoder's input scale (image rows as a
     /// vision tower gives them, text rows times the model's embedding scale), with token ids `ids`
-    /// `[B, L]` for what the model reads besides the rows (Gemma 4's per-layer inputs; image
-    /// positions hold the pad id) → logits, extending `caches`. Only models whose vision towers
-    /// need it ([`vision_lm::RowScale::Input`]) implement it.
-    fn forward_input_rows(&self, h: Array, ids: &Array, caches: &mut LayerCaches) -> Result<Array> {
-        let _ = (h, ids, caches);
+    /// `[1, L]` for what the model reads besides the rows (Gemma 4's per-layer inputs; image
+    /// positions hold the pad id) and which positions are image rows (`media`, L of them) → logits,
+    /// extending `caches`. Only models whose vision towers need it
+    /// ([`vision_lm::RowScale::Input`]) implement it.
+    fn forward_input_rows(&self, h: Array, ids: &Array, media: &[bool], caches: &mut LayerCaches) -> Result<Array> {
+        let _ = (h, ids, media, caches);
         Err(crate::error::Error::InvalidArgument("this model takes no input rows at its decoder's scale".into()))
+    }
+
+    /// How many of the prompt ids `ids` (the rest of a prompt being prefilled) the next prefill
+    /// chunk takes, given the `n` wanted: `n`, unless that would split a run of the model's own
+    /// ids (an image's tokens: [`vision_lm`]), which a chunk takes whole.
+    fn prefill_chunk_len(&self, ids: &[u32], n: usize) -> usize {
+        let _ = ids;
+        n
     }
 
     /// A chunk of prompt ids (on the host) → logits, extending `caches`: [`Self::forward`], unless

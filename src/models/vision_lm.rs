@@ -282,14 +282,37 @@ impl CausalLm for VisionLm {
         match scale {
             RowScale::Embedding => self.text.forward_embeddings(h, caches),
             RowScale::Input { pad_id, .. } => {
+                let media: Vec<bool> = ids.iter().map(|&t| is_media_token(t)).collect();
                 let ids: Vec<u32> = ids.iter().map(|&t| if is_media_token(t) { pad_id } else { t }).collect();
-                self.text.forward_input_rows(h, &Array::from_slice(&ids, &[1, ids.len() as i32])?, caches)
+                self.text.forward_input_rows(h, &Array::from_slice(&ids, &[1, ids.len() as i32])?, &media, caches)
             }
         }
     }
 
     fn forward_embeddings(&self, h: Array, caches: &mut LayerCaches) -> Result<Array> {
         self.text.forward_embeddings(h, caches)
+    }
+
+    /// An image's tokens go into one chunk: the cut moves back to the start of the image it would
+    /// split, or, when that image starts the chunk, forward to its end (Gemma 4's larger models
+    /// attend both ways inside an image, which needs all of its tokens at once).
+    fn prefill_chunk_len(&self, ids: &[u32], n: usize) -> usize {
+        if n == 0 || n >= ids.len() || !is_media_token(ids[n]) || !is_media_token(ids[n - 1]) || ids[n] != ids[n - 1] + 1 {
+            return n;
+        }
+        // ids[n - 1] and ids[n] are consecutive tokens of one image: find where its run starts.
+        let mut start = n - 1;
+        while start > 0 && is_media_token(ids[start - 1]) && ids[start] == ids[start - 1] + 1 {
+            start -= 1;
+        }
+        if start > 0 {
+            return start;
+        }
+        let mut end = n;
+        while end < ids.len() && is_media_token(ids[end]) && ids[end] == ids[end - 1] + 1 {
+            end += 1;
+        }
+        end
     }
 
     fn make_caches(&self) -> LayerCaches {

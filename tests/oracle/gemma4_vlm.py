@@ -21,7 +21,12 @@ stop at eos). Writes into OUT_DIR:
                        eoi 302, " what is it?"), logits0 [320] f32 (the last prompt position's
                        logits), tokens [32] int32 (the greedy tokens)
 
-    python tests/oracle/gemma4_vlm.py OUT_DIR [--seed N]
+    python tests/oracle/gemma4_vlm.py OUT_DIR [--seed N] [--bidirectional]
+
+With --bidirectional the text config sets use_bidirectional_attention "vision" (as the larger
+Gemma 4 checkpoints do) and the prefill gets the processor's mm_token_type_ids, as generate passes
+them: the image's tokens then attend to each other both ways (the script checks that this changes
+the tokens).
 
 What mlx-vlm 0.7.10 does that a port might not (besides the tower's quirks, in gemma4_vision.py):
 - The processor expands each image token of the prompt into boi + image token × (that image's
@@ -32,8 +37,11 @@ What mlx-vlm 0.7.10 does that a port might not (besides the tower's quirks, in g
   their projection half is computed from the merged rows.
 - Attention over the prompt is causal (sliding layers: a window of sliding_window keys) unless
   text_config.use_bidirectional_attention is "vision" and the processor's mm_token_type_ids reach
-  the model: then each image's tokens also see each other, and prefill is not chunked. This
-  config leaves it null (mlex loads such checkpoints as text models for now).
+  the model (generate passes them): then each run of image tokens (type 1; boi/eoi are text) also
+  sees itself both ways, in full and sliding layers alike (the window does not limit it), and
+  prefill is not chunked. mlx-vlm applies that overlay only when the mask's key length equals the
+  token-type length, i.e. with nothing cached before the prompt: after a cached prefix it is
+  silently causal (mlex applies it to every prompt chunk holding an image).
 - generate_step's prefill is chunked: all but the last prompt position in one call (with
   per_layer_inputs sliced by the cache offset), then the last position alone. This script prefills
   in one call and checks that the chunked way gives the same tokens.
@@ -124,12 +132,15 @@ def random_parameters(model):
     return dict(new)
 
 
-def greedy(model, input_ids, pixel_values, chunked):
+def greedy(model, input_ids, pixel_values, chunked, token_types=None):
     emb = model.get_input_embeddings(input_ids=input_ids, pixel_values=pixel_values)
     embeds, pli = emb.inputs_embeds, emb.per_layer_inputs
     lm = model.language_model
     cache = lm.make_cache()
-    if chunked:
+    if token_types is not None:
+        out = lm(input_ids, inputs_embeds=embeds, cache=cache, per_layer_inputs=pli, logits_to_keep=1,
+                 mm_token_type_ids=token_types)
+    elif chunked:
         n = input_ids.shape[1] - 1
         lm(inputs=input_ids[:, :n], inputs_embeds=embeds[:, :n], cache=cache, per_layer_inputs=pli, logits_to_keep=1)
         out = lm(input_ids[:, n:], inputs_embeds=embeds[:, n:], cache=cache, per_layer_inputs=pli, logits_to_keep=1)
@@ -149,11 +160,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out_dir")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bidirectional", action="store_true")
     args = ap.parse_args()
+    text_cfg = dict(TEXT_CONFIG)
+    if args.bidirectional:
+        text_cfg["use_bidirectional_attention"] = "vision"
 
     mods = import_mlx_vlm_gemma4()
     cfg = mods["config"]
-    text_config = cfg.TextConfig.from_dict(TEXT_CONFIG)
+    text_config = cfg.TextConfig.from_dict(text_cfg)
     vision_config = cfg.VisionConfig.from_dict(VISION_CONFIG)
     model_config = cfg.ModelConfig(
         text_config=text_config,
@@ -189,9 +204,15 @@ def main():
     ids = [BOS] + list(b"look: ") + [BOI] + [IMAGE_TOKEN] * n + [EOI] + list(b" what is it?")
     input_ids = mx.array([ids], dtype=mx.int32)
 
-    logits0, tokens = greedy(model, input_ids, pixel_values, chunked=False)
-    _, chunked = greedy(model, input_ids, pixel_values, chunked=True)
-    assert chunked == tokens, (chunked, tokens)
+    causal_logits0, causal = greedy(model, input_ids, pixel_values, chunked=False)
+    if args.bidirectional:
+        token_types = (input_ids == IMAGE_TOKEN).astype(mx.int32)  # the processor's mm_token_type_ids
+        logits0, tokens = greedy(model, input_ids, pixel_values, chunked=False, token_types=token_types)
+        assert mx.abs(logits0 - causal_logits0).max().item() > 1e-3, "the overlay changes nothing"
+    else:
+        logits0, tokens = causal_logits0, causal
+        _, chunked = greedy(model, input_ids, pixel_values, chunked=True)
+        assert chunked == tokens, (chunked, tokens)
     assert len(set(tokens)) > 4, f"greedy decoding repeats: {tokens}"
 
     config = {
@@ -204,7 +225,7 @@ def main():
         "vocab_size": 320,
         "hidden_size": 48,
         "tie_word_embeddings": True,
-        "text_config": TEXT_CONFIG,
+        "text_config": text_cfg,
         "vision_config": VISION_CONFIG,
     }
     with open(os.path.join(args.out_dir, "config.json"), "w") as f:
