@@ -68,7 +68,7 @@ STEPS = 32
 TEXT_CONFIG = {
     "model_type": "gemma4_text",
     "hidden_size": 48,
-    "num_hidden_layers": 2,
+    "num_hidden_layers": 4,
     "intermediate_size": 64,
     "num_attention_heads": 2,
     "num_key_value_heads": 1,
@@ -77,12 +77,12 @@ TEXT_CONFIG = {
     "vocab_size": 320,
     "vocab_size_per_layer_input": 320,
     "hidden_size_per_layer_input": 8,
-    "num_kv_shared_layers": 0,
+    "num_kv_shared_layers": 2,  # layers 2 and 3 read layers 0 and 1's keys and values
     "sliding_window": 8,
-    "layer_types": ["sliding_attention", "full_attention"],
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
     "rms_norm_eps": 1e-6,
     "final_logit_softcapping": 30.0,
-    "use_double_wide_mlp": False,
+    "use_double_wide_mlp": True,  # the KV-shared layers' MLPs are twice as wide
     "max_position_embeddings": 512,
     "tie_word_embeddings": True,
     "rope_parameters": {
