@@ -108,7 +108,11 @@ fn gemma4_vision_tower_embedder_and_preprocessing_match_mlx_vlm() {
     while let Some(img) = io.iter().find(|t| t.name == format!("image_{k}")) {
         let want = get(&format!("processed_{k}"));
         let max_soft = i32_values(get(&format!("max_soft_tokens_{k}")))[0] as usize;
-        let p = Gemma4ImageProcessor { max_soft_tokens: max_soft, ..Gemma4ImageProcessor::default() };
+        let normalize = io.iter().find(|t| t.name == format!("normalize_{k}")).map(|t| {
+            let v: Vec<f32> = t.data.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+            ([v[0], v[1], v[2]], [v[3], v[4], v[5]])
+        });
+        let p = Gemma4ImageProcessor { max_soft_tokens: max_soft, normalize, ..Gemma4ImageProcessor::default() };
         let rgb = RgbImage::from_raw(img.shape[1] as u32, img.shape[0] as u32, img.data.clone()).unwrap();
         let pv = p.preprocess(&rgb).unwrap();
         assert_eq!(pv.shape.to_vec(), want.shape, "case {k}: {}x{} image", img.shape[1], img.shape[0]);
@@ -117,7 +121,7 @@ fn gemma4_vision_tower_embedder_and_preprocessing_match_mlx_vlm() {
         assert!(diff == 0.0, "case {k} ({}x{} → {:?}): pixels differ by up to {diff}", img.shape[1], img.shape[0], pv.shape);
         k += 1;
     }
-    assert!(k >= 8, "only {k} preprocessing cases");
+    assert!(k >= 9, "only {k} preprocessing cases");
 }
 
 /// The prompt ids mlx-vlm's processor wrote, with the image's run collapsed to the one image

@@ -2,9 +2,10 @@
 //! `Gemma4ImageProcessor`, which follows transformers'): the image keeps its aspect ratio and is
 //! resized to the largest size whose sides are multiples of `pooling_kernel_size · patch_size`
 //! and whose patches fit the budget `max_soft_tokens · pooling_kernel_size²`, with PIL's BICUBIC
-//! filter on the 8-bit image (no resize when the size already fits), then rescaled by 1/255. No
-//! normalisation (the tower maps [0, 1] to [−1, 1] itself) and no padding: the image's soft-token
-//! count is `(H/p)·(W/p)/k²`, which varies with its aspect ratio.
+//! filter on the 8-bit image (no resize when the size already fits; mlx-vlm uses BICUBIC whatever
+//! the config's `resample` says), then rescaled by 1/255. Normalisation is off by default (the
+//! tower maps [0, 1] to [−1, 1] itself; with `do_normalize`, `(x − mean) / std` in float32). No
+//! padding: the image's soft-token count is `(H/p)·(W/p)/k²`, which varies with its aspect ratio.
 use super::image::{decode_image, resize_with, PixelValues, RgbImage, BICUBIC};
 use crate::error::{Error, Result};
 
@@ -18,12 +19,20 @@ pub struct Gemma4ImageProcessor {
     pub max_soft_tokens: usize,
     pub pooling_kernel_size: usize,
     pub rescale_factor: f64,
+    /// `(mean, std)` per channel when `do_normalize` is on.
+    pub normalize: Option<([f32; 3], [f32; 3])>,
 }
 
 impl Default for Gemma4ImageProcessor {
     /// The gemma-4 checkpoints': 16-pixel patches, 280 soft tokens, 3 × 3 pooling, 1/255.
     fn default() -> Self {
-        Gemma4ImageProcessor { patch_size: 16, max_soft_tokens: 280, pooling_kernel_size: 3, rescale_factor: 1.0 / 255.0 }
+        Gemma4ImageProcessor {
+            patch_size: 16,
+            max_soft_tokens: 280,
+            pooling_kernel_size: 3,
+            rescale_factor: 1.0 / 255.0,
+            normalize: None,
+        }
     }
 }
 
@@ -34,8 +43,8 @@ fn invalid(what: impl std::fmt::Display) -> Error {
 impl Gemma4ImageProcessor {
     /// From a checkpoint's processor config (parsed `processor_config.json`, whose image settings
     /// sit under `image_processor`, or a flat `preprocessor_config.json`); absent or null keys
-    /// keep the defaults. Settings not reproduced (normalisation, resize or rescale off, another
-    /// resample filter) are InvalidArgument rather than silently different.
+    /// keep the defaults. Settings not reproduced (resize or rescale off) are InvalidArgument
+    /// rather than silently different.
     pub fn from_config(cfg: &serde_json::Value) -> Result<Self> {
         let cfg = cfg.get("image_processor").filter(|v| v.is_object()).unwrap_or(cfg);
         let mut p = Gemma4ImageProcessor::default();
@@ -59,17 +68,33 @@ impl Gemma4ImageProcessor {
         if let Some(v) = get("rescale_factor") {
             p.rescale_factor = v.as_f64().filter(|f| f.is_finite() && *f > 0.0).ok_or_else(|| bad("rescale_factor", v))?;
         }
-        if let Some(v) = get("resample") {
-            if v.as_u64() != Some(3) {
-                return Err(bad("resample (only 3, BICUBIC)", v));
-            }
-        }
-        for (k, want) in [("do_resize", true), ("do_rescale", true), ("do_convert_rgb", true), ("do_normalize", false)] {
+        for k in ["do_resize", "do_rescale", "do_convert_rgb"] {
             if let Some(v) = get(k) {
-                if v.as_bool() != Some(want) {
+                if v.as_bool() != Some(true) {
                     return Err(bad(k, v));
                 }
             }
+        }
+        let normalize = match get("do_normalize") {
+            None => false,
+            Some(v) => v.as_bool().ok_or_else(|| bad("do_normalize", v))?,
+        };
+        if normalize {
+            // The processor's defaults: mean and std 0.5.
+            let triple = |k: &str| -> Result<[f32; 3]> {
+                match get(k) {
+                    None => Ok([0.5; 3]),
+                    Some(v) => match v.as_array().map(|a| a.iter().map(|x| x.as_f64()).collect::<Option<Vec<_>>>()) {
+                        Some(Some(a)) if a.len() == 3 => Ok([a[0] as f32, a[1] as f32, a[2] as f32]),
+                        _ => Err(bad(k, v)),
+                    },
+                }
+            };
+            let (mean, std) = (triple("image_mean")?, triple("image_std")?);
+            if std.contains(&0.0) {
+                return Err(bad("image_std", get("image_std").unwrap_or(&serde_json::Value::Null)));
+            }
+            p.normalize = Some((mean, std));
         }
         Ok(p)
     }
@@ -126,11 +151,19 @@ impl Gemma4ImageProcessor {
         let plane = h * w;
         // numpy: uint8 → float32, × rescale_factor (a Python float: the product is taken in float32).
         let factor = self.rescale_factor as f32;
-        let lut: Vec<f32> = (0..256u32).map(|v| v as f32 * factor).collect();
+        let lut: Vec<[f32; 3]> = (0..256u32)
+            .map(|v| {
+                let x = v as f32 * factor;
+                match self.normalize {
+                    None => [x; 3],
+                    Some((mean, std)) => std::array::from_fn(|c| (x - mean[c]) / std[c]),
+                }
+            })
+            .collect();
         let mut data = vec![0f32; 3 * plane];
         for (i, px) in r.data.chunks_exact(3).enumerate() {
             for c in 0..3 {
-                data[c * plane + i] = lut[px[c] as usize];
+                data[c * plane + i] = lut[px[c] as usize][c];
             }
         }
         Ok(PixelValues { data, shape: [1, 3, h, w], num_crops: 0 })
@@ -153,7 +186,9 @@ mod tests {
         assert_eq!(q.target_size(333, 9).unwrap(), (960, 48));
         let cfg = serde_json::json!({"image_processor": {"max_soft_tokens": 70, "do_normalize": false}});
         assert_eq!(Gemma4ImageProcessor::from_config(&cfg).unwrap().max_soft_tokens, 70);
-        let bad = serde_json::json!({"do_normalize": true});
+        let norm = serde_json::json!({"do_normalize": true, "image_mean": [0.0, 0.0, 0.0], "image_std": [1.0, 1.0, 1.0]});
+        assert_eq!(Gemma4ImageProcessor::from_config(&norm).unwrap().normalize, Some(([0.0; 3], [1.0; 3])));
+        let bad = serde_json::json!({"do_rescale": false});
         assert!(Gemma4ImageProcessor::from_config(&bad).is_err());
     }
 }

@@ -19,7 +19,8 @@ OUT_DIR:
                        output: pooled, scaled by sqrt(hidden), standardized), features_a [1, 15, 48] /
                        features_b [1, 8, 48] (embed_vision's output: the rows that replace the image
                        tokens); image_K [h, w, 3] uint8 and processed_K [1, 3, H, W] f32 for each
-                       preprocessing case K (the processor's pixel_values for that image)
+                       preprocessing case K (the processor's pixel_values for that image), and for
+                       the one case with normalisation normalize_K [6] (mean then std)
 
     python tests/oracle/gemma4_vision.py OUT_DIR [--seed N]
 
@@ -131,7 +132,11 @@ PREPROCESS_CASES = [
     (333, 9, 20),
     (64, 64, 70),
     (1000, 700, 280),
+    (50, 70, 20),  # with normalisation (NORMALIZED_CASE)
 ]
+
+# The case processed with do_normalize (off in the checkpoints, but a processor config may turn it on).
+NORMALIZED_CASE = (len(PREPROCESS_CASES) - 1, [0.4, 0.5, 0.6], [0.2, 0.3, 0.25])
 
 
 def random_parameters(module, prefix):
@@ -198,7 +203,11 @@ def main():
         # Smooth structure too (pure noise hides filter-tap errors less well than edges do).
         yy, xx = np.mgrid[0:h, 0:w]
         img[..., 0] = ((xx * 255) // max(w - 1, 1)).astype(np.uint8)
-        proc = mods["processing_gemma4"].Gemma4ImageProcessor(patch_size=16, max_soft_tokens=max_soft, pooling_kernel_size=3)
+        extra = {}
+        if k == NORMALIZED_CASE[0]:
+            extra = {"do_normalize": True, "image_mean": NORMALIZED_CASE[1], "image_std": NORMALIZED_CASE[2]}
+            io[f"normalize_{k}"] = mx.array(NORMALIZED_CASE[1] + NORMALIZED_CASE[2], dtype=mx.float32)
+        proc = mods["processing_gemma4"].Gemma4ImageProcessor(patch_size=16, max_soft_tokens=max_soft, pooling_kernel_size=3, **extra)
         data, counts = proc.preprocess([Image.fromarray(img)])
         pv = np.asarray(data["pixel_values"], dtype=np.float32)
         assert pv.ndim == 4 and pv.shape[0] == 1, pv.shape
