@@ -186,6 +186,12 @@ mod tests {
         assert_eq!(q.target_size(333, 9).unwrap(), (960, 48));
         let cfg = serde_json::json!({"image_processor": {"max_soft_tokens": 70, "do_normalize": false}});
         assert_eq!(Gemma4ImageProcessor::from_config(&cfg).unwrap().max_soft_tokens, 70);
+        // Degenerate shapes stay within the budget, on kernel multiples, with no side of 0.
+        for (h, w) in [(1, 1), (1, 65_535), (65_535, 1), (8192, 8192), (3, 5000), (47, 48)] {
+            let (th, tw) = p.target_size(h, w).unwrap();
+            assert!(th > 0 && tw > 0 && th % 48 == 0 && tw % 48 == 0, "{h}x{w} -> {th}x{tw}");
+            assert!(p.soft_tokens(th, tw) <= 280 && p.soft_tokens(th, tw) > 0, "{h}x{w} -> {th}x{tw}");
+        }
         let norm = serde_json::json!({"do_normalize": true, "image_mean": [0.0, 0.0, 0.0], "image_std": [1.0, 1.0, 1.0]});
         assert_eq!(Gemma4ImageProcessor::from_config(&norm).unwrap().normalize, Some(([0.0; 3], [1.0; 3])));
         let bad = serde_json::json!({"do_rescale": false});
