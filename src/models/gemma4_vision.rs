@@ -209,7 +209,7 @@ impl Block {
         let attn = attn.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, hq * hd])?;
         let h = x.add(&self.post_attention_layernorm.forward(&self.o_proj.forward(&attn)?)?)?;
         let n = self.pre_feedforward_layernorm.forward(&h)?;
-        let ff = self.down_proj.forward(&gelu_tanh(&self.gate_proj.forward(&n)?)?.multiply(&self.up_proj.forward(&n)?)?)?;
+        let ff = self.down_proj.forward(&fast::geglu(&self.gate_proj.forward(&n)?, &self.up_proj.forward(&n)?)?)?;
         h.add(&self.post_feedforward_layernorm.forward(&ff)?)
     }
 }
@@ -230,16 +230,6 @@ impl Params for Block {
             l.params(out);
         }
     }
-}
-
-/// MLX's `gelu_approx`: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
-fn gelu_tanh(x: &Array) -> Result<Array> {
-    let dt = x.dtype();
-    let c = |v: f32| Array::scalar_f32(v, dt);
-    let cube = x.power(&c(3.0)?)?;
-    let inner = x.add(&c(0.044715)?.multiply(&cube)?)?;
-    let t = c((2.0 / std::f64::consts::PI).sqrt() as f32)?.multiply(&inner)?.tanh()?;
-    c(0.5)?.multiply(x)?.multiply(&c(1.0)?.add(&t)?)
 }
 
 /// `x·cos + rotate_half(x)·sin` on each half of the head (`x` `[B, L, H, D]`; the tables
