@@ -27,6 +27,8 @@ fn main() {
     println!("cargo:rerun-if-changed=src/mlx/ablation.h");
     println!("cargo:rerun-if-changed=src/mlx/gated_delta.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cuda_jit.h");
+    println!("cargo:rerun-if-changed=src/mlx/cpu_quantized_gemm.h");
+    println!("cargo:rerun-if-changed=src/mlx/cpu_quantized_gemm.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cuda_jit.cpp");
     println!("cargo:rerun-if-changed=vendor/mlx.lock");
     println!("cargo:rerun-if-env-changed=MLX_DIR");
@@ -59,6 +61,7 @@ fn main() {
         .file("src/mlx/cpu_thread_pool.cpp")
         .file("src/mlx/gated_delta.cpp")
         .file("src/mlx/cuda_jit.cpp")
+        .file("src/mlx/cpu_quantized_gemm.cpp")
         .include(&include)
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-deprecated-declarations")

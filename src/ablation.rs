@@ -9,6 +9,7 @@
 //! | `MLEX_ABLATE_PREFILL_BOUND` | the bound on layers in flight during prefill |
 //! | `MLEX_ABLATE_PIPELINING` | building the next decode step before the token is read |
 //! | `MLEX_ABLATE_CPU_QMM` | our CPU quantized matmul |
+//! | `MLEX_ABLATE_CPU_GEMM` | its packed GEMM for prompt chunks (the row kernels instead) |
 //! | `MLEX_ABLATE_CPU_FAST_OPS` | our CPU RMSNorm / RoPE / attention |
 //! | `MLEX_ABLATE_CUDA_QMV` | our CUDA decode matrix-vector kernel |
 //! | `MLEX_ABLATE_CUDA_EPILOGUE` | the residual add and SwiGLU folded into that kernel |
@@ -40,6 +41,7 @@ impl Ablations {
         let on = |name: &str| std::env::var_os(name).is_some();
         let kernels = [
             ("MLEX_ABLATE_CPU_QMM", sys::MLEX_ABLATE_KERNEL_CPU_QMM),
+            ("MLEX_ABLATE_CPU_GEMM", sys::MLEX_ABLATE_KERNEL_CPU_GEMM),
             ("MLEX_ABLATE_CPU_FAST_OPS", sys::MLEX_ABLATE_KERNEL_CPU_FAST_OPS),
             ("MLEX_ABLATE_CUDA_QMV", sys::MLEX_ABLATE_KERNEL_CUDA_QMV),
             ("MLEX_ABLATE_CUDA_EPILOGUE", sys::MLEX_ABLATE_KERNEL_CUDA_EPILOGUE),

@@ -234,17 +234,27 @@ fn graph_census_counts_pending_ops_once_each() {
 
 /// mlex's own CPU kernel (`CpuQuantizedMatmul`: affine 2–8-bit, float32, evaluated weights)
 /// against MLX's dequantize + matmul, at sizes that split the rows over the thread pool, with
-/// one and several rows of input, and with an input that is a non-contiguous view.
+/// one and several rows of input (37 and 100: a prompt chunk, the packed GEMM, with a last
+/// partial superpanel and panel of weight rows and a k not a multiple of its block), and with an
+/// input that is a non-contiguous view.
 #[test]
 fn cpu_quantized_matmul_kernel_matches_dequantize_then_matmul() {
-    let (n, k) = (1000i32, 512i32);
+    for (n, k) in [(1000i32, 512i32), (70, 320)] {
+        check_cpu_quantized_matmul(n, k);
+    }
+}
+
+fn check_cpu_quantized_matmul(n: i32, k: i32) {
     let wa = arr(&rand_vec((n * k) as usize, 21), &[n, k]);
     for (bits, group) in [(4, 32), (4, 64), (4, 128), (8, 32), (8, 64), (8, 128), (2, 64), (3, 32), (5, 64), (6, 128)] {
+        if k % group != 0 {
+            continue;
+        }
         let q = quant::quantize(&wa, group, bits, QuantMode::Affine).unwrap();
         let biases = q.biases.as_ref().unwrap();
         mlex::mlx::eval(&[&q.weight, &q.scales, biases]).unwrap();
         let deq = quant::dequantize(&q.weight, &q.scales, Some(biases), group, bits, QuantMode::Affine).unwrap();
-        for rows in [1, 3] {
+        for rows in [1, 3, 37, 100] {
             // [k, rows] transposed: a non-contiguous [rows, k] view.
             let x = arr(&rand_vec((rows * k) as usize, 22 + rows as u64), &[k, rows]).transpose(&[1, 0]).unwrap();
             let got = quant::quantized_matmul(&x, &q.weight, &q.scales, Some(biases), true, group, bits, QuantMode::Affine)
@@ -255,6 +265,23 @@ fn cpu_quantized_matmul_kernel_matches_dequantize_then_matmul() {
             close(&got.to_vec::<f32>().unwrap(), &want.to_vec::<f32>().unwrap(), 1e-4);
         }
     }
+}
+
+/// A prompt chunk's rows (the packed GEMM) are each computed the same whatever other rows share
+/// the chunk: the first 40 rows of a 100-row product are bit for bit the 40-row product's.
+#[test]
+fn cpu_quantized_gemm_rows_do_not_depend_on_the_chunk() {
+    let (n, k) = (200i32, 768i32);
+    let q = quant::quantize(&arr(&rand_vec((n * k) as usize, 71), &[n, k]), 64, 4, QuantMode::Affine).unwrap();
+    let biases = q.biases.as_ref().unwrap();
+    mlex::mlx::eval(&[&q.weight, &q.scales, biases]).unwrap();
+    let x = arr(&rand_vec((100 * k) as usize, 72), &[100, k]);
+    let mm = |x: &Array| {
+        quant::quantized_matmul(x, &q.weight, &q.scales, Some(biases), true, 64, 4, QuantMode::Affine).unwrap().to_vec::<f32>().unwrap()
+    };
+    let all = mm(&x);
+    let first = mm(&x.slice_axis(0, 0, 40).unwrap().contiguous().unwrap());
+    assert!(first.iter().zip(&all).all(|(a, b)| a.to_bits() == b.to_bits()), "row results depend on the chunk");
 }
 
 /// The same check on the portable (non-AVX2) path, in a child process since the choice is made

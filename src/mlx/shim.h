@@ -254,6 +254,7 @@ int mlex_random_categorical(mlex_array logits, int32_t axis, mlex_array key, mle
 #define MLEX_ABLATE_KERNEL_CUDA_QMV 4u
 #define MLEX_ABLATE_KERNEL_GATED_DELTA 8u
 #define MLEX_ABLATE_KERNEL_CUDA_EPILOGUE 16u
+#define MLEX_ABLATE_KERNEL_CPU_GEMM 32u
 void mlex_set_ablations(uint32_t kernels);
 
 /* ---- compile: fused element-wise helpers used by the models ---- */
