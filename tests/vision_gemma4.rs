@@ -345,3 +345,42 @@ fn gemma4_vision_bad_checkpoints_name_the_problem() {
     let err = Gemma4Vision::load(&bad, &Vb::new(&store, None)).err().expect("negative theta").to_string();
     assert!(err.contains("rope_theta"), "{err}");
 }
+
+/// Speed, side by side with mlx-vlm in the same run (not a pass/fail test): the Gemma 4 vision
+/// encoder and embedder at mlx-vlm's default widths on one image, same random weights, best of 3
+/// after a warm-up.
+///
+/// `MLEX_ORACLE_VENV=<venv> [MLEX_BENCH_SIZE=336] cargo test --release --test vision_gemma4 -- --ignored --nocapture bench_`
+#[test]
+#[ignore]
+fn bench_gemma4_tower_against_mlx_vlm() {
+    let Some(python) = require_oracle("bench_gemma4_tower_against_mlx_vlm") else { return };
+    let size = std::env::var("MLEX_BENCH_SIZE").unwrap_or_else(|_| "336".into());
+    let out = tempfile::tempdir().unwrap();
+    let status = Command::new(&python)
+        .arg(repo_root().join("tests/oracle/gemma4_vision_bench.py"))
+        .arg(out.path())
+        .args(["--size", &size, "--runs", "3"])
+        .status()
+        .unwrap();
+    assert!(status.success(), "the oracle failed");
+    let bench: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.path().join("bench.json")).unwrap()).unwrap();
+    let theirs: Vec<f64> = bench["ms"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let pixels = f32_array(&read_tensors(&out.path().join("pixels.safetensors"))[0]);
+    let vision = load_vision(model_dir(out.path(), &["config.json", "model.safetensors"]).path());
+    let encode = || {
+        let t0 = std::time::Instant::now();
+        vision.encode(&pixels).unwrap().eval().unwrap();
+        t0.elapsed().as_secs_f64() * 1e3
+    };
+    encode();
+    let ours: Vec<f64> = (0..3).map(|_| encode()).collect();
+    let best = |v: &[f64]| v.iter().cloned().fold(f64::INFINITY, f64::min);
+    println!(
+        "gemma4 tower + embedder, {size} px ({} tokens), one image: mlex {ours:.1?} ms, mlx-vlm {theirs:.1?} ms: best {:.1} vs {:.1} ms, {:.2}x",
+        bench["tokens"],
+        best(&ours),
+        best(&theirs),
+        best(&theirs) / best(&ours)
+    );
+}
