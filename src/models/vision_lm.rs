@@ -13,7 +13,7 @@
 //!
 //! The last [`KEPT_IMAGES`] images (at most [`KEPT_BYTES`] of their bytes) are kept with their
 //! features (an image's tokens are embedded while its prompt is prefilled, right after
-//! `bind_images`). An image seen again after it was dropped gets a new slot: a prompt-cache miss,
+//! `bind_images`). An image seen again after it was dropped gets new ids: a prompt-cache miss,
 //! never another image's rows; an id whose features were dropped is an error.
 use std::collections::VecDeque;
 use std::sync::Mutex;
