@@ -8,7 +8,8 @@
 //! - tests/oracle/gemma4_vlm.py builds mlx-vlm's whole gemma4 Model (vision + text with per-layer
 //!   inputs) and greedy-decodes 32 tokens for a prompt holding a PNG; mlex loads the same
 //!   checkpoint (wrapped in a VisionLm), binds the same PNG and must give the same first logits
-//!   (1e-4) and the same 32 tokens, directly and through a Session with a chat template.
+//!   (1e-4) and the same 32 tokens, directly and through a Session with a chat template; also with
+//!   two images of different sizes, and with bidirectional attention over each image.
 //!
 //! Without `MLEX_ORACLE_VENV` (the venv holding mlx-vlm) the oracle tests skip, saying so.
 mod common;
@@ -139,7 +140,13 @@ fn collapsed(ids: &[u32], image_token: u32) -> Vec<u32> {
 
 #[test]
 fn gemma4_image_prompt_matches_mlx_vlm_greedy() {
-    image_prompt_matches("gemma4_image_prompt_matches_mlx_vlm_greedy", false);
+    image_prompt_matches("gemma4_image_prompt_matches_mlx_vlm_greedy", &[]);
+}
+
+/// Two images of different sizes (15 and 14 tokens) in one prompt.
+#[test]
+fn gemma4_two_image_prompt_matches_mlx_vlm_greedy() {
+    image_prompt_matches("gemma4_two_image_prompt_matches_mlx_vlm_greedy", &["--two-images"]);
 }
 
 /// The same with `use_bidirectional_attention: "vision"` (the larger Gemma 4 models): the image's
@@ -147,11 +154,15 @@ fn gemma4_image_prompt_matches_mlx_vlm_greedy() {
 /// sliding window of 8, which the overlay ignores).
 #[test]
 fn gemma4_bidirectional_image_prompt_matches_mlx_vlm_greedy() {
-    image_prompt_matches("gemma4_bidirectional_image_prompt_matches_mlx_vlm_greedy", true);
+    image_prompt_matches("gemma4_bidirectional_image_prompt_matches_mlx_vlm_greedy", &["--bidirectional", "--two-images"]);
 }
 
-fn image_prompt_matches(test: &str, bidirectional: bool) {
-    let args: &[&str] = if bidirectional { &["--bidirectional"] } else { &[] };
+/// The oracle's images (image.png, and image2.png with --two-images), in prompt order.
+fn oracle_images(out: &Path) -> Vec<Vec<u8>> {
+    ["image.png", "image2.png"].iter().map(|f| out.join(f)).filter(|p| p.is_file()).map(|p| std::fs::read(p).unwrap()).collect()
+}
+
+fn image_prompt_matches(test: &str, args: &[&str]) {
     let Some(out) = run_oracle_with("gemma4_vlm.py", args, test) else { return };
     let io = read_tensors(&out.path().join("io.safetensors"));
     let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
@@ -174,8 +185,10 @@ fn image_prompt_matches(test: &str, bidirectional: bool) {
     let prompt = model.image_prompt().expect("a gemma4 checkpoint with vision_config takes images");
     assert_eq!((prompt.marker.as_str(), prompt.image_token, prompt.placeholder_tokens), ("<|image|>", 300, 1));
 
-    let bound = model.bind_images(collapsed(&ids, 300), &[&ImageData::new(png.clone())]).unwrap();
-    assert_eq!(bound.len(), ids.len(), "the image takes 15 tokens");
+    let images: Vec<ImageData> = oracle_images(out.path()).into_iter().map(ImageData::new).collect();
+    let refs: Vec<&ImageData> = images.iter().collect();
+    let bound = model.bind_images(collapsed(&ids, 300), &refs).unwrap();
+    assert_eq!(bound.len(), ids.len(), "the images take 15 (and 14) tokens");
     for (i, (&b, &t)) in bound.iter().zip(&ids).enumerate() {
         assert_eq!(b >= MEDIA_TOKEN_BASE, t == 300, "position {i}");
         if t != 300 {
@@ -200,18 +213,20 @@ fn image_prompt_matches(test: &str, bidirectional: bool) {
     }
     assert_eq!(got, want, "greedy tokens differ from mlx-vlm's");
 
-    // The same image again reuses its ids; another image gets ids of its own.
-    let again = model.bind_images(collapsed(&ids, 300), &[&ImageData::new(png.clone())]).unwrap();
+    // The same images again reuse their ids; another image gets ids of its own.
+    let again = model.bind_images(collapsed(&ids, 300), &refs).unwrap();
     assert_eq!(again, bound);
-    let seed = std::fs::read(repo_root().join("fuzz/corpus/media_image/seed-png-rgba")).unwrap();
-    let other = model.bind_images(collapsed(&ids, 300), &[&ImageData::new(seed)]).unwrap();
+    let seed = ImageData::new(std::fs::read(repo_root().join("fuzz/corpus/media_image/seed-png-rgba")).unwrap());
+    let mut others = refs.clone();
+    others[0] = &seed;
+    let other = model.bind_images(collapsed(&ids, 300), &others).unwrap();
     let first_media = |v: &[u32]| *v.iter().find(|&&t| t >= MEDIA_TOKEN_BASE).unwrap();
     assert!(first_media(&other) >= first_media(&bound) + 15, "another image reused the first one's ids");
     // Two image tokens in a row are not one image's place.
     let mut two = collapsed(&ids, 300);
     let at = two.iter().position(|&t| t == 300).unwrap();
     two.insert(at, 300);
-    let err = model.bind_images(two, &[&ImageData::new(png)]).unwrap_err().to_string();
+    let err = model.bind_images(two, &refs).unwrap_err().to_string();
     assert!(err.contains("run of 2 image tokens"), "{err}");
 
     // A prefill chunk never splits an image: the cut moves back to its start, or (an image
@@ -253,19 +268,18 @@ fn write_gemma4_tokenizer(dir: &Path) {
 /// expanded, the PNG decoded and preprocessed, and 32 greedy tokens equal mlx-vlm's.
 #[test]
 fn gemma4_images_through_a_session() {
-    images_through_a_session("gemma4_images_through_a_session", false);
+    images_through_a_session("gemma4_images_through_a_session", &[]);
 }
 
 #[test]
 fn gemma4_bidirectional_images_through_a_session() {
-    images_through_a_session("gemma4_bidirectional_images_through_a_session", true);
+    images_through_a_session("gemma4_bidirectional_images_through_a_session", &["--bidirectional", "--two-images"]);
 }
 
-fn images_through_a_session(test: &str, bidirectional: bool) {
+fn images_through_a_session(test: &str, args: &[&str]) {
     use mlex::chat::ContentPart;
     use mlex::{ChatMessage, GenerateOptions, Session};
 
-    let args: &[&str] = if bidirectional { &["--bidirectional"] } else { &[] };
     let Some(out) = run_oracle_with("gemma4_vlm.py", args, test) else { return };
     let io = read_tensors(&out.path().join("io.safetensors"));
     let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
@@ -275,12 +289,15 @@ fn images_through_a_session(test: &str, bidirectional: bool) {
     write_gemma4_tokenizer(dir.path());
     let session = Session::load(dir.path()).unwrap();
     assert!(session.info().supports_images);
-    let png = std::fs::read(out.path().join("image.png")).unwrap();
-    let ask = vec![ChatMessage::user_with_images(vec![
-        ContentPart::Text("look: ".into()),
-        ContentPart::Image(ImageData::new(png)),
-        ContentPart::Text(" what is it?".into()),
-    ])];
+    let mut parts = vec![ContentPart::Text("look: ".into())];
+    for (i, img) in oracle_images(out.path()).into_iter().enumerate() {
+        if i > 0 {
+            parts.push(ContentPart::Text(" and ".into()));
+        }
+        parts.push(ContentPart::Image(ImageData::new(img)));
+    }
+    parts.push(ContentPart::Text(" what is it?".into()));
+    let ask = vec![ChatMessage::user_with_images(parts)];
     // Prefill chunks of 10 tokens: the image (15 tokens at 8..23) must not be split.
     for step in [512, 10] {
         let session = Session::load(dir.path()).unwrap(); // fresh: no cached prefix

@@ -21,7 +21,11 @@ stop at eos). Writes into OUT_DIR:
                        eoi 302, " what is it?"), logits0 [320] f32 (the last prompt position's
                        logits), tokens [32] int32 (the greedy tokens)
 
-    python tests/oracle/gemma4_vlm.py OUT_DIR [--seed N] [--bidirectional]
+    python tests/oracle/gemma4_vlm.py OUT_DIR [--seed N] [--bidirectional] [--two-images]
+
+With --two-images the prompt holds a second image (image2.png, 16 x 50 pixels: 14 soft tokens)
+after " and ", before the question: images of different sizes, encoded one by one and scattered
+in order.
 
 With --bidirectional the text config sets use_bidirectional_attention "vision" (as the larger
 Gemma 4 checkpoints do) and the prefill gets the processor's mm_token_type_ids, as generate passes
@@ -161,6 +165,7 @@ def main():
     ap.add_argument("out_dir")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bidirectional", action="store_true")
+    ap.add_argument("--two-images", action="store_true")
     args = ap.parse_args()
     text_cfg = dict(TEXT_CONFIG)
     if args.bidirectional:
@@ -201,7 +206,20 @@ def main():
     n = counts[0]
     assert pixel_values.shape == (1, 3, 24, 40) and n == 15, (pixel_values.shape, n)
 
-    ids = [BOS] + list(b"look: ") + [BOI] + [IMAGE_TOKEN] * n + [EOI] + list(b" what is it?")
+    ids = [BOS] + list(b"look: ") + [BOI] + [IMAGE_TOKEN] * n + [EOI]
+    if args.two_images:
+        h2, w2 = 50, 16
+        yy, xx = np.mgrid[0:h2, 0:w2]
+        img2 = np.stack([(yy * 5) % 256, rng.integers(0, 256, (h2, w2)), (xx * 13) % 256], axis=-1).astype(np.uint8)
+        png2 = os.path.join(args.out_dir, "image2.png")
+        Image.fromarray(img2).save(png2)
+        data2, counts2 = proc.preprocess([Image.open(png2).convert("RGB")])
+        n2 = counts2[0]
+        assert n2 == 14, n2
+        # The processor gives a list for images of different shapes; VisionModel encodes each.
+        pixel_values = [pixel_values, mx.array(np.asarray(data2["pixel_values"], dtype=np.float32))]
+        ids += list(b" and ") + [BOI] + [IMAGE_TOKEN] * n2 + [EOI]
+    ids += list(b" what is it?")
     input_ids = mx.array([ids], dtype=mx.int32)
 
     causal_logits0, causal = greedy(model, input_ids, pixel_values, chunked=False)
@@ -238,7 +256,7 @@ def main():
     mx.save_safetensors(
         os.path.join(args.out_dir, "io.safetensors"),
         {
-            "pixel_values": pixel_values,
+            "pixel_values": pixel_values[0] if args.two_images else pixel_values,
             "input_ids": input_ids,
             "logits0": logits0.astype(mx.float32),
             "tokens": mx.array(tokens, dtype=mx.int32),
