@@ -446,7 +446,8 @@ pub struct SharedKv {
 
 /// `mask` (a chunk of L queries over S keys, the chunk's own keys last) with the query/key pairs of
 /// `overlay` (`[L, L]`, over the chunk's keys) let through too: mlx-vlm's
-/// `_apply_blockwise_bidirectional_overlay`.
+/// `_apply_blockwise_bidirectional_overlay`. The chunk's keys must be the last L: what
+/// `Cache::update_and_fetch` returns (not `update_and_fetch_for_sdpa`'s whole buffers).
 fn with_overlay(mask: Mask, overlay: &Array, s: i32) -> Result<Mask> {
     let l = overlay.dim(0);
     let base = match mask {
