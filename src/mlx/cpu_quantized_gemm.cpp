@@ -19,38 +19,105 @@ constexpr int kMr = 6;
 constexpr int kSuper = 64;
 constexpr int kKc = 256;
 
+#ifdef MLEX_X86_64
+
+// Eight values of `bits` bits (one `bits`-byte chunk, loaded into v) as eight int32 lanes. For 2
+// to 6 bits every value ends within bit 48: lanes whose value ends in the low 32 bits shift the
+// low word, the others the word from bit 16. 8 bits widens the bytes.
+struct Lanes {
+  __m256i shift_lo, shift_hi, use_hi, mask;
+  int bits;
+  __attribute__((target("avx2,fma"))) explicit Lanes(int b) : bits(b) {
+    alignas(32) int32_t lo[8], hi[8], use[8];
+    for (int j = 0; j < 8; ++j) {
+      const int at = j * b;
+      const bool high = at + b > 32;
+      lo[j] = high ? 0 : at;
+      hi[j] = high ? at - 16 : 0;
+      use[j] = high ? -1 : 0;
+    }
+    shift_lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(lo));
+    shift_hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(hi));
+    use_hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(use));
+    mask = _mm256_set1_epi32((1 << b) - 1);
+  }
+  // `wide`: eight bytes may be read at chunk (not the end of the weights).
+  __attribute__((target("avx2,fma"))) __m256 values(const uint8_t* chunk, bool wide) const {
+    uint64_t v = 0;
+    // Fixed-size copies are single loads; a variable size would be a call per eight values.
+    if (bits == 4) {
+      uint32_t u;
+      std::memcpy(&u, chunk, 4);
+      v = u;
+    } else if (bits == 8 || wide) {
+      std::memcpy(&v, chunk, 8);
+      if (bits != 8) v &= (uint64_t{1} << (8 * bits)) - 1;
+    } else {
+      std::memcpy(&v, chunk, static_cast<size_t>(bits));
+    }
+    if (bits == 8) return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(v))));
+    const __m256i l = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(v))), shift_lo);
+    const __m256i h = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(v >> 16))), shift_hi);
+    return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_blendv_epi8(l, h, use_hi), mask));
+  }
+};
+
+// r[i] becomes column i of the 8×8 block whose rows were r[0..8).
+__attribute__((target("avx2,fma"))) inline void transpose8(__m256 r[8]) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
 // Dequantizes rows n0 .. n0 + rows of w, columns k0 .. k0 + kc, into k-major panels of 16 rows:
-// panel p's element (k, j) at wt[p · kc · 16 + k · 16 + j]; rows past `rows` are zeros.
-void pack(const uint32_t* w, const float* scales, const float* biases, int N, int K, int group_size, int bits, int n0,
-          int rows, int k0, int kc, float* wt) {
+// panel p's element (k, j) at wt[p · kc · 16 + k · 16 + j]; rows past `rows` are zeros. Eight
+// rows × eight columns at a time: each row's eight values dequantized as one vector
+// (scale · q + bias), the 8×8 block transposed in registers, stored as eight k-rows.
+__attribute__((target("avx2,fma"))) void pack(const uint32_t* w, const float* scales, const float* biases, int N,
+                                              int K, int group_size, const Lanes& lanes, int n0, int rows, int k0, int kc,
+                                              float* wt) {
+  const int bits = lanes.bits;
   const size_t row_bytes = static_cast<size_t>(K) * bits / 8;
+  const size_t total = row_bytes * N;
   const uint8_t* base = reinterpret_cast<const uint8_t*>(w);
   const int groups = K / group_size;
-  const uint32_t mask = (1u << bits) - 1;
   const int padded = (rows + kNr - 1) / kNr * kNr;
-  for (int j = 0; j < padded; ++j) {
-    float* col = wt + static_cast<size_t>(j / kNr) * kc * kNr + (j % kNr);
-    if (j >= rows) {
-      for (int k = 0; k < kc; ++k) col[k * kNr] = 0.f;
-      continue;
-    }
-    const size_t n = static_cast<size_t>(n0 + j);
-    const uint8_t* row = base + n * row_bytes;
-    const float* s = scales + n * groups;
-    const float* b = biases + n * groups;
+  for (int j0 = 0; j0 < padded; j0 += 8) {
+    float* panel = wt + static_cast<size_t>(j0 / kNr) * kc * kNr + (j0 % kNr);
     // k0 and kc are multiples of 8 and so is the group size: eight values share a group.
     for (int k = 0; k < kc; k += 8) {
       const int at = k0 + k;
-      const float sg = s[at / group_size], bg = b[at / group_size];
-      const size_t byte = static_cast<size_t>(at) * bits / 8;  // eight values start on a byte
-      uint64_t v = 0;
-      std::memcpy(&v, row + byte, static_cast<size_t>(bits));  // eight values are `bits` bytes
-      for (int t = 0; t < 8; ++t) col[(k + t) * kNr] = sg * static_cast<float>((v >> (t * bits)) & mask) + bg;
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i) {
+        if (j0 + i >= rows) {
+          r[i] = _mm256_setzero_ps();
+          continue;
+        }
+        const size_t n = static_cast<size_t>(n0 + j0 + i);
+        const size_t g = n * groups + at / group_size;
+        // Eight values start on a byte and take `bits` bytes.
+        const size_t byte = n * row_bytes + static_cast<size_t>(at) * bits / 8;
+        const __m256 q = lanes.values(base + byte, byte + 8 <= total);
+        r[i] = _mm256_fmadd_ps(_mm256_set1_ps(scales[g]), q, _mm256_set1_ps(biases[g]));
+      }
+      transpose8(r);
+      for (int t = 0; t < 8; ++t) _mm256_storeu_ps(panel + (k + t) * kNr, r[t]);
     }
   }
 }
-
-#ifdef MLEX_X86_64
 
 // c[r, 0..ncols) (+)= Σ_k x[r, k] · wt[k, 0..16) for MR rows, k in order.
 template <int MR>
@@ -106,6 +173,7 @@ void quantized_gemm(const float* x, const uint32_t* w, const float* scales, cons
 #ifdef MLEX_X86_64
   const int supers = (N + kSuper - 1) / kSuper;
   const int tasks = std::min(supers, pool().size() * 2);
+  const Lanes lanes(bits);
   pool().run(tasks, [&](int t) {
     std::vector<float> wt(static_cast<size_t>(kSuper) * kKc);
     for (int sp = t; sp < supers; sp += tasks) {
@@ -113,7 +181,7 @@ void quantized_gemm(const float* x, const uint32_t* w, const float* scales, cons
       const int panels = (rows + kNr - 1) / kNr;
       for (int k0 = 0; k0 < K; k0 += kKc) {
         const int kc = std::min(kKc, K - k0);
-        pack(w, scales, biases, N, K, group_size, bits, n0, rows, k0, kc, wt.data());
+        pack(w, scales, biases, N, K, group_size, lanes, n0, rows, k0, kc, wt.data());
         for (int m0 = 0; m0 < M; m0 += kMr) {
           const int mr = std::min(kMr, M - m0);
           const float* xm = x + static_cast<size_t>(m0) * K + k0;
