@@ -137,6 +137,9 @@ pub struct ModelInfo {
     pub weights_bytes: usize,
     pub supports_images: bool,
     pub supports_audio: bool,
+    /// Whether messages may carry video parts (as frames): checkpoints whose vision tower takes
+    /// video (Gemma 4).
+    pub supports_video: bool,
 }
 
 struct Inner {
@@ -280,6 +283,7 @@ impl Session {
             weights_bytes: facts.weights_bytes,
             supports_images: facts.images,
             supports_audio: false,
+            supports_video: facts.videos,
         };
         Ok(Session {
             inner: Arc::new(Inner { commands: Mutex::new(cmd_tx), thread: Mutex::new(Some(thread)) }),

@@ -264,6 +264,16 @@ fn gemma3_images_through_a_session() {
     typed[0].content.push_str(" <start_of_image>");
     let err = session.generate(&typed, opts.clone()).unwrap_err().to_string();
     assert!(err.contains("placed 2 image marker(s)") && err.contains("for 1 image"), "{err}");
+    // Gemma 3's tower takes no video: a video part is refused, naming it.
+    assert!(!session.info().supports_video);
+    let video = vec![ChatMessage::user_with_images(vec![
+        ContentPart::Text("look: ".into()),
+        ContentPart::Video(vec![ImageData::new(png.clone()), ImageData::new(png.clone())]),
+        ContentPart::Text("what is it?".into()),
+    ])];
+    let err = session.generate(&video, opts.clone()).unwrap_err();
+    assert_eq!(err.code(), "INVALID_ARGUMENT");
+    assert!(err.to_string().contains("message 0 holds a video part, and this model takes no video"), "{err}");
     let text_only = Session::load(common::tiny_llama_dir().path()).unwrap();
     assert!(!text_only.info().supports_images);
     let err = text_only.generate(&ask(&png), opts).unwrap_err().to_string();

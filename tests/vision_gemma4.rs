@@ -10,6 +10,12 @@
 //!   checkpoint (wrapped in a VisionLm), binds the same PNG and must give the same first logits
 //!   (1e-4) and the same 32 tokens, directly and through a Session with a chat template; also with
 //!   two images of different sizes, and with bidirectional attention over each image.
+//! - The same with `--video`: after the image, a video of 3 frames (PNGs, 63 soft tokens each at
+//!   the video budget of 70), expanded by mlx-vlm's own Gemma4Processor (timestamps, markers) and
+//!   encoded as its `_encode_video` does (patches padded to the budget); mlex binds the frames as
+//!   a video part and must give the same 32 tokens, directly and through a Session (causal and
+//!   bidirectional). Bad video input (a video file, a video for a model without a video tower,
+//!   frames of different sizes) is INVALID_ARGUMENT naming the part.
 //!
 //! Without `MLEX_ORACLE_VENV` (the venv holding mlx-vlm) the oracle tests skip, saying so.
 mod common;
@@ -19,6 +25,7 @@ use mlex::loader::{ModelConfig, Vb, WeightStore};
 use mlex::media::{Gemma4ImageProcessor, RgbImage};
 use mlex::mlx::{Array, Dtype};
 use mlex::models::gemma4_vision::Gemma4Vision;
+use mlex::chat::Media;
 use mlex::models::vision_lm::{ImageData, MEDIA_TOKEN_BASE};
 use std::cell::RefCell;
 use std::path::Path;
@@ -240,10 +247,12 @@ fn image_prompt_matches(test: &str, args: &[&str]) {
 }
 
 /// A byte-level tokenizer over the oracle model's 320 ids: bytes 0..=255 as themselves, Gemma 4's
-/// image tokens at 300..=302 (`<|image|>`, `<|image>`, `<image|>`), `<bos>` 305, `<eos>` 306.
+/// image tokens at 300..=302 (`<|image|>`, `<|image>`, `<image|>`), `<|video|>` 304, `<bos>` 305,
+/// `<eos>` 306.
 fn write_gemma4_tokenizer(dir: &Path) {
     let mut tok = common::tiny_tokenizer_json();
-    let specials = [(300, "<|image|>"), (301, "<|image>"), (302, "<image|>"), (303, "<|audio|>"), (305, "<bos>"), (306, "<eos>")];
+    let specials =
+        [(300, "<|image|>"), (301, "<|image>"), (302, "<image|>"), (303, "<|audio|>"), (304, "<|video|>"), (305, "<bos>"), (306, "<eos>")];
     let vocab = tok["model"]["vocab"].as_object_mut().unwrap();
     vocab.retain(|_, id| id.as_u64().unwrap() < 256);
     let mut added = vec![];
@@ -255,9 +264,11 @@ fn write_gemma4_tokenizer(dir: &Path) {
     }
     tok["added_tokens"] = added.into();
     std::fs::write(dir.join("tokenizer.json"), tok.to_string()).unwrap();
-    // Renders exactly the oracle's prompt text: bos, then the parts (images as `<|image|>`).
+    // Renders exactly the oracle's prompt text: bos, then the parts (images as `<|image|>`,
+    // videos as `<|video|>`).
     let template = "{{ bos_token }}{% for message in messages %}{% for item in message['content'] %}\
-        {% if item['type'] == 'image' %}<|image|>{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}\
+        {% if item['type'] == 'image' %}<|image|>{% elif item['type'] == 'video' %}<|video|>\
+        {% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}\
         {% endfor %}{% endfor %}";
     let config = serde_json::json!({"bos_token": "<bos>", "eos_token": "<eos>", "chat_template": template,
                                     "tokenizer_class": "PreTrainedTokenizerFast"});
@@ -289,6 +300,17 @@ fn images_through_a_session(test: &str, args: &[&str]) {
     write_gemma4_tokenizer(dir.path());
     let session = Session::load(dir.path()).unwrap();
     assert!(session.info().supports_images);
+    // No video_token_id in this checkpoint's config: no video.
+    assert!(!session.info().supports_video);
+    let png = std::fs::read(out.path().join("image.png")).unwrap();
+    let video = vec![ChatMessage::user_with_images(vec![
+        ContentPart::Text("look: ".into()),
+        ContentPart::Video(vec![ImageData::new(png.clone()), ImageData::new(png)]),
+        ContentPart::Text(" what is it?".into()),
+    ])];
+    let err = session.generate(&video, GenerateOptions { max_tokens: 2, ..Default::default() }).unwrap_err();
+    assert_eq!(err.code(), "INVALID_ARGUMENT");
+    assert!(err.to_string().contains("message 0 holds a video part, and this model takes no video"), "{err}");
     let mut parts = vec![ContentPart::Text("look: ".into())];
     for (i, img) in oracle_images(out.path()).into_iter().enumerate() {
         if i > 0 {
@@ -306,6 +328,216 @@ fn images_through_a_session(test: &str, args: &[&str]) {
         assert_eq!(reply.usage.prompt_tokens, ids.len(), "the prompt as mlx-vlm's processor expands it");
         assert_eq!(reply.tokens, want, "prefill chunks of {step}: greedy tokens through the session differ from mlx-vlm's");
     }
+}
+
+/// The oracle's video frames (frame0.png ..), in order.
+fn oracle_frames(out: &Path) -> Vec<ImageData> {
+    (0..).map(|k| out.join(format!("frame{k}.png"))).take_while(|p| p.is_file()).map(|p| ImageData::new(std::fs::read(p).unwrap())).collect()
+}
+
+/// A prompt with an image and a 3-frame video (63 tokens a frame), bound directly.
+#[test]
+fn gemma4_video_prompt_matches_mlx_vlm_greedy() {
+    let test = "gemma4_video_prompt_matches_mlx_vlm_greedy";
+    let Some(out) = run_oracle_with("gemma4_vlm.py", &["--video"], test) else { return };
+    let io = read_tensors(&out.path().join("io.safetensors"));
+    let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
+    let ids: Vec<u32> = i32_values(get("input_ids")).into_iter().map(|t| t as u32).collect();
+    let want: Vec<u32> = i32_values(get("tokens")).into_iter().map(|t| t as u32).collect();
+
+    // Our frame preprocessing gives the processor's patches (its real ones: the first 252 of 280).
+    let frames = oracle_frames(out.path());
+    assert_eq!(frames.len(), 3);
+    let vp = mlex::media::Gemma4VideoProcessor::from_config(&serde_json::from_str(
+        &std::fs::read_to_string(out.path().join("processor_config.json")).unwrap(),
+    ).unwrap())
+    .unwrap();
+    let theirs = get("pixel_values_videos");
+    assert_eq!(theirs.shape, vec![1, 3, 280, 48]);
+    let theirs: Vec<f32> = theirs.data.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    for (k, f) in frames.iter().enumerate() {
+        let pv = vp.frame.preprocess_bytes(&f.bytes).unwrap();
+        assert_eq!(pv.shape, [1, 3, 56, 72], "frame {k}");
+        let (h, w) = (56usize, 72usize);
+        for (pi, (py, px)) in (0..h / 4).flat_map(|y| (0..w / 4).map(move |x| (y, x))).enumerate() {
+            for (q, (ky, kx, c)) in (0..4).flat_map(|a| (0..4).flat_map(move |b| (0..3).map(move |c| (a, b, c)))).enumerate() {
+                let ours = pv.data[c * h * w + (py * 4 + ky) * w + px * 4 + kx];
+                assert_eq!(ours, theirs[(k * 280 + pi) * 48 + q], "frame {k} patch {pi} value {q}");
+            }
+        }
+    }
+
+    let dir = model_dir(out.path(), &["config.json", "processor_config.json", "model.safetensors"]);
+    let path = dir.path().join("config.json");
+    let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+    let store = RefCell::new(WeightStore::open(dir.path()).unwrap());
+    let model = mlex::models::build_model(&cfg, &Vb::new(&store, None)).unwrap();
+    store.into_inner().finish().expect("every tensor of the checkpoint is used");
+    let video = model.image_prompt().and_then(|p| p.video.as_ref()).expect("a checkpoint with video_token_id takes video");
+    assert_eq!((video.marker.as_str(), video.video_token), ("<|video|>", 304));
+
+    let image = ImageData::new(std::fs::read(out.path().join("image.png")).unwrap());
+    let media = [Media::Image(&image), Media::Video(&frames)];
+    let short = collapsed(&collapsed(&ids, 300), 304);
+    let bound = model.bind_media(short.clone(), &media).unwrap();
+    assert_eq!(bound.len(), ids.len(), "the image takes 15 tokens, each frame 63");
+    for (i, (&b, &t)) in bound.iter().zip(&ids).enumerate() {
+        assert_eq!(b >= MEDIA_TOKEN_BASE, t == 300 || t == 304, "position {i}");
+        if b < MEDIA_TOKEN_BASE {
+            assert_eq!(b, t, "position {i}");
+        }
+    }
+    let mut caches = model.make_caches();
+    let logits = model.forward_prompt(&bound, &mut caches).unwrap();
+    let l = bound.len() as i32;
+    let last = logits.slice_axis(1, l - 1, l).unwrap().reshape(&[-1]).unwrap();
+    let d = max_abs_diff(&last, &f32_array(get("logits0")));
+    assert!(d <= 1e-4, "first logits differ from mlx-vlm's by {d}");
+    eprintln!("first logits: max |Δ| {d:e}");
+    let argmax = |a: &Array| a.argmax(0, false).unwrap().astype(Dtype::Uint32).unwrap().to_vec::<u32>().unwrap()[0];
+    let mut next = argmax(&last);
+    let mut got = vec![next];
+    while got.len() < want.len() {
+        let logits = model.forward(&Array::from_slice(&[next], &[1, 1]).unwrap(), &mut caches).unwrap();
+        next = argmax(&logits.reshape(&[-1]).unwrap());
+        got.push(next);
+    }
+    assert_eq!(got, want, "greedy tokens differ from mlx-vlm's");
+
+    // The same video again reuses its ids; frames are keyed apart from the same bytes as an image.
+    assert_eq!(model.bind_media(short.clone(), &media).unwrap(), bound);
+    let as_image = [Media::Image(&frames[0]), Media::Video(&frames)];
+    let other = model.bind_media(short.clone(), &as_image).unwrap();
+    let media_ids = |v: &[u32]| v.iter().copied().filter(|&t| t >= MEDIA_TOKEN_BASE).collect::<Vec<_>>();
+    assert_eq!(media_ids(&other)[15..], media_ids(&bound)[15..], "the frames keep their ids");
+    assert!(!media_ids(&bound).contains(&media_ids(&other)[0]), "a frame's rows were reused for an image");
+    // Frames of different sizes are refused, naming the part.
+    let mixed = vec![frames[0].clone(), image.clone(), frames[2].clone()];
+    let err = model.bind_media(short.clone(), &[Media::Image(&image), Media::Video(&mixed)]).unwrap_err().to_string();
+    assert!(err.contains("media part 2") && err.contains("differ in size"), "{err}");
+    // An image where the prompt has a frame, and too few frames.
+    let err = model.bind_media(short.clone(), &[Media::Image(&image), Media::Image(&image)]).unwrap_err().to_string();
+    assert!(err.contains("media part 2 of the conversation is an image"), "{err}");
+    let err = model.bind_media(short.clone(), &[Media::Image(&image), Media::Video(&frames[..2])]).unwrap_err().to_string();
+    assert!(err.contains("more video places"), "{err}");
+    // A prefill chunk never splits a frame.
+    let start = bound.iter().position(|&t| t == 304 || (t >= MEDIA_TOKEN_BASE && !media_ids(&bound)[..15].contains(&t))).unwrap();
+    assert_eq!(model.prefill_chunk_len(&bound[..bound.len() - 1], start + 5), start);
+}
+
+#[test]
+fn gemma4_video_through_a_session() {
+    video_through_a_session("gemma4_video_through_a_session", &["--video"]);
+}
+
+#[test]
+fn gemma4_bidirectional_video_through_a_session() {
+    video_through_a_session("gemma4_bidirectional_video_through_a_session", &["--video", "--bidirectional"]);
+}
+
+/// The whole path for a video part: the template's `<|video|>` expanded per frame with its
+/// timestamp, the frames decoded, preprocessed at the video budget and encoded; 32 greedy tokens
+/// equal mlx-vlm's; the same video from JSON (frames as data: URLs).
+fn video_through_a_session(test: &str, args: &[&str]) {
+    use mlex::chat::{parse_messages_json, ContentPart};
+    use mlex::{ChatMessage, GenerateOptions, Session};
+
+    let Some(out) = run_oracle_with("gemma4_vlm.py", args, test) else { return };
+    let io = read_tensors(&out.path().join("io.safetensors"));
+    let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
+    let ids: Vec<u32> = i32_values(get("input_ids")).into_iter().map(|t| t as u32).collect();
+    let want: Vec<u32> = i32_values(get("tokens")).into_iter().map(|t| t as u32).collect();
+    let dir = model_dir(out.path(), &["config.json", "processor_config.json", "model.safetensors"]);
+    write_gemma4_tokenizer(dir.path());
+    let session = Session::load(dir.path()).unwrap();
+    assert!(session.info().supports_images && session.info().supports_video);
+    let png = std::fs::read(out.path().join("image.png")).unwrap();
+    let frames = oracle_frames(out.path());
+    let ask = vec![ChatMessage::user_with_images(vec![
+        ContentPart::Text("look: ".into()),
+        ContentPart::Image(ImageData::new(png.clone())),
+        ContentPart::Text(" and ".into()),
+        ContentPart::Video(frames.clone()),
+        ContentPart::Text(" what is it?".into()),
+    ])];
+    // Prefill chunks of 10 tokens: no frame (63 tokens) may be split.
+    for step in [512, 10] {
+        let session = Session::load(dir.path()).unwrap(); // fresh: no cached prefix
+        let opts = GenerateOptions { max_tokens: want.len(), ignore_eos: true, prefill_step_size: step, ..Default::default() };
+        let reply = session.generate(&ask, opts).unwrap();
+        assert_eq!(reply.usage.prompt_tokens, ids.len(), "the prompt as mlx-vlm's processor expands it");
+        assert_eq!(reply.tokens, want, "prefill chunks of {step}: greedy tokens through the session differ from mlx-vlm's");
+    }
+    // From JSON, frames inline; a second turn about the same video reuses the cached prefix.
+    use base64::Engine as _;
+    let url = |b: &[u8]| format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(b));
+    let json = serde_json::json!([{"role": "user", "content": [
+        {"type": "text", "text": "look: "}, {"type": "image", "image": url(&png)}, {"type": "text", "text": " and "},
+        {"type": "video", "video": frames.iter().map(|f| url(&f.bytes)).collect::<Vec<_>>()},
+        {"type": "text", "text": " what is it?"}]}]);
+    let parsed = parse_messages_json(&json.to_string()).unwrap();
+    let opts = GenerateOptions { max_tokens: want.len(), ignore_eos: true, ..Default::default() };
+    let first = session.generate(&parsed, opts.clone()).unwrap();
+    assert_eq!(first.tokens, want);
+    let again = session.generate(&parsed, opts).unwrap();
+    assert_eq!(again.tokens, want);
+    assert!(again.usage.cached_tokens >= ids.len() - 20, "{} cached of {}", again.usage.cached_tokens, ids.len());
+    // A video whose template place is missing (a template without video parts) is refused.
+    let typed = vec![ChatMessage::user_with_images(vec![
+        ContentPart::Text("<|video|> ".into()),
+        ContentPart::Video(frames.clone()),
+        ContentPart::Text(" what?".into()),
+    ])];
+    let err = session.generate(&typed, GenerateOptions { max_tokens: 2, ..Default::default() }).unwrap_err().to_string();
+    assert!(err.contains("placed 2 video marker(s)") && err.contains("for 1 video"), "{err}");
+}
+
+/// Bad video input, no Python: a video file is refused (frames only), naming the part; a text-only
+/// model refuses a video part.
+#[test]
+fn gemma4_bad_video_input_names_the_part() {
+    use mlex::chat::{parse_messages_json, parse_messages_json_with, ContentPart, MediaAccess};
+    use mlex::{ChatMessage, GenerateOptions, Session};
+
+    let png = std::fs::read(repo_root().join("fuzz/corpus/media_image/seed-png-rgba")).unwrap();
+    let parse = |content: serde_json::Value| {
+        let json = serde_json::json!([{"role": "user", "content": content}]);
+        parse_messages_json(&json.to_string()).unwrap_err()
+    };
+    for file in [serde_json::json!("clip.mp4"), serde_json::json!("file:///tmp/clip.webm"), serde_json::json!({"url": "clip.mp4"})] {
+        let err = parse(serde_json::json!([{"type": "text", "text": "what happens?"}, {"type": "video", "video": file}]));
+        assert_eq!(err.code(), "INVALID_ARGUMENT");
+        let msg = err.to_string();
+        assert!(msg.contains("content part 1 (video)") && msg.contains("not decoded here") && msg.contains("frames"), "{msg}");
+    }
+    let err = parse(serde_json::json!([{"type": "video", "video": []}])).to_string();
+    assert!(err.contains("content part 0 (video): a video part needs at least one frame"), "{err}");
+    let err = parse(serde_json::json!([{"type": "video", "video": ["/no/such/frame.png"]}])).to_string();
+    assert!(err.contains("content part 0 (video): frame 0:") && err.contains("/no/such/frame.png"), "{err}");
+    let err = parse(serde_json::json!([{"type": "video", "video": [1, 2]}])).to_string();
+    assert!(err.contains("frame 0: a frame must be an image"), "{err}");
+    // The server reads no local files: frames inline only.
+    let tmp = tempfile::tempdir().unwrap();
+    let frame = tmp.path().join("frame.png");
+    std::fs::write(&frame, &png).unwrap();
+    let json = serde_json::json!([{"role": "user", "content": [{"type": "video", "video": [frame.display().to_string()]}]}]);
+    let err = parse_messages_json_with(&json.to_string(), MediaAccess::InlineOnly).unwrap_err().to_string();
+    assert!(err.contains("content part 0 (video): frame 0") && err.contains("as data: URLs"), "{err}");
+    let ok = parse_messages_json_with(&json.to_string(), MediaAccess::LocalFiles).unwrap();
+    assert_eq!(ok[0].images[0].video.as_ref().map(Vec::len), Some(1));
+    // Round trip: serialized with its frames inline, it reads back the same.
+    let back = parse_messages_json(&serde_json::to_string(&ok).unwrap()).unwrap();
+    assert_eq!(back, ok);
+
+    let text_only = Session::load(common::tiny_llama_dir().path()).unwrap();
+    assert!(!text_only.info().supports_video);
+    let msgs = vec![ChatMessage::user_with_images(vec![
+        ContentPart::Text("what happens?".into()),
+        ContentPart::Video(vec![ImageData::new(png.clone()), ImageData::new(png)]),
+    ])];
+    let err = text_only.generate(&msgs, GenerateOptions { max_tokens: 2, ..Default::default() }).unwrap_err();
+    assert_eq!(err.code(), "INVALID_ARGUMENT");
+    assert!(err.to_string().contains("message 0 holds a video part, and this model takes no video"), "{err}");
 }
 
 /// Bad checkpoints: a missing vision tensor is named, a bad vision_config field is named. No Python.

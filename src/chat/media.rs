@@ -37,12 +37,47 @@ fn fnv1a64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
-/// An image part of a message: it sits at byte `at` of the message's joined text.
+/// An image or video part of a message: it sits at byte `at` of the message's joined text.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MessageImage {
     pub at: usize,
+    /// The image (a video part: its first frame).
     pub image: ImageData,
+    /// A video part's frames, in order, each an image (`None`: an image part).
+    pub video: Option<Vec<ImageData>>,
 }
+
+impl MessageImage {
+    pub fn image(at: usize, image: ImageData) -> Self {
+        MessageImage { at, image, video: None }
+    }
+
+    /// A video part of `frames` (at least one).
+    pub fn video(at: usize, frames: Vec<ImageData>) -> Self {
+        MessageImage { at, image: frames[0].clone(), video: Some(frames) }
+    }
+
+    /// The part as a model binds it.
+    pub fn media(&self) -> Media<'_> {
+        match &self.video {
+            None => Media::Image(&self.image),
+            Some(frames) => Media::Video(frames),
+        }
+    }
+}
+
+/// A media part as the model binds it: an image, or a video's frames.
+#[derive(Debug, Clone, Copy)]
+pub enum Media<'a> {
+    Image(&'a ImageData),
+    Video(&'a [ImageData]),
+}
+
+/// The most frames a video part may hold (the models sample fewer: Gemma 4 keeps 32).
+pub const MAX_VIDEO_FRAMES: usize = 1024;
+
+/// The most encoded bytes a video part's frames may hold together.
+pub const MAX_VIDEO_BYTES: usize = 4 * MAX_IMAGE_BYTES;
 
 /// Where image parts may read their bytes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +91,57 @@ pub enum MediaAccess {
 /// Whether a content part's `type` is an image.
 pub fn is_image_part(kind: &str) -> bool {
     matches!(kind, "image_url" | "image" | "input_image")
+}
+
+/// Whether a content part's `type` is a video.
+pub fn is_video_part(kind: &str) -> bool {
+    matches!(kind, "video" | "input_video" | "video_url")
+}
+
+/// The frames of a content part whose type [`is_video_part`]: `{"type": "video", "video": [frame,
+/// ...]}`, each frame an image source as an image part takes it (a path, a `file:` or `data:`
+/// URL; bytes arrive from JavaScript as data: URLs), read as `access` allows. A video file is
+/// refused: mlex decodes no video, the caller passes its frames.
+pub fn video_from_part(part: &Map<String, Value>, access: MediaAccess) -> Result<Vec<ImageData>> {
+    let field = ["video", "video_url", "input_video", "url"].iter().find_map(|k| part.get(*k));
+    let frames = match field {
+        Some(Value::Array(frames)) => frames,
+        Some(Value::String(_)) | Some(Value::Object(_)) => {
+            return Err(invalid(
+                "a video file is not decoded here (mlex has no video decoder): pass the video's frames, \
+                 {\"type\": \"video\", \"video\": [frame, ...]}, each frame an image (a path, a file: or data: URL, or bytes)",
+            ))
+        }
+        _ => return Err(invalid("a video part needs \"video\": its frames, [frame, ...], each an image")),
+    };
+    if frames.is_empty() {
+        return Err(invalid("a video part needs at least one frame"));
+    }
+    if frames.len() > MAX_VIDEO_FRAMES {
+        return Err(invalid(format!("a video part holds {} frames, more than {MAX_VIDEO_FRAMES}", frames.len())));
+    }
+    let mut out = Vec::with_capacity(frames.len());
+    let mut bytes = 0usize;
+    for (i, f) in frames.iter().enumerate() {
+        let frame = match f {
+            Value::String(url) => image_from_url(url, access),
+            _ => Err(invalid("a frame must be an image: a path, a file: or data: URL, or bytes")),
+        }
+        .map_err(|e| invalid(format!("frame {i}: {}", strip(&e))))?;
+        bytes += frame.bytes.len();
+        if bytes > MAX_VIDEO_BYTES {
+            return Err(invalid(format!("a video part's frames hold more than {MAX_VIDEO_BYTES} bytes")));
+        }
+        out.push(frame);
+    }
+    Ok(out)
+}
+
+fn strip(e: &Error) -> String {
+    match e {
+        Error::InvalidArgument(m) => m.clone(),
+        other => other.to_string(),
+    }
 }
 
 /// The image of a content part whose type [`is_image_part`].

@@ -8,7 +8,7 @@ use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::media::{image_from_part, is_image_part, MediaAccess, MessageImage};
+use super::media::{image_from_part, is_image_part, is_video_part, video_from_part, MediaAccess, MessageImage};
 use crate::error::{Error, Result};
 
 /// Who wrote a message.
@@ -82,9 +82,10 @@ pub struct ChatMessage {
 }
 
 impl ChatMessage {
-    /// The content as parts, text and images in order (empty text left out), as Hugging Face
-    /// chat templates read it: `{"type": "text", "text"}` and `{"type": "image"}` (with
-    /// `with_data`, the image as an OpenAI `image_url` data URL instead).
+    /// The content as parts, text, images and videos in order (empty text left out), as Hugging
+    /// Face chat templates read it: `{"type": "text", "text"}`, `{"type": "image"}` and
+    /// `{"type": "video"}` (with `with_data`, the image as an OpenAI `image_url` data URL instead,
+    /// the video with its frames as data URLs).
     pub fn content_parts_json(&self, with_data: bool) -> Value {
         use base64::Engine as _;
         let mut parts = vec![];
@@ -95,6 +96,17 @@ impl ChatMessage {
                 parts.push(serde_json::json!({"type": "text", "text": &self.content[from..at]}));
             }
             from = at.max(from);
+            let url = |bytes: &[u8]| {
+                format!("data:application/octet-stream;base64,{}", base64::engine::general_purpose::STANDARD.encode(bytes))
+            };
+            if let Some(frames) = &img.video {
+                parts.push(if with_data {
+                    serde_json::json!({"type": "video", "video": frames.iter().map(|f| url(&f.bytes)).collect::<Vec<_>>()})
+                } else {
+                    serde_json::json!({"type": "video"})
+                });
+                continue;
+            }
             parts.push(if with_data {
                 let data = base64::engine::general_purpose::STANDARD.encode(&img.image.bytes);
                 serde_json::json!({"type": "image_url", "image_url": {"url": format!("data:application/octet-stream;base64,{data}")}})
@@ -144,7 +156,9 @@ impl ChatMessage {
         for p in parts {
             match p {
                 ContentPart::Text(t) => m.content.push_str(&t),
-                ContentPart::Image(image) => m.images.push(MessageImage { at: m.content.len(), image }),
+                ContentPart::Image(image) => m.images.push(MessageImage::image(m.content.len(), image)),
+                ContentPart::Video(frames) if !frames.is_empty() => m.images.push(MessageImage::video(m.content.len(), frames)),
+                ContentPart::Video(_) => {}
             }
         }
         m
@@ -216,6 +230,8 @@ impl ToolCall {
 pub enum ContentPart {
     Text(String),
     Image(super::media::ImageData),
+    /// A video as its frames (each an image), in order; an empty one is left out.
+    Video(Vec<super::media::ImageData>),
 }
 
 /// Parses `--messages FILE.json`: a bare array of messages or `{"messages": [...]}`. Image parts
@@ -386,11 +402,16 @@ fn content_from_value(v: Value, access: MediaAccess) -> Result<(String, Vec<Mess
                             kind if is_image_part(kind) => {
                                 let image = image_from_part(&p, access)
                                     .map_err(|e| invalid(format!("content part {i}: {}", strip_prefix(&e))))?;
-                                images.push(MessageImage { at: text.len(), image });
+                                images.push(MessageImage::image(text.len(), image));
+                            }
+                            kind if is_video_part(kind) => {
+                                let frames = video_from_part(&p, access)
+                                    .map_err(|e| invalid(format!("content part {i} (video): {}", strip_prefix(&e))))?;
+                                images.push(MessageImage::video(text.len(), frames));
                             }
                             other => {
                                 return Err(invalid(format!(
-                                    "unsupported content part type {other:?} (text and image parts are)"
+                                    "unsupported content part type {other:?} (text, image and video parts are)"
                                 )))
                             }
                         }
@@ -540,6 +561,38 @@ mod tests {
         assert_eq!(msgs, vec![ChatMessage::user("hi")]);
         assert!(parse_messages_json(r#"{"msgs":[]}"#).is_err());
         assert!(parse_messages_json("[").is_err());
+    }
+
+    #[test]
+    fn video_parts() {
+        use crate::chat::media::MediaAccess;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f1.png");
+        std::fs::write(&file, b"efgh").unwrap();
+        let json = json!([{"role": "user", "content": [
+            {"type": "text", "text": "a"},
+            {"type": "image", "image": "data:image/png;base64,YWJjZA=="},
+            {"type": "video", "video": ["data:image/png;base64,YWJjZA==", file.display().to_string()]},
+            {"type": "text", "text": "b"}]}]);
+        let m = &parse_messages_json(&json.to_string()).unwrap()[0];
+        assert_eq!((m.content.as_str(), m.images.len()), ("ab", 2));
+        assert!(m.images[0].video.is_none());
+        let frames: Vec<&[u8]> = m.images[1].video.as_ref().unwrap().iter().map(|f| &f.bytes[..]).collect();
+        assert_eq!((m.images[1].at, frames), (1, vec![&b"abcd"[..], b"efgh"]));
+        assert_eq!(m.content_parts_json(false), json!([{"type": "text", "text": "a"}, {"type": "image"}, {"type": "video"},
+            {"type": "text", "text": "b"}]));
+        let back: ChatMessage = serde_json::from_value(serde_json::to_value(m).unwrap()).unwrap();
+        assert_eq!(&back, m);
+        // The server: frames inline only. A video file: refused, naming the part.
+        let bad = |part: serde_json::Value, access: MediaAccess| {
+            let json = json!([{"role": "user", "content": [{"type": "text", "text": "x"}, part]}]);
+            parse_messages_json_with(&json.to_string(), access).unwrap_err()
+        };
+        let e = bad(json!({"type": "video", "video": [file.display().to_string()]}), MediaAccess::InlineOnly);
+        assert!(e.to_string().contains("content part 1 (video): frame 0: images must be sent inline"), "{e}");
+        let e = bad(json!({"type": "video", "video": "clip.mp4"}), MediaAccess::LocalFiles);
+        assert_eq!(e.code(), "INVALID_ARGUMENT");
+        assert!(e.to_string().contains("content part 1 (video): a video file is not decoded here"), "{e}");
     }
 
     #[test]

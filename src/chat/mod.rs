@@ -12,7 +12,7 @@ pub mod stream;
 pub mod tool_choice;
 pub mod tools;
 
-pub use media::{ImageData, MediaAccess, MessageImage};
+pub use media::{ImageData, Media, MediaAccess, MessageImage};
 pub use messages::{
     parse_messages_json, parse_messages_json_with, parse_tools_json, ChatMessage, ContentPart, FunctionDef, Role, Tool,
     ToolCall,

@@ -11,7 +11,7 @@ use super::prompt_cache::{PromptCacheConfig, PromptCachePool};
 use super::prompt_disk::{self, DiskCache};
 use super::request::{self, Reply};
 use super::speculative::{self, DraftModel, Drafts};
-use crate::chat::{ChatMessage, ImageData, Tool};
+use crate::chat::{ChatMessage, Tool};
 use crate::models::vision_lm::is_media_token;
 use crate::error::{Error, Result};
 use crate::loader::{ModelConfig, Vb, WeightStore};
@@ -114,6 +114,8 @@ pub struct LoadedFacts {
     pub weights_bytes: usize,
     /// The model has a vision tower (image parts are taken).
     pub images: bool,
+    /// Its vision tower takes video (as frames).
+    pub videos: bool,
 }
 
 pub(super) struct Engine {
@@ -304,7 +306,9 @@ fn load(spec: &EngineSpec) -> Result<(Engine, LoadedFacts)> {
     let weights_bytes = params.iter().map(|a| a.nbytes()).sum();
     let dtype = model.dtype();
     drop(params);
-    let facts = LoadedFacts { dtype, device: spec.device, weights_bytes, images: model.image_prompt().is_some() };
+    let facts = LoadedFacts { dtype, device: spec.device, weights_bytes, images: model.image_prompt().is_some(),
+        videos: model.image_prompt().is_some_and(|p| p.video.is_some()),
+    };
     // Measured here, while the session may still be loading the tokenizer on its thread.
     let kv_per_token = if model.batchable() { kv_bytes_per_token(model.as_ref()).ok() } else { None };
     crate::startup_trace::mark("kv bytes per token measured");
@@ -399,14 +403,27 @@ impl Engine {
                 let tok = self.tokenizer.as_deref().ok_or_else(|| {
                     Error::Tokenizer("this model has no tokenizer.json: only token-id prompts work".into())
                 })?;
-                let images: Vec<&ImageData> = messages.iter().flat_map(|m| m.images.iter().map(|i| &i.image)).collect();
+                let media: Vec<crate::chat::Media> = messages.iter().flat_map(|m| m.images.iter().map(|i| i.media())).collect();
+                let video_at = messages.iter().position(|m| m.images.iter().any(|i| i.video.is_some()));
+                if let (Some(i), None) = (video_at, self.model.image_prompt()) {
+                    return Err(Error::InvalidArgument(format!(
+                        "message {i} holds a video part, and this model takes no video (it has no vision tower)"
+                    )));
+                }
                 if let (Some(i), None) = (messages.iter().position(|m| !m.images.is_empty()), self.model.image_prompt()) {
                     return Err(Error::InvalidArgument(format!(
                         "message {i} holds an image, and this model takes no images (it has no vision tower)"
                     )));
                 }
+                if let (Some(i), Some(p)) = (video_at, self.model.image_prompt()) {
+                    if p.video.is_none() {
+                        return Err(Error::InvalidArgument(format!(
+                            "message {i} holds a video part, and this model takes no video (its vision tower takes images only)"
+                        )));
+                    }
+                }
                 let ids = tok.encode_chat_with_images(messages, job.tools.as_deref(), *enable_thinking, self.model.image_prompt())?;
-                self.model.bind_images(ids, &images)?
+                self.model.bind_media(ids, &media)?
             }
         };
         if ids.is_empty() {

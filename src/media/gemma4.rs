@@ -170,6 +170,100 @@ impl Gemma4ImageProcessor {
     }
 }
 
+/// Gemma 4's video preprocessing (mlx-vlm 0.7.10 `Gemma4VideoProcessor`) for a video given as
+/// decoded frames: more than `num_frames` frames are sampled down uniformly (numpy's
+/// `linspace(0, T − 1, num_frames).round()`, ties to even); each frame is resized and rescaled as
+/// an image is ([`Gemma4ImageProcessor`], with the video's own budget: 70 soft tokens by default);
+/// frame `j` is stamped `j / fps` seconds (`mm:ss`), with mlx-vlm's 2 frames a second for frames
+/// it did not decode itself. The processor pads each frame's patches to the budget; the padding
+/// is masked out of the tower's attention and pooling, so a frame's rows are its image rows at
+/// the video budget.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gemma4VideoProcessor {
+    /// A frame's preprocessing.
+    pub frame: Gemma4ImageProcessor,
+    /// The most frames kept.
+    pub num_frames: usize,
+    /// Frames per second, for the timestamps.
+    pub fps: f64,
+}
+
+impl Default for Gemma4VideoProcessor {
+    fn default() -> Self {
+        Gemma4VideoProcessor {
+            frame: Gemma4ImageProcessor { max_soft_tokens: 70, ..Gemma4ImageProcessor::default() },
+            num_frames: 32,
+            fps: 2.0,
+        }
+    }
+}
+
+impl Gemma4VideoProcessor {
+    /// From a checkpoint's processor config: its `video_processor` object (absent: the defaults;
+    /// mlx-vlm reads nothing of `image_processor` for videos). `max_soft_tokens` must be one of
+    /// [`GEMMA4_SOFT_TOKEN_BUDGETS`], as mlx-vlm requires.
+    pub fn from_config(cfg: &serde_json::Value) -> Result<Self> {
+        let mut vp = match cfg.get("video_processor") {
+            Some(serde_json::Value::Object(o)) => o.clone(),
+            _ => serde_json::Map::new(),
+        };
+        let mut p = Gemma4VideoProcessor::default();
+        if let Some(v) = vp.get("num_frames").filter(|v| !v.is_null()) {
+            p.num_frames = v
+                .as_u64()
+                .filter(|&n| n > 0 && n <= 4096)
+                .ok_or_else(|| invalid(format!("processor config: unsupported video_processor num_frames {v}")))?
+                as usize;
+        }
+        for (k, v) in [
+            ("patch_size", serde_json::json!(16)),
+            ("max_soft_tokens", serde_json::json!(70)),
+            ("pooling_kernel_size", serde_json::json!(3)),
+            ("image_mean", serde_json::json!([0.0, 0.0, 0.0])),
+            ("image_std", serde_json::json!([1.0, 1.0, 1.0])),
+        ] {
+            if vp.get(k).map_or(true, serde_json::Value::is_null) {
+                vp.insert(k.into(), v);
+            }
+        }
+        for k in ["num_frames", "default_fps", "video_processor_type", "size", "resample"] {
+            vp.remove(k);
+        }
+        p.frame = Gemma4ImageProcessor::from_config(&serde_json::json!({ "image_processor": vp }))
+            .map_err(|e| invalid(e.to_string().replace("processor config: ", "processor config: video_processor ")))?;
+        if !GEMMA4_SOFT_TOKEN_BUDGETS.contains(&p.frame.max_soft_tokens) {
+            return Err(invalid(format!(
+                "processor config: video_processor max_soft_tokens {} is not one of {GEMMA4_SOFT_TOKEN_BUDGETS:?}",
+                p.frame.max_soft_tokens
+            )));
+        }
+        Ok(p)
+    }
+
+    /// Which of `n` frames are kept (indices, in order).
+    pub fn sample(&self, n: usize) -> Vec<usize> {
+        let m = self.num_frames;
+        if n <= m {
+            return (0..n).collect();
+        }
+        // numpy.linspace(0, n − 1, m): step = (stop − start) / (m − 1), y = j · step, the last
+        // value set to stop; then round half to even.
+        let stop = (n - 1) as f64;
+        let step = stop / (m - 1) as f64;
+        (0..m)
+            .map(|j| if j == m - 1 { stop } else { j as f64 * step })
+            .map(|y| y.round_ties_even() as usize)
+            .collect()
+    }
+
+    /// The timestamp written before kept frame `j`: `mm:ss` of `j / fps` seconds.
+    pub fn timestamp(&self, j: usize) -> String {
+        let secs = j as f64 / self.fps;
+        let (mm, ss) = ((secs / 60.0).floor() as u64, (secs % 60.0).floor() as u64);
+        format!("{mm:02}:{ss:02}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,5 +290,26 @@ mod tests {
         assert_eq!(Gemma4ImageProcessor::from_config(&norm).unwrap().normalize, Some(([0.0; 3], [1.0; 3])));
         let bad = serde_json::json!({"do_rescale": false});
         assert!(Gemma4ImageProcessor::from_config(&bad).is_err());
+    }
+
+    #[test]
+    fn video_sampling_and_timestamps() {
+        let v = Gemma4VideoProcessor::default();
+        assert_eq!(v.sample(3), vec![0, 1, 2]);
+        // numpy: np.linspace(0, 99, 32).round() (ties to even).
+        let want = [0, 3, 6, 10, 13, 16, 19, 22, 26, 29, 32, 35, 38, 42, 45, 48, 51, 54, 57, 61, 64, 67, 70, 73, 77, 80,
+            83, 86, 89, 93, 96, 99];
+        assert_eq!(v.sample(100), want.to_vec());
+        let w = Gemma4VideoProcessor { num_frames: 4, ..v.clone() };
+        // linspace(0, 9, 4) = 0, 3, 6, 9; linspace(0, 6, 5) = 0, 1.5, 3, 4.5, 6 → 0, 2, 3, 4, 6.
+        assert_eq!(w.sample(10), vec![0, 3, 6, 9]);
+        assert_eq!(Gemma4VideoProcessor { num_frames: 5, ..v.clone() }.sample(7), vec![0, 2, 3, 4, 6]);
+        assert_eq!((v.timestamp(0), v.timestamp(1), v.timestamp(2), v.timestamp(121)), ("00:00".into(), "00:00".into(), "00:01".into(), "01:00".into()));
+        let cfg = serde_json::json!({"video_processor": {"patch_size": 4, "max_soft_tokens": 70, "pooling_kernel_size": 2, "num_frames": 8}});
+        let p = Gemma4VideoProcessor::from_config(&cfg).unwrap();
+        assert_eq!((p.frame.patch_size, p.frame.max_soft_tokens, p.frame.pooling_kernel_size, p.num_frames), (4, 70, 2, 8));
+        assert_eq!(Gemma4VideoProcessor::from_config(&serde_json::json!({})).unwrap(), v);
+        let err = Gemma4VideoProcessor::from_config(&serde_json::json!({"video_processor": {"max_soft_tokens": 20}})).unwrap_err();
+        assert!(err.to_string().contains("max_soft_tokens 20"), "{err}");
     }
 }

@@ -6,5 +6,5 @@
 pub mod gemma4;
 pub mod image;
 
-pub use gemma4::Gemma4ImageProcessor;
+pub use gemma4::{Gemma4ImageProcessor, Gemma4VideoProcessor};
 pub use image::{decode_image, Gemma3ImageProcessor, PixelValues, RgbImage, MAX_IMAGE_PIXELS};

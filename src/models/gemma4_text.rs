@@ -1044,14 +1044,16 @@ fn load_with_vision(c: &ModelConfig, vb: &Vb) -> Result<Box<dyn CausalLm>> {
     // mlx-vlm's Gemma4Processor.from_pretrained: processor_config.json, else preprocessor_config.json.
     let dir = c.path.parent().map(std::path::Path::to_path_buf).unwrap_or_default();
     let file = ["processor_config.json", "preprocessor_config.json"].into_iter().map(|f| dir.join(f)).find(|p| p.is_file());
-    let processor = match file {
+    let (processor, video_processor) = match file {
         Some(path) => {
             let text = std::fs::read_to_string(&path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
             let json: Value = serde_json::from_str(&text).map_err(|e| Error::checkpoint(&path, format!("not JSON: {e}")))?;
-            crate::media::Gemma4ImageProcessor::from_config(&json)
-                .map_err(|e| Error::checkpoint(&path, e.to_string()))?
+            (
+                crate::media::Gemma4ImageProcessor::from_config(&json).map_err(|e| Error::checkpoint(&path, e.to_string()))?,
+                crate::media::Gemma4VideoProcessor::from_config(&json).map_err(|e| Error::checkpoint(&path, e.to_string()))?,
+            )
         }
-        None => crate::media::Gemma4ImageProcessor::default(),
+        None => (crate::media::Gemma4ImageProcessor::default(), crate::media::Gemma4VideoProcessor::default()),
     };
     let vc = vision.config();
     if processor.patch_size != vc.patch_size || processor.pooling_kernel_size != vc.pooling_kernel_size {
@@ -1060,7 +1062,21 @@ fn load_with_vision(c: &ModelConfig, vb: &Vb) -> Result<Box<dyn CausalLm>> {
             processor.patch_size, processor.pooling_kernel_size, vc.patch_size, vc.pooling_kernel_size
         )));
     }
-    Ok(Box::new(super::vision_lm::VisionLm::gemma4(text, vision, image_token, processor)))
+    // Video (as frames) needs the checkpoint's video token (mlx-vlm scatters frames only where
+    // config.json names one) and a video processor whose patches fit the tower.
+    let video = match c.raw.get("video_token_id").filter(|v| !v.is_null()) {
+        None => None,
+        Some(v) => {
+            let id = v.as_u64().filter(|&id| (id as usize) < text.vocab_size()).ok_or_else(|| {
+                c.error(format!("video_token_id {v} is not an id of the vocabulary ({})", text.vocab_size()))
+            })? as u32;
+            // A video processor whose patches do not fit the tower (mlx-vlm would fail on a
+            // video): images are still served, video parts are refused.
+            let f = &video_processor.frame;
+            (f.patch_size == vc.patch_size && f.pooling_kernel_size == vc.pooling_kernel_size).then_some((id, video_processor))
+        }
+    };
+    Ok(Box::new(super::vision_lm::VisionLm::gemma4(text, vision, image_token, processor, video)))
 }
 
 #[cfg(test)]

@@ -104,6 +104,16 @@ pub trait CausalLm: Params {
         }
     }
 
+    /// [`Self::bind_images`] for images and videos (as frames), in prompt order.
+    fn bind_media(&self, ids: Vec<u32>, media: &[crate::chat::Media]) -> Result<Vec<u32>> {
+        if media.iter().any(|m| matches!(m, crate::chat::Media::Video(_))) {
+            return Err(crate::error::Error::InvalidArgument("this model takes no video".into()));
+        }
+        let images: Vec<&vision_lm::ImageData> =
+            media.iter().filter_map(|m| if let crate::chat::Media::Image(i) = m { Some(*i) } else { None }).collect();
+        self.bind_images(ids, &images)
+    }
+
     /// Every parameter array (evaluated at load, counted in `weights_bytes`).
     fn parameters(&self) -> Vec<&Array> {
         let mut out = vec![];

@@ -24,7 +24,8 @@ use super::gemma3_vision::Gemma3Vision;
 use super::gemma4_vision::Gemma4Vision;
 use super::CausalLm;
 use crate::error::{Error, Result};
-use crate::media::{decode_image, Gemma3ImageProcessor, Gemma4ImageProcessor, RgbImage};
+use crate::chat::Media;
+use crate::media::{decode_image, Gemma3ImageProcessor, Gemma4ImageProcessor, Gemma4VideoProcessor, RgbImage};
 use crate::mlx::{Array, Dtype};
 use crate::nn::{LayerCaches, Params};
 
@@ -44,7 +45,7 @@ pub fn is_media_token(id: u32) -> bool {
 
 /// How a model's prompt marks an image (what its processor writes for each image marker the
 /// chat template renders).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ImagePrompt {
     /// What the template writes per image (Gemma 3: `<start_of_image>`; Gemma 4: `<|image|>`).
     pub marker: String,
@@ -55,6 +56,37 @@ pub struct ImagePrompt {
     /// The id of the image token, and how many of them the expansion writes per image.
     pub image_token: u32,
     pub placeholder_tokens: usize,
+    /// How it marks a video (given as frames), for models that take them.
+    pub video: Option<VideoPrompt>,
+}
+
+/// How a model's prompt marks a video given as frames (Gemma 4, as mlx-vlm's Gemma4Processor
+/// writes it): the template's marker becomes, for each kept frame, its timestamp `mm:ss`, a
+/// space, `boi`, the video token (standing for as many as the frame takes), `eoi`; frames joined
+/// with a space.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VideoPrompt {
+    /// What the template writes per video (Gemma 4: `<|video|>`).
+    pub marker: String,
+    /// The video token's text and id (Gemma 4: `<|video|>` itself).
+    pub video_token_text: String,
+    pub video_token: u32,
+    /// What opens and closes each frame (Gemma 4: the image's `<|image>` and `<image|>`).
+    pub boi: String,
+    pub eoi: String,
+    /// Frame sampling and timestamps.
+    pub processor: Gemma4VideoProcessor,
+}
+
+impl VideoPrompt {
+    /// What the processor writes for a video of `frames` frames (before sampling).
+    pub fn expansion(&self, frames: usize) -> String {
+        let kept = self.processor.sample(frames).len();
+        (0..kept)
+            .map(|j| format!("{} {}{}{}", self.processor.timestamp(j), self.boi, self.video_token_text, self.eoi))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
 }
 
 /// How an encoder's rows join the text model's input.
@@ -73,6 +105,11 @@ pub enum RowScale {
 pub trait ImageEncoder: Params {
     /// The image's rows `[n, text hidden]` (n ≥ 1, the image's token count), as [`Self::row_scale`] says.
     fn encode(&self, image: &RgbImage) -> Result<Array>;
+
+    /// A video frame's rows, as the model encodes frames (Gemma 4: a smaller budget).
+    fn encode_frame(&self, _frame: &RgbImage) -> Result<Array> {
+        Err(Error::InvalidArgument("this model takes no video".into()))
+    }
 
     fn row_scale(&self) -> RowScale;
 }
@@ -109,11 +146,13 @@ impl Params for Gemma3Images {
 pub struct Gemma4Images {
     pub vision: Gemma4Vision,
     pub processor: Gemma4ImageProcessor,
+    /// The video frames' preprocessing, when the checkpoint takes video.
+    pub video: Option<Gemma4VideoProcessor>,
 }
 
-impl ImageEncoder for Gemma4Images {
-    fn encode(&self, image: &RgbImage) -> Result<Array> {
-        let pv = self.processor.preprocess(image)?;
+impl Gemma4Images {
+    fn rows(&self, processor: &Gemma4ImageProcessor, image: &RgbImage) -> Result<Array> {
+        let pv = processor.preprocess(image)?;
         let shape: Vec<i32> = pv.shape.iter().map(|&d| d as i32).collect();
         let pixels = Array::from_slice(&pv.data, &shape)?;
         let n = self.vision.soft_tokens(pv.shape[2], pv.shape[3]);
@@ -121,6 +160,21 @@ impl ImageEncoder for Gemma4Images {
             return Err(Error::InvalidArgument(format!("the image becomes no tokens ({}x{} pixels after resizing)", pv.shape[3], pv.shape[2])));
         }
         self.vision.encode(&pixels)?.reshape(&[n as i32, -1])
+    }
+}
+
+impl ImageEncoder for Gemma4Images {
+    fn encode(&self, image: &RgbImage) -> Result<Array> {
+        self.rows(&self.processor, image)
+    }
+
+    /// mlx-vlm's `_encode_video`: the frame at the video budget, through the same tower and
+    /// embedder (its patches padded to the budget, the padding masked out: the same rows).
+    fn encode_frame(&self, frame: &RgbImage) -> Result<Array> {
+        match &self.video {
+            Some(v) => self.rows(&v.frame, frame),
+            None => Err(Error::InvalidArgument("this checkpoint takes no video".into())),
+        }
     }
 
     fn row_scale(&self) -> RowScale {
@@ -140,6 +194,10 @@ struct Kept {
     first: u32,
     len: u32,
     image: ImageData,
+    /// Encoded as a video frame (another budget than as an image).
+    frame: bool,
+    /// The decoded size (width, height).
+    size: (u32, u32),
     rows: Array,
 }
 
@@ -173,32 +231,54 @@ impl VisionLm {
             expansion: format!("\n\n<start_of_image>{}<end_of_image>\n\n", "<image_soft_token>".repeat(t)),
             image_token,
             placeholder_tokens: t,
+            video: None,
         };
         VisionLm::new(text, Box::new(Gemma3Images { vision, processor }), prompt)
     }
 
     /// Gemma 4: the template's `<|image|>` becomes `<|image>` `<|image|>` `<image|>`, and that one
     /// image token as many as the image takes (mlx-vlm's Gemma4Processor writes them all at once).
-    pub fn gemma4(text: Box<dyn CausalLm>, vision: Gemma4Vision, image_token: u32, processor: Gemma4ImageProcessor) -> Self {
+    /// `video`: the video token's id and the video processor, for checkpoints that take video
+    /// (frames): the template's `<|video|>` becomes one `mm:ss <|image><|video|><image|>` per kept
+    /// frame, and each frame's video token as many as the frame takes.
+    pub fn gemma4(
+        text: Box<dyn CausalLm>,
+        vision: Gemma4Vision,
+        image_token: u32,
+        processor: Gemma4ImageProcessor,
+        video: Option<(u32, Gemma4VideoProcessor)>,
+    ) -> Self {
         let prompt = ImagePrompt {
             marker: "<|image|>".into(),
             expansion: "<|image><|image|><image|>".into(),
             image_token,
             placeholder_tokens: 1,
+            video: video.as_ref().map(|(video_token, p)| VideoPrompt {
+                marker: "<|video|>".into(),
+                video_token_text: "<|video|>".into(),
+                video_token: *video_token,
+                boi: "<|image>".into(),
+                eoi: "<image|>".into(),
+                processor: p.clone(),
+            }),
         };
-        VisionLm::new(text, Box::new(Gemma4Images { vision, processor }), prompt)
+        let video = video.map(|(_, p)| p);
+        VisionLm::new(text, Box::new(Gemma4Images { vision, processor, video }), prompt)
     }
 
-    /// The image's ids (first offset, count), encoding it unless it is kept.
-    fn image_ids(&self, image: &ImageData) -> Result<(u32, u32)> {
+    /// The image's ids (first offset, count) and decoded size (width, height), encoding it
+    /// (as an image, or as a video `frame`) unless it is kept.
+    fn image_ids(&self, image: &ImageData, frame: bool) -> Result<(u32, u32, (u32, u32))> {
         let mut slots = self.slots.lock().map_err(|_| Error::Mlx("image slots poisoned by a panic".into()))?;
-        if let Some(at) = slots.kept.iter().position(|k| k.image == *image) {
+        if let Some(at) = slots.kept.iter().position(|k| k.frame == frame && k.image == *image) {
             let k = slots.kept.remove(at).expect("found above");
-            let ids = (k.first, k.len);
+            let ids = (k.first, k.len, k.size);
             slots.kept.push_back(k);
             return Ok(ids);
         }
-        let rows = self.encoder.encode(&decode_image(&image.bytes)?)?;
+        let decoded = decode_image(&image.bytes)?;
+        let size = (decoded.width, decoded.height);
+        let rows = if frame { self.encoder.encode_frame(&decoded)? } else { self.encoder.encode(&decoded)? };
         let len = rows.shape()[0] as u32;
         let first = slots.next;
         if first as u64 + len as u64 > (u32::MAX - MEDIA_TOKEN_BASE) as u64 {
@@ -206,13 +286,13 @@ impl VisionLm {
         }
         rows.eval()?;
         slots.next += len;
-        slots.kept.push_back(Kept { first, len, image: image.clone(), rows });
+        slots.kept.push_back(Kept { first, len, image: image.clone(), frame, size, rows });
         while slots.kept.len() > 1
             && (slots.kept.len() > KEPT_IMAGES || slots.kept.iter().map(|k| k.image.bytes.len()).sum::<usize>() > KEPT_BYTES)
         {
             slots.kept.pop_front();
         }
-        Ok((first, len))
+        Ok((first, len, size))
     }
 
     /// The rows of media ids `ids` (consecutive ids of one image or several).
@@ -336,32 +416,97 @@ impl CausalLm for VisionLm {
     }
 
     fn bind_images(&self, ids: Vec<u32>, images: &[&ImageData]) -> Result<Vec<u32>> {
+        let media: Vec<Media> = images.iter().map(|&i| Media::Image(i)).collect();
+        self.bind_media(ids, &media)
+    }
+
+    /// Images as [`Self::bind_images`]; a video's frames each take the next run of one video
+    /// token (its kept frames: sampled as the model's processor samples them), encoded as frames.
+    /// All of a video's frames must have one size (mlx-vlm takes a video as one array).
+    fn bind_media(&self, ids: Vec<u32>, media: &[Media]) -> Result<Vec<u32>> {
         let t = self.prompt.placeholder_tokens;
+        let video = self.prompt.video.as_ref();
         let mut out = Vec::with_capacity(ids.len());
-        let mut next = images.iter();
+        let mut next = media.iter().enumerate();
+        // The video being bound: its number (1-based), its kept frames still to place, its frame size.
+        let mut frames: (usize, std::collections::VecDeque<&ImageData>, Option<(u32, u32)>) = (0, Default::default(), None);
         let mut i = 0;
         while i < ids.len() {
-            if ids[i] != self.prompt.image_token {
+            let is_video = video.is_some_and(|v| ids[i] == v.video_token);
+            if ids[i] != self.prompt.image_token && !is_video {
                 out.push(ids[i]);
                 i += 1;
                 continue;
             }
-            let run = ids[i..].iter().take_while(|&&t| t == self.prompt.image_token).count();
+            let run = ids[i..].iter().take_while(|&&x| x == ids[i]).count();
+            if !frames.1.is_empty() && !is_video {
+                return Err(Error::InvalidArgument(format!(
+                    "the prompt has an image place at position {i} inside video {}'s frames",
+                    frames.0
+                )));
+            }
+            if is_video {
+                if run != 1 {
+                    return Err(Error::InvalidArgument(format!(
+                        "the prompt holds a run of {run} video tokens at position {i}; a video frame takes 1"
+                    )));
+                }
+                if frames.1.is_empty() {
+                    let (n, part) = next.next().ok_or_else(|| {
+                        Error::InvalidArgument("the prompt has more video places than the messages have videos".into())
+                    })?;
+                    let Media::Video(all) = part else {
+                        return Err(Error::InvalidArgument(format!(
+                            "media part {} of the conversation is an image, and the prompt has a video frame's place there",
+                            n + 1
+                        )));
+                    };
+                    let v = video.expect("is_video");
+                    frames = (n + 1, v.processor.sample(all.len()).into_iter().map(|k| &all[k]).collect(), None);
+                }
+                let frame = frames.1.pop_front().expect("not empty");
+                let k = frames.0;
+                let (first, len, size) = self.image_ids(frame, true).map_err(|e| match e {
+                    Error::InvalidArgument(m) => Error::InvalidArgument(format!("the video (media part {k} of the conversation): {m}")),
+                    other => other,
+                })?;
+                if let Some(s) = frames.2.filter(|&s| s != size) {
+                    return Err(Error::InvalidArgument(format!(
+                        "the video (media part {k} of the conversation): its frames differ in size ({}x{} and {}x{}): a video's frames must all have one size",
+                        s.0, s.1, size.0, size.1
+                    )));
+                }
+                frames.2 = Some(size);
+                out.extend((0..len).map(|j| MEDIA_TOKEN_BASE + first + j));
+                i += 1;
+                continue;
+            }
             if run != t {
                 return Err(Error::InvalidArgument(format!(
                     "the prompt holds a run of {run} image tokens at position {i}; an image takes {t}"
                 )));
             }
-            let image = next.next().ok_or_else(|| {
+            let (n, part) = next.next().ok_or_else(|| {
                 Error::InvalidArgument("the prompt has more image places than the messages have images".into())
             })?;
-            let n = images.len() - next.len();
-            let (first, len) = self.image_ids(image).map_err(|e| match e {
+            let n = n + 1;
+            let Media::Image(image) = part else {
+                return Err(Error::InvalidArgument(format!(
+                    "media part {n} of the conversation is a video, and the prompt has an image place there"
+                )));
+            };
+            let (first, len, _) = self.image_ids(image, false).map_err(|e| match e {
                 Error::InvalidArgument(m) => Error::InvalidArgument(format!("image {n} of the conversation: {m}")),
                 other => other,
             })?;
             out.extend((0..len).map(|k| MEDIA_TOKEN_BASE + first + k));
             i += run;
+        }
+        if !frames.1.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "the prompt has places for fewer frames than the video (media part {} of the conversation) keeps",
+                frames.0
+            )));
         }
         // The prompt's last token is fed as a sampled one would be (`embed`, not `forward_prompt`).
         if out.last().is_some_and(|&t| is_media_token(t)) {
@@ -369,8 +514,8 @@ impl CausalLm for VisionLm {
         }
         if next.next().is_some() {
             return Err(Error::InvalidArgument(format!(
-                "the chat template placed fewer image markers than the messages have images ({})",
-                images.len()
+                "the chat template placed fewer image or video markers than the messages have media parts ({})",
+                media.len()
             )));
         }
         Ok(out)

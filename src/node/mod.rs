@@ -349,6 +349,7 @@ impl Task for LoadTask {
             weights_bytes: info.weights_bytes as f64,
             supports_images: info.supports_images,
             supports_audio: info.supports_audio,
+            supports_video: info.supports_video,
         };
         Ok(NativeSession {
             shared: Arc::new(Shared { session: Mutex::new(Some(session)), running: Mutex::new(vec![]) }),

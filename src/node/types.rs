@@ -137,12 +137,15 @@ pub struct ToolCall {
     pub function: ToolCallFunction,
 }
 
-/// One part of a multi-part message content: text, or an image for models whose
-/// `session.info.supportsImages` (PNG, JPEG, WebP or GIF bytes; remote URLs are not fetched).
+/// One part of a multi-part message content: text, an image for models whose
+/// `session.info.supportsImages` (PNG, JPEG, WebP or GIF bytes; remote URLs are not fetched), or
+/// a video as its frames for models whose `session.info.supportsVideo` (a video file is refused:
+/// pass its frames).
 #[napi(object, object_to_js = false)]
 pub struct ContentPart {
-    /// `'text'`, or an image: `'image'` (with `image`) or `'image_url'` (with `image_url`).
-    #[napi(js_name = "type", ts_type = "'text' | 'image' | 'image_url' | (string & {})")]
+    /// `'text'`, an image: `'image'` (with `image`) or `'image_url'` (with `image_url`), or
+    /// `'video'` (with `video`).
+    #[napi(js_name = "type", ts_type = "'text' | 'image' | 'image_url' | 'video' | (string & {})")]
     pub kind: String,
     /// The text of a `'text'` part.
     pub text: Option<String>,
@@ -152,6 +155,9 @@ pub struct ContentPart {
     /// `{ url }` of an `'image_url'` part: a `data:` URL (base64), a `file:` URL or a path.
     #[napi(ts_type = "{ url: string }")]
     pub image_url: Option<Value>,
+    /// A `'video'` part's frames, in order, each an image as `image` takes it.
+    #[napi(ts_type = "Array<Uint8Array | string>")]
+    pub video: Option<Value>,
 }
 
 /// A chat message (OpenAI shape; `toolCalls`/`toolCallId` may also be spelled `tool_calls`/`tool_call_id`).
@@ -428,6 +434,8 @@ pub struct ModelInfo {
     pub supports_images: bool,
     /// Whether messages may carry audio.
     pub supports_audio: bool,
+    /// Whether messages may carry video parts (`{ type: 'video', video: [frame, ...] }`).
+    pub supports_video: bool,
 }
 
 /// Internal: what `NativeGeneration.next` resolves with — the tokens produced since the last call,

@@ -320,7 +320,7 @@ pub(crate) fn chat_messages(list: &[Value]) -> Result<Vec<ChatMessage>, ApiError
                 (Role::User, Some("image")) => {
                     let obj = b.as_object().cloned().unwrap_or_default();
                     let image = crate::chat::media::image_from_part(&obj, MediaAccess::InlineOnly).map_err(|e| at(e.to_string()))?;
-                    images.push(crate::chat::MessageImage { at: text.len(), image });
+                    images.push(crate::chat::MessageImage::image(text.len(), image));
                 }
                 (_, Some(k @ ("image" | "document"))) => return Err(at(format!("{k} blocks are not supported in a {role} message"))),
                 (_, k) => return Err(at(format!("unsupported content block type {} in a {} message", k.map_or("(none)".into(), |k| format!("{k:?}")), role))),
@@ -528,7 +528,7 @@ fn content_parts(v: &Value) -> Result<(String, Vec<crate::chat::MessageImage>), 
                     (Some("input_image"), _) => {
                         let obj = p.as_object().cloned().unwrap_or_default();
                         let image = crate::chat::media::image_from_part(&obj, MediaAccess::InlineOnly).map_err(|e| e.to_string())?;
-                        images.push(crate::chat::MessageImage { at: text.len(), image });
+                        images.push(crate::chat::MessageImage::image(text.len(), image));
                     }
                     (Some(k @ ("input_file" | "input_audio")), _) => return Err(format!("{k} parts are not supported")),
                     _ => return Err(format!("unsupported content part {p}")),

@@ -215,12 +215,19 @@ impl Tokenizer {
         enable_thinking: Option<bool>,
         prompt: Option<&crate::models::vision_lm::ImagePrompt>,
     ) -> Result<Vec<u32>> {
-        let images: usize = messages.iter().map(|m| m.images.len()).sum();
-        if images == 0 {
+        let images = messages.iter().flat_map(|m| &m.images).filter(|i| i.video.is_none()).count();
+        let videos: Vec<usize> =
+            messages.iter().flat_map(|m| &m.images).filter_map(|i| i.video.as_ref().map(Vec::len)).collect();
+        if images == 0 && videos.is_empty() {
             return self.encode_chat(messages, tools, enable_thinking);
         }
         let Some(prompt) = prompt else {
             return Err(Error::InvalidArgument("this model takes no images (it has no vision tower)".into()));
+        };
+        let video = match (&prompt.video, videos.is_empty()) {
+            (_, true) => None,
+            (Some(v), false) => Some(v),
+            (None, false) => return Err(Error::InvalidArgument("this model takes no video".into())),
         };
         if !self.has_chat_template() {
             return Err(Error::InvalidArgument("images need the model's chat template, and it has none".into()));
@@ -234,7 +241,28 @@ impl Tokenizer {
                 prompt.marker
             )));
         }
-        self.encode_prompt(&text.replace(prompt.marker.as_str(), &prompt.expansion), true)
+        let mut text = text.replace(prompt.marker.as_str(), &prompt.expansion);
+        if let Some(v) = video {
+            // After the images' expansion (which holds no video marker); each video's own.
+            let pieces: Vec<&str> = text.split(v.marker.as_str()).collect();
+            if pieces.len() - 1 != videos.len() {
+                return Err(Error::InvalidArgument(format!(
+                    "the chat template placed {} video marker(s) ({}) for {} video(s)",
+                    pieces.len() - 1,
+                    v.marker,
+                    videos.len()
+                )));
+            }
+            let mut joined = String::with_capacity(text.len());
+            for (k, piece) in pieces.iter().enumerate() {
+                joined.push_str(piece);
+                if let Some(&frames) = videos.get(k) {
+                    joined.push_str(&v.expansion(frames));
+                }
+            }
+            text = joined;
+        }
+        self.encode_prompt(&text, true)
     }
 
     /// A streaming detokenizer that keeps special tokens' text (e.g. `<think>`, `<|im_end|>`).

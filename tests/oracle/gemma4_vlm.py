@@ -21,11 +21,25 @@ stop at eos). Writes into OUT_DIR:
                        eoi 302, " what is it?"), logits0 [320] f32 (the last prompt position's
                        logits), tokens [32] int32 (the greedy tokens)
 
-    python tests/oracle/gemma4_vlm.py OUT_DIR [--seed N] [--bidirectional] [--two-images]
+    python tests/oracle/gemma4_vlm.py OUT_DIR [--seed N] [--bidirectional] [--two-images] [--video]
 
 With --two-images the prompt holds a second image (image2.png, 16 x 50 pixels: 14 soft tokens)
 after " and ", before the question: images of different sizes, encoded one by one and scattered
 in order.
+
+With --video the prompt holds, after the image and " and ", a video of 3 frames (frame0.png ..
+frame2.png, 29 x 41 pixels RGB) where the chat template writes `<|video|>` (id 304; config.json
+gets video_token_id 304, processor_config.json a video_processor with patch 4, 70 soft tokens,
+2x2 pooling). The frames go in as mlx-vlm's prepare_inputs hands decoded frames to the processor:
+one uint8 array (T, C, H, W), with fps [2.0] (DEFAULT_VIDEO_SAMPLING's, as VideoMetadata's
+sampled_fps for frames it did not decode). mlx-vlm's own Gemma4Processor.__call__ expands the
+marker (called on a stand-in holding its video processor and a byte-level tokenizer: bytes as
+themselves, the special tokens as their ids): per frame "mm:ss " + boi + the video token × the
+frame's soft tokens (63: 56 x 72 pixels after resizing) + eoi, frames joined by " ". Then
+get_input_embeddings(pixel_values_videos=…, video_position_ids=…) encodes the frames as
+_encode_video does (patches padded to 280 with position −1, masked in the tower) and scatters
+them at the video tokens. io.safetensors also gets pixel_values_videos [1, 3, 280, 48] and
+video_position_ids [1, 3, 280, 2].
 
 With --bidirectional the text config sets use_bidirectional_attention "vision" (as the larger
 Gemma 4 checkpoints do) and the prefill gets the processor's mm_token_type_ids, as generate passes
@@ -66,7 +80,8 @@ from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
 
 from gemma4_vision import import_mlx_vlm_gemma4  # noqa: E402
 
-IMAGE_TOKEN, BOI, EOI, AUDIO_TOKEN, BOS = 300, 301, 302, 303, 305
+IMAGE_TOKEN, BOI, EOI, AUDIO_TOKEN, VIDEO_TOKEN, BOS = 300, 301, 302, 303, 304, 305
+SPECIAL = {"<|image|>": IMAGE_TOKEN, "<|image>": BOI, "<image|>": EOI, "<|video|>": VIDEO_TOKEN, "<bos>": BOS}
 STEPS = 32
 
 TEXT_CONFIG = {
@@ -114,6 +129,43 @@ VISION_CONFIG = {
 }
 
 PROCESSOR = {"patch_size": 4, "max_soft_tokens": 20, "pooling_kernel_size": 2}
+VIDEO_PROCESSOR = {"patch_size": 4, "max_soft_tokens": 70, "pooling_kernel_size": 2}
+
+
+class ByteTokenizer:
+    """The Rust test's tokenizer: the special tokens as their ids, every other byte as itself."""
+
+    def __call__(self, text, **kwargs):
+        import re
+
+        pattern = "(" + "|".join(re.escape(t) for t in SPECIAL) + ")"
+        out = []
+        for prompt in text:
+            ids = []
+            for piece in re.split(pattern, prompt):
+                ids.extend([SPECIAL[piece]] if piece in SPECIAL else list(piece.encode()))
+            out.append(ids)
+        return {"input_ids": out}
+
+
+def video_inputs(mods, prompt, frames):
+    """mlx-vlm's Gemma4Processor.__call__ on `prompt` (holding one <|video|>) and the frames."""
+    import types as _types
+
+    pg = mods["processing_gemma4"]
+    stand_in = _types.SimpleNamespace(
+        video_processor=pg.Gemma4VideoProcessor(**VIDEO_PROCESSOR),
+        boi_token="<|image>",
+        eoi_token="<image|>",
+        video_token="<|video|>",
+        image_token="<|image|>",
+        image_token_id=IMAGE_TOKEN,
+        video_token_id=VIDEO_TOKEN,
+        audio_token_id=AUDIO_TOKEN,
+        tokenizer=ByteTokenizer(),
+    )
+    video = np.stack([np.asarray(f) for f in frames]).transpose(0, 3, 1, 2)  # (T, C, H, W) uint8
+    return pg.Gemma4Processor.__call__(stand_in, text=[prompt], videos=[video], fps=[2.0])
 
 
 def random_parameters(model):
@@ -136,8 +188,8 @@ def random_parameters(model):
     return dict(new)
 
 
-def greedy(model, input_ids, pixel_values, chunked, token_types=None):
-    emb = model.get_input_embeddings(input_ids=input_ids, pixel_values=pixel_values)
+def greedy(model, input_ids, pixel_values, chunked, token_types=None, video=None):
+    emb = model.get_input_embeddings(input_ids=input_ids, pixel_values=pixel_values, **(video or {}))
     embeds, pli = emb.inputs_embeds, emb.per_layer_inputs
     lm = model.language_model
     cache = lm.make_cache()
@@ -166,6 +218,7 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bidirectional", action="store_true")
     ap.add_argument("--two-images", action="store_true")
+    ap.add_argument("--video", action="store_true")
     args = ap.parse_args()
     text_cfg = dict(TEXT_CONFIG)
     if args.bidirectional:
@@ -182,6 +235,7 @@ def main():
         boi_token_id=BOI,
         eoi_token_id=EOI,
         audio_token_id=AUDIO_TOKEN,
+        video_token_id=VIDEO_TOKEN if args.video else None,
         vocab_size=320,
         hidden_size=48,
     )
@@ -219,17 +273,39 @@ def main():
         # The processor gives a list for images of different shapes; VisionModel encodes each.
         pixel_values = [pixel_values, mx.array(np.asarray(data2["pixel_values"], dtype=np.float32))]
         ids += list(b" and ") + [BOI] + [IMAGE_TOKEN] * n2 + [EOI]
+    video = None
+    if args.video:
+        frames = []
+        for k in range(3):
+            fh, fw = 29, 41
+            yy, xx = np.mgrid[0:fh, 0:fw]
+            f = np.stack([(xx * (5 + k)) % 256, rng.integers(0, 256, (fh, fw)), (yy * 9 + 40 * k) % 256], axis=-1).astype(np.uint8)
+            path = os.path.join(args.out_dir, f"frame{k}.png")
+            Image.fromarray(f).save(path)
+            frames.append(Image.open(path).convert("RGB"))
+        # The text around the video as the byte tokenizer reads it: everything so far is bytes
+        # and specials already expanded, so only the video marker is left for the processor.
+        inputs = video_inputs(mods, " and <|video|>", frames)
+        ids += [int(t) for t in np.asarray(inputs["input_ids"])[0]]
+        video = {"pixel_values_videos": inputs["pixel_values_videos"], "video_position_ids": inputs["video_position_ids"]}
+        n_video = int((inputs["input_ids"] == VIDEO_TOKEN).sum().item())
+        assert n_video == 3 * 63 and video["pixel_values_videos"].shape == (1, 3, 280, 48), (n_video, video["pixel_values_videos"].shape)
+        assert int((inputs["mm_token_type_ids"] == 2).sum().item()) == n_video
     ids += list(b" what is it?")
     input_ids = mx.array([ids], dtype=mx.int32)
 
-    causal_logits0, causal = greedy(model, input_ids, pixel_values, chunked=False)
+    causal_logits0, causal = greedy(model, input_ids, pixel_values, chunked=False, video=video)
+    if video is not None:
+        no_video, _ = greedy(model, input_ids, pixel_values, chunked=False)
+        assert mx.abs(no_video - causal_logits0).max().item() > 1e-3, "the video's rows change nothing"
     if args.bidirectional:
-        token_types = (input_ids == IMAGE_TOKEN).astype(mx.int32)  # the processor's mm_token_type_ids
-        logits0, tokens = greedy(model, input_ids, pixel_values, chunked=False, token_types=token_types)
+        # The processor's mm_token_type_ids: 1 for image tokens, 2 for video tokens.
+        token_types = (input_ids == IMAGE_TOKEN).astype(mx.int32) + 2 * (input_ids == VIDEO_TOKEN).astype(mx.int32)
+        logits0, tokens = greedy(model, input_ids, pixel_values, chunked=False, token_types=token_types, video=video)
         assert mx.abs(logits0 - causal_logits0).max().item() > 1e-3, "the overlay changes nothing"
     else:
         logits0, tokens = causal_logits0, causal
-        _, chunked = greedy(model, input_ids, pixel_values, chunked=True)
+        _, chunked = greedy(model, input_ids, pixel_values, chunked=True, video=video)
         assert chunked == tokens, (chunked, tokens)
     assert len(set(tokens)) > 4, f"greedy decoding repeats: {tokens}"
 
@@ -240,6 +316,7 @@ def main():
         "boi_token_id": BOI,
         "eoi_token_id": EOI,
         "audio_token_id": AUDIO_TOKEN,
+        **({"video_token_id": VIDEO_TOKEN} if args.video else {}),
         "vocab_size": 320,
         "hidden_size": 48,
         "tie_word_embeddings": True,
@@ -250,7 +327,10 @@ def main():
         json.dump(config, f, indent=2)
         f.write("\n")
     with open(os.path.join(args.out_dir, "processor_config.json"), "w") as f:
-        json.dump({"image_processor": dict(PROCESSOR, image_processor_type="Gemma4ImageProcessor")}, f, indent=2)
+        processor = {"image_processor": dict(PROCESSOR, image_processor_type="Gemma4ImageProcessor")}
+        if args.video:
+            processor["video_processor"] = dict(VIDEO_PROCESSOR, video_processor_type="Gemma4VideoProcessor")
+        json.dump(processor, f, indent=2)
         f.write("\n")
     mx.save_safetensors(os.path.join(args.out_dir, "model.safetensors"), weights)
     mx.save_safetensors(
@@ -260,6 +340,7 @@ def main():
             "input_ids": input_ids,
             "logits0": logits0.astype(mx.float32),
             "tokens": mx.array(tokens, dtype=mx.int32),
+            **({k: mx.array(v).astype(mx.float32 if k.startswith("pixel") else mx.int32) for k, v in video.items()} if video else {}),
         },
     )
     print(f"gemma4_vlm: seed {args.seed}: {len(ids)} prompt ids ({n} image tokens), tokens {tokens} in {args.out_dir}")
