@@ -75,18 +75,25 @@ export interface ChatTemplateOptions {
 }
 
 /**
- * One part of a multi-part message content: text, or an image for models whose
- * `session.info.supportsImages` (PNG, JPEG, WebP or GIF bytes; remote URLs are not fetched).
+ * One part of a multi-part message content: text, an image for models whose
+ * `session.info.supportsImages` (PNG, JPEG, WebP or GIF bytes; remote URLs are not fetched), or
+ * a video as its frames for models whose `session.info.supportsVideo` (a video file is refused:
+ * pass its frames).
  */
 export interface ContentPart {
-  /** `'text'`, or an image: `'image'` (with `image`) or `'image_url'` (with `image_url`). */
-  type: 'text' | 'image' | 'image_url' | (string & {})
+  /**
+   * `'text'`, an image: `'image'` (with `image`) or `'image_url'` (with `image_url`), or
+   * `'video'` (with `video`).
+   */
+  type: 'text' | 'image' | 'image_url' | 'video' | (string & {})
   /** The text of a `'text'` part. */
   text?: string
   /** An `'image'` part's image: its bytes, a file path, or a `data:` / `file:` URL. */
   image?: Uint8Array | string
   /** `{ url }` of an `'image_url'` part: a `data:` URL (base64), a `file:` URL or a path. */
   imageUrl?: { url: string }
+  /** A `'video'` part's frames, in order, each an image as `image` takes it. */
+  video?: Array<Uint8Array | string>
 }
 
 /** A function the model may call (OpenAI shape). */
@@ -360,6 +367,8 @@ export interface ModelInfo {
   supportsImages: boolean
   /** Whether messages may carry audio. */
   supportsAudio: boolean
+  /** Whether messages may carry video parts (`{ type: 'video', video: [frame, ...] }`). */
+  supportsVideo: boolean
 }
 
 /**
