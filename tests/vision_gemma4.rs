@@ -420,6 +420,11 @@ fn gemma4_video_prompt_matches_mlx_vlm_greedy() {
     assert!(err.contains("media part 2 of the conversation is an image"), "{err}");
     let err = model.bind_media(short.clone(), &[Media::Image(&image), Media::Video(&frames[..2])]).unwrap_err().to_string();
     assert!(err.contains("more video places"), "{err}");
+    // More distinct images and kept frames than a session keeps at once: refused up front (3
+    // videos of 100 frames keep 32 each).
+    let many: Vec<Vec<ImageData>> = (0..3).map(|v| (0..100).map(|k| ImageData::new(vec![v, k as u8, 1])).collect()).collect();
+    let err = model.bind_media(short.clone(), &many.iter().map(|f| Media::Video(f)).collect::<Vec<_>>()).unwrap_err().to_string();
+    assert!(err.contains("96 distinct images and video frames, more than the 64"), "{err}");
     // A prefill chunk never splits a frame.
     let start = bound.iter().position(|&t| t == 304 || (t >= MEDIA_TOKEN_BASE && !media_ids(&bound)[..15].contains(&t))).unwrap();
     assert_eq!(model.prefill_chunk_len(&bound[..bound.len() - 1], start + 5), start);

@@ -426,6 +426,33 @@ impl CausalLm for VisionLm {
     fn bind_media(&self, ids: Vec<u32>, media: &[Media]) -> Result<Vec<u32>> {
         let t = self.prompt.placeholder_tokens;
         let video = self.prompt.video.as_ref();
+        // Every image and kept frame of the prompt must stay kept until its prefill.
+        let mut distinct = std::collections::HashSet::new();
+        for m in media {
+            match (m, video) {
+                (Media::Image(i), _) => {
+                    distinct.insert((false, i.hash, i.bytes.len()));
+                }
+                (Media::Video(frames), Some(v)) => {
+                    for k in v.processor.sample(frames.len()) {
+                        distinct.insert((true, frames[k].hash, frames[k].bytes.len()));
+                    }
+                }
+                (Media::Video(_), None) => {}
+            }
+        }
+        if distinct.len() > KEPT_IMAGES {
+            return Err(Error::InvalidArgument(format!(
+                "the prompt holds {} distinct images and video frames, more than the {KEPT_IMAGES} a session keeps at once",
+                distinct.len()
+            )));
+        }
+        let bytes: usize = distinct.iter().map(|&(_, _, n)| n).sum();
+        if distinct.len() > 1 && bytes > KEPT_BYTES {
+            return Err(Error::InvalidArgument(format!(
+                "the prompt's images and video frames hold {bytes} encoded bytes, more than the {KEPT_BYTES} a session keeps at once"
+            )));
+        }
         let mut out = Vec::with_capacity(ids.len());
         let mut next = media.iter().enumerate();
         // The video being bound: its number (1-based), its kept frames still to place, its frame size.
