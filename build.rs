@@ -28,6 +28,7 @@ fn main() {
     println!("cargo:rerun-if-changed=src/mlx/gated_delta.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cuda_jit.h");
     println!("cargo:rerun-if-changed=src/mlx/cpu_quantized_gemm.h");
+    println!("cargo:rerun-if-changed=src/mlx/cpu_bitstream.h");
     println!("cargo:rerun-if-changed=src/mlx/cpu_quantized_gemm.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cuda_jit.cpp");
     println!("cargo:rerun-if-changed=vendor/mlx.lock");

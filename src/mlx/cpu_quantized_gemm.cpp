@@ -1,6 +1,7 @@
 // See cpu_quantized_gemm.h.
 #include "cpu_quantized_gemm.h"
 
+#include "cpu_bitstream.h"
 #include "cpu_simd.h"
 #include "cpu_thread_pool.h"
 
@@ -20,47 +21,6 @@ constexpr int kSuper = 64;
 constexpr int kKc = 256;
 
 #ifdef MLEX_X86_64
-
-// Eight values of `bits` bits (one `bits`-byte chunk, loaded into v) as eight int32 lanes. For 2
-// to 6 bits every value ends within bit 48: lanes whose value ends in the low 32 bits shift the
-// low word, the others the word from bit 16. 8 bits widens the bytes.
-struct Lanes {
-  __m256i shift_lo, shift_hi, use_hi, mask;
-  int bits;
-  __attribute__((target("avx2,fma"))) explicit Lanes(int b) : bits(b) {
-    alignas(32) int32_t lo[8], hi[8], use[8];
-    for (int j = 0; j < 8; ++j) {
-      const int at = j * b;
-      const bool high = at + b > 32;
-      lo[j] = high ? 0 : at;
-      hi[j] = high ? at - 16 : 0;
-      use[j] = high ? -1 : 0;
-    }
-    shift_lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(lo));
-    shift_hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(hi));
-    use_hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(use));
-    mask = _mm256_set1_epi32((1 << b) - 1);
-  }
-  // `wide`: eight bytes may be read at chunk (not the end of the weights).
-  __attribute__((target("avx2,fma"))) __m256 values(const uint8_t* chunk, bool wide) const {
-    uint64_t v = 0;
-    // Fixed-size copies are single loads; a variable size would be a call per eight values.
-    if (bits == 4) {
-      uint32_t u;
-      std::memcpy(&u, chunk, 4);
-      v = u;
-    } else if (bits == 8 || wide) {
-      std::memcpy(&v, chunk, 8);
-      if (bits != 8) v &= (uint64_t{1} << (8 * bits)) - 1;
-    } else {
-      std::memcpy(&v, chunk, static_cast<size_t>(bits));
-    }
-    if (bits == 8) return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(v))));
-    const __m256i l = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(v))), shift_lo);
-    const __m256i h = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(v >> 16))), shift_hi);
-    return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_blendv_epi8(l, h, use_hi), mask));
-  }
-};
 
 // r[i] becomes column i of the 8×8 block whose rows were r[0..8).
 __attribute__((target("avx2,fma"))) inline void transpose8(__m256 r[8]) {
@@ -87,8 +47,8 @@ __attribute__((target("avx2,fma"))) inline void transpose8(__m256 r[8]) {
 // rows × eight columns at a time: each row's eight values dequantized as one vector
 // (scale · q + bias), the 8×8 block transposed in registers, stored as eight k-rows.
 __attribute__((target("avx2,fma"))) void pack(const uint32_t* w, const float* scales, const float* biases, int N,
-                                              int K, int group_size, const Lanes& lanes, int n0, int rows, int k0, int kc,
-                                              float* wt) {
+                                              int K, int group_size, const BitLanesAvx2& lanes, int n0, int rows,
+                                              int k0, int kc, float* wt) {
   const int bits = lanes.bits;
   const size_t row_bytes = static_cast<size_t>(K) * bits / 8;
   const size_t total = row_bytes * N;
@@ -173,7 +133,7 @@ void quantized_gemm(const float* x, const uint32_t* w, const float* scales, cons
 #ifdef MLEX_X86_64
   const int supers = (N + kSuper - 1) / kSuper;
   const int tasks = std::min(supers, pool().size() * 2);
-  const Lanes lanes(bits);
+  const BitLanes bit_lanes(bits);
   pool().run(tasks, [&](int t) {
     std::vector<float> wt(static_cast<size_t>(kSuper) * kKc);
     for (int sp = t; sp < supers; sp += tasks) {
@@ -181,7 +141,7 @@ void quantized_gemm(const float* x, const uint32_t* w, const float* scales, cons
       const int panels = (rows + kNr - 1) / kNr;
       for (int k0 = 0; k0 < K; k0 += kKc) {
         const int kc = std::min(kKc, K - k0);
-        pack(w, scales, biases, N, K, group_size, lanes, n0, rows, k0, kc, wt.data());
+        pack(w, scales, biases, N, K, group_size, BitLanesAvx2(bit_lanes), n0, rows, k0, kc, wt.data());
         for (int m0 = 0; m0 < M; m0 += kMr) {
           const int mr = std::min(kMr, M - m0);
           const float* xm = x + static_cast<size_t>(m0) * K + k0;

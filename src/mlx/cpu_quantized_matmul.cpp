@@ -6,6 +6,7 @@
 #include "cpu_quantized_matmul.h"
 
 #include "ablation.h"
+#include "cpu_bitstream.h"
 #include "cpu_primitive.h"
 #include "cpu_quantized_gemm.h"
 #include "cpu_simd.h"
@@ -171,33 +172,14 @@ __attribute__((target("avx2,fma"))) float row_q8_avx2(const uint32_t* wq, const 
   return hsum(total) + bias_total;
 }
 
-// Eight values of 2/3/5/6 bits span at most 48 bits of a 64-bit load: lanes whose value ends
-// within the low 32 bits shift the low word, the others shift the word starting at bit 16.
-// Per-lane shifts for one bit width, made once per matmul rather than per row.
-struct BitstreamLanes {
-  alignas(32) int32_t shift_lo[8];
-  alignas(32) int32_t shift_hi[8];
-  alignas(32) int32_t use_hi[8];
-  explicit BitstreamLanes(int bits) {
-    for (int j = 0; j < 8; ++j) {
-      const int at = j * bits;
-      const bool high = at + bits > 32;
-      shift_lo[j] = high ? 0 : at;
-      shift_hi[j] = high ? at - 16 : 0;
-      use_hi[j] = high ? -1 : 0;
-    }
-  }
-};
-
+// 2, 3, 5 and 6 bits: eight values per `bits`-byte chunk (cpu_bitstream.h).
 __attribute__((target("avx2,fma"))) float row_bitstream_avx2(const uint32_t* wq, const float* scales,
                                                              const float* biases, const float* x, const float* xsum,
-                                                             int groups, int group_size, int bits,
-                                                             const BitstreamLanes& lanes, const uint8_t* end) {
+                                                             int groups, int group_size, const BitLanes& bit_lanes,
+                                                             const uint8_t* end) {
+  const BitLanesAvx2 lanes(bit_lanes);
+  const int bits = bit_lanes.bits;
   const uint8_t* bytes = reinterpret_cast<const uint8_t*>(wq);
-  const __m256i shift_lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes.shift_lo));
-  const __m256i shift_hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes.shift_hi));
-  const __m256i use_hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes.use_hi));
-  const __m256i mask = _mm256_set1_epi32((1 << bits) - 1);
   __m256 total = _mm256_setzero_ps();
   float bias_total = 0.f;
   for (int g = 0; g < groups; ++g) {
@@ -205,17 +187,7 @@ __attribute__((target("avx2,fma"))) float row_bitstream_avx2(const uint32_t* wq,
     __m256 a = _mm256_setzero_ps();
     for (int i = 0; i < group_size; i += 8) {
       const uint8_t* chunk = bytes + static_cast<size_t>(g * group_size + i) / 8 * bits;
-      uint64_t v = 0;
-      // An 8-byte load, except at the very end of the weights where it would read past them.
-      if (chunk + 8 <= end) {
-        std::memcpy(&v, chunk, 8);  // one unaligned load
-      } else {
-        std::memcpy(&v, chunk, static_cast<size_t>(bits));
-      }
-      const __m256i lo = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(v))), shift_lo);
-      const __m256i hi = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(v >> 16))), shift_hi);
-      const __m256i q = _mm256_and_si256(_mm256_blendv_epi8(lo, hi, use_hi), mask);
-      a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_loadu_ps(xg + i), a);
+      a = _mm256_fmadd_ps(lanes.values(chunk, chunk + 8 <= end), _mm256_loadu_ps(xg + i), a);
     }
     total = _mm256_fmadd_ps(a, _mm256_set1_ps(scales[g]), total);
     bias_total += biases[g] * xsum[g];
@@ -251,7 +223,7 @@ void compute(const Problem& p) {
       xsum[static_cast<size_t>(m) * groups + g] = s;
     }
 #ifdef MLEX_X86_64
-  const BitstreamLanes lanes(p.bits);
+  const BitLanes lanes(p.bits);
   const uint8_t* end = reinterpret_cast<const uint8_t*>(p.w) + static_cast<size_t>(p.N) * words_per_row * 4;
 #endif
   auto row = [&](int n, int m) -> float {
@@ -264,7 +236,7 @@ void compute(const Problem& p) {
     if (has_avx2_fma()) {
       if (p.bits == 4) return row_q4_avx2(wq, s, b, x, xs, groups, p.group_size);
       if (p.bits == 8) return row_q8_avx2(wq, s, b, x, xs, groups, p.group_size);
-      return row_bitstream_avx2(wq, s, b, x, xs, groups, p.group_size, p.bits, lanes, end);
+      return row_bitstream_avx2(wq, s, b, x, xs, groups, p.group_size, lanes, end);
     }
 #endif
     if (p.bits != 4 && p.bits != 8) return row_bitstream(wq, s, b, x, xs, groups, p.group_size, p.bits);
