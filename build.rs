@@ -27,9 +27,11 @@ fn main() {
     println!("cargo:rerun-if-changed=src/mlx/ablation.h");
     println!("cargo:rerun-if-changed=src/mlx/gated_delta.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cuda_jit.h");
-    println!("cargo:rerun-if-changed=src/mlx/cpu_quantized_gemm.h");
+    println!("cargo:rerun-if-changed=src/mlx/cpu_gemm.h");
     println!("cargo:rerun-if-changed=src/mlx/cpu_bitstream.h");
-    println!("cargo:rerun-if-changed=src/mlx/cpu_quantized_gemm.cpp");
+    println!("cargo:rerun-if-changed=src/mlx/cpu_dense_matmul.h");
+    println!("cargo:rerun-if-changed=src/mlx/cpu_dense_matmul.cpp");
+    println!("cargo:rerun-if-changed=src/mlx/cpu_gemm.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cuda_jit.cpp");
     println!("cargo:rerun-if-changed=vendor/mlx.lock");
     println!("cargo:rerun-if-env-changed=MLX_DIR");
@@ -62,7 +64,8 @@ fn main() {
         .file("src/mlx/cpu_thread_pool.cpp")
         .file("src/mlx/gated_delta.cpp")
         .file("src/mlx/cuda_jit.cpp")
-        .file("src/mlx/cpu_quantized_gemm.cpp")
+        .file("src/mlx/cpu_gemm.cpp")
+        .file("src/mlx/cpu_dense_matmul.cpp")
         .include(&include)
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-deprecated-declarations")

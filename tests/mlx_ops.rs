@@ -267,6 +267,62 @@ fn check_cpu_quantized_matmul(n: i32, k: i32) {
     }
 }
 
+/// A dense layer's product with many rows of x on the CPU (`x @ w_t`, `w_t` the evaluated
+/// transposed view of a float32 `[out, in]` weight, as `Linear` holds it) runs our packed GEMM
+/// (`CpuDenseMatmul`), with or without a bias (addmm), for widths that are not multiples of the
+/// GEMM's blocks, a 3-D x and an x that is a view; a weight used as is (not a transposed view) and
+/// a few rows keep MLX's matmul. Each against a naive product.
+#[test]
+fn cpu_dense_matmul_matches_naive() {
+    for (m, k, n) in [(40usize, 320usize, 70usize), (100, 77, 1000), (33, 8, 17)] {
+        let w = rand_vec(n * k, 81);
+        let wa = arr(&w, &[n as i32, k as i32]);
+        let w_t = wa.transpose(&[1, 0]).unwrap();
+        mlex::mlx::eval(&[&wa, &w_t]).unwrap();
+        let mut wt = vec![0f32; k * n];
+        for r in 0..n {
+            for c in 0..k {
+                wt[c * n + r] = w[r * k + c];
+            }
+        }
+        let x = rand_vec(m * k, 82);
+        let want = naive_matmul(&x, &wt, m, k, n);
+        let uses = |a: &Array, kernel: bool| {
+            let census = mlex::mlx::graph_census(&[a]).unwrap();
+            assert_eq!(census.iter().any(|(p, _)| p == "CpuDenseMatmul"), kernel, "{m}x{k}x{n}: {census:?}");
+        };
+        // [m, k], and [2, m/2, k] for even m.
+        let xa = arr(&x, &[m as i32, k as i32]);
+        let got = xa.matmul(&w_t).unwrap();
+        uses(&got, true);
+        close(&got.to_vec::<f32>().unwrap(), &want, 1e-4);
+        if m % 2 == 0 {
+            let got = arr(&x, &[2, (m / 2) as i32, k as i32]).matmul(&w_t).unwrap();
+            uses(&got, true);
+            close(&got.to_vec::<f32>().unwrap(), &want, 1e-4);
+        }
+        // x as a non-contiguous view: the transpose of its [k, m] transpose.
+        let xt: Vec<f32> = (0..k * m).map(|i| x[(i % m) * k + i / m]).collect();
+        let view = arr(&xt, &[k as i32, m as i32]).transpose(&[1, 0]).unwrap();
+        let got = view.matmul(&w_t).unwrap();
+        uses(&got, true);
+        close(&got.to_vec::<f32>().unwrap(), &want, 1e-4);
+        // With a bias.
+        let bias = rand_vec(n, 83);
+        let got = Array::addmm(&arr(&bias, &[n as i32]), &xa, &w_t, 1.0, 1.0).unwrap();
+        uses(&got, true);
+        let with_bias: Vec<f32> = want.iter().enumerate().map(|(i, v)| v + bias[i % n]).collect();
+        close(&got.to_vec::<f32>().unwrap(), &with_bias, 1e-4);
+        // MLX's matmul: a weight that is not a transposed view, and too few rows.
+        let plain = xa.matmul(&arr(&wt, &[k as i32, n as i32])).unwrap();
+        uses(&plain, false);
+        close(&plain.to_vec::<f32>().unwrap(), &want, 1e-4);
+        let few = arr(&x[..8 * k], &[8, k as i32]).matmul(&w_t).unwrap();
+        uses(&few, false);
+        close(&few.to_vec::<f32>().unwrap(), &want[..8 * n], 1e-4);
+    }
+}
+
 /// A prompt chunk's rows (the packed GEMM) are each computed the same whatever other rows share
 /// the chunk: the first 40 rows of a 100-row product are bit for bit the 40-row product's.
 #[test]

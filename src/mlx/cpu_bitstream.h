@@ -1,5 +1,5 @@
 // Reading MLX's packed quantized rows eight values at a time on x86, shared by the CPU row
-// kernels (cpu_quantized_matmul.cpp) and the prompt GEMM (cpu_quantized_gemm.cpp). MLX packs a
+// kernels (cpu_quantized_matmul.cpp) and the prompt GEMM (cpu_gemm.cpp). MLX packs a
 // row as one little-endian bit stream, value i in bits [i·bits, (i+1)·bits): eight values take
 // exactly `bits` bytes and start on a byte (group sizes are multiples of 8).
 #pragma once

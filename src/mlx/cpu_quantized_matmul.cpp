@@ -8,7 +8,7 @@
 #include "ablation.h"
 #include "cpu_bitstream.h"
 #include "cpu_primitive.h"
-#include "cpu_quantized_gemm.h"
+#include "cpu_gemm.h"
 #include "cpu_simd.h"
 #include "cpu_strided.h"
 #include "cpu_thread_pool.h"
@@ -207,7 +207,7 @@ struct Problem {
 };
 
 void compute(const Problem& p) {
-  // A prompt chunk: the packed GEMM (cpu_quantized_gemm.h).
+  // A prompt chunk: the packed GEMM (cpu_gemm.h).
   if (p.M >= kGemmMinRows && quantized_gemm_available() && !mlex::ablated(MLEX_ABLATE_KERNEL_CPU_GEMM)) {
     quantized_gemm(p.x, p.w, p.scales, p.biases, p.out, p.M, p.N, p.K, p.group_size, p.bits);
     return;

@@ -2,6 +2,7 @@
 // everything so that no C++ exception ever unwinds into Rust (DESIGN.md §8.4).
 #include "shim.h"
 #include "cpu_fast_ops.h"
+#include "cpu_dense_matmul.h"
 #include "cpu_quantized_matmul.h"
 #include "cuda_quantized_matvec.h"
 #include "gated_delta.h"
@@ -341,7 +342,13 @@ int mlex_binary(mlex_binary_op op, mlex_array a, mlex_array b, mlex_array* out) 
       case MLEX_BINARY_GREATER_EQUAL: *out = wrap(mx::greater_equal(x, y)); return;
       case MLEX_BINARY_LOGICAL_AND: *out = wrap(mx::logical_and(x, y)); return;
       case MLEX_BINARY_LOGICAL_OR: *out = wrap(mx::logical_or(x, y)); return;
-      case MLEX_BINARY_MATMUL: *out = wrap(mx::matmul(x, y)); return;
+      case MLEX_BINARY_MATMUL:
+        if (auto fast = mlex::cpu_dense_matmul(x, y)) {
+          *out = wrap(std::move(*fast));
+        } else {
+          *out = wrap(mx::matmul(x, y));
+        }
+        return;
       case MLEX_BINARY_REMAINDER: *out = wrap(mx::remainder(x, y)); return;
       case MLEX_BINARY_FLOOR_DIVIDE: *out = wrap(mx::floor_divide(x, y)); return;
       case MLEX_BINARY_LOGADDEXP: *out = wrap(mx::logaddexp(x, y)); return;
@@ -360,7 +367,16 @@ int mlex_astype(mlex_array a, mlex_dtype dtype, mlex_array* out) {
   return guard([&] { *out = wrap(mx::astype(unwrap(a), to_dtype(dtype))); });
 }
 int mlex_addmm(mlex_array c, mlex_array a, mlex_array b, float alpha, float beta, mlex_array* out) {
-  return guard([&] { *out = wrap(mx::addmm(unwrap(c), unwrap(a), unwrap(b), alpha, beta)); });
+  return guard([&] {
+    // A dense layer's bias + x @ w_t with many rows of x on the CPU: our GEMM, then the add.
+    if (alpha == 1.f && beta == 1.f) {
+      if (auto fast = mlex::cpu_dense_matmul(unwrap(a), unwrap(b))) {
+        *out = wrap(mx::add(*fast, unwrap(c)));
+        return;
+      }
+    }
+    *out = wrap(mx::addmm(unwrap(c), unwrap(a), unwrap(b), alpha, beta));
+  });
 }
 
 int mlex_reduce(mlex_reduce_op op, mlex_array a, const int32_t* axes, size_t n_axes, bool keepdims,

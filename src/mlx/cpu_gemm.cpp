@@ -1,5 +1,5 @@
-// See cpu_quantized_gemm.h.
-#include "cpu_quantized_gemm.h"
+// See cpu_gemm.h.
+#include "cpu_gemm.h"
 
 #include "cpu_bitstream.h"
 #include "cpu_simd.h"
@@ -79,6 +79,33 @@ __attribute__((target("avx2,fma"))) void pack(const uint32_t* w, const float* sc
   }
 }
 
+// Copies rows n0 .. n0 + rows of a float32 w ([N, K] row-major), columns k0 .. k0 + kc, into the
+// same k-major panels (8×8 blocks transposed in registers; rows past `rows` are zeros).
+__attribute__((target("avx2,fma"))) void pack_dense(const float* w, int K, int n0, int rows, int k0, int kc,
+                                                    float* wt) {
+  const int padded = (rows + kNr - 1) / kNr * kNr;
+  for (int j0 = 0; j0 < padded; j0 += 8) {
+    float* panel = wt + static_cast<size_t>(j0 / kNr) * kc * kNr + (j0 % kNr);
+    for (int k = 0; k < kc; k += 8) {
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i) {
+        const float* src = w + static_cast<size_t>(n0 + j0 + i) * K + k0 + k;
+        if (j0 + i >= rows) {
+          r[i] = _mm256_setzero_ps();
+        } else if (k + 8 <= kc) {
+          r[i] = _mm256_loadu_ps(src);
+        } else {  // a k that is not a multiple of 8 (dense widths can be anything)
+          alignas(32) float tail[8] = {};
+          for (int t = 0; t < kc - k; ++t) tail[t] = src[t];
+          r[i] = _mm256_load_ps(tail);
+        }
+      }
+      transpose8(r);
+      for (int t = 0; t < 8 && k + t < kc; ++t) _mm256_storeu_ps(panel + (k + t) * kNr, r[t]);
+    }
+  }
+}
+
 // c[r, 0..ncols) (+)= Σ_k x[r, k] · wt[k, 0..16) for MR rows, k in order.
 template <int MR>
 __attribute__((target("avx2,fma"))) void micro(const float* x, size_t ldx, const float* wt, int kc, float* c,
@@ -116,6 +143,33 @@ __attribute__((target("avx2,fma"))) void micro(const float* x, size_t ldx, const
 using Micro = void (*)(const float*, size_t, const float*, int, float*, size_t, int, bool);
 constexpr Micro kMicro[kMr + 1] = {nullptr, micro<1>, micro<2>, micro<3>, micro<4>, micro<5>, micro<6>};
 
+// The blocked product; pack(n0, rows, k0, kc, wt) fills a superpanel's panels.
+template <class Pack>
+void gemm(const float* x, float* out, int M, int N, int K, const Pack& pack) {
+  const int supers = (N + kSuper - 1) / kSuper;
+  const int tasks = std::min(supers, pool().size() * 2);
+  pool().run(tasks, [&](int t) {
+    std::vector<float> wt(static_cast<size_t>(kSuper) * kKc);
+    for (int sp = t; sp < supers; sp += tasks) {
+      const int n0 = sp * kSuper, rows = std::min(kSuper, N - n0);
+      const int panels = (rows + kNr - 1) / kNr;
+      for (int k0 = 0; k0 < K; k0 += kKc) {
+        const int kc = std::min(kKc, K - k0);
+        pack(n0, rows, k0, kc, wt.data());
+        for (int m0 = 0; m0 < M; m0 += kMr) {
+          const int mr = std::min(kMr, M - m0);
+          const float* xm = x + static_cast<size_t>(m0) * K + k0;
+          for (int p = 0; p < panels; ++p) {
+            const int ncols = std::min(kNr, rows - p * kNr);
+            float* c = out + static_cast<size_t>(m0) * N + n0 + p * kNr;
+            kMicro[mr](xm, K, wt.data() + static_cast<size_t>(p) * kc * kNr, kc, c, N, ncols, k0 > 0);
+          }
+        }
+      }
+    }
+  });
+}
+
 #endif
 
 }  // namespace
@@ -131,31 +185,20 @@ bool quantized_gemm_available() {
 void quantized_gemm(const float* x, const uint32_t* w, const float* scales, const float* biases, float* out, int M,
                     int N, int K, int group_size, int bits) {
 #ifdef MLEX_X86_64
-  const int supers = (N + kSuper - 1) / kSuper;
-  const int tasks = std::min(supers, pool().size() * 2);
   const BitLanes bit_lanes(bits);
-  pool().run(tasks, [&](int t) {
-    std::vector<float> wt(static_cast<size_t>(kSuper) * kKc);
-    for (int sp = t; sp < supers; sp += tasks) {
-      const int n0 = sp * kSuper, rows = std::min(kSuper, N - n0);
-      const int panels = (rows + kNr - 1) / kNr;
-      for (int k0 = 0; k0 < K; k0 += kKc) {
-        const int kc = std::min(kKc, K - k0);
-        pack(w, scales, biases, N, K, group_size, BitLanesAvx2(bit_lanes), n0, rows, k0, kc, wt.data());
-        for (int m0 = 0; m0 < M; m0 += kMr) {
-          const int mr = std::min(kMr, M - m0);
-          const float* xm = x + static_cast<size_t>(m0) * K + k0;
-          for (int p = 0; p < panels; ++p) {
-            const int ncols = std::min(kNr, rows - p * kNr);
-            float* c = out + static_cast<size_t>(m0) * N + n0 + p * kNr;
-            kMicro[mr](xm, K, wt.data() + static_cast<size_t>(p) * kc * kNr, kc, c, N, ncols, k0 > 0);
-          }
-        }
-      }
-    }
+  gemm(x, out, M, N, K, [&](int n0, int rows, int k0, int kc, float* wt) {
+    pack(w, scales, biases, N, K, group_size, BitLanesAvx2(bit_lanes), n0, rows, k0, kc, wt);
   });
 #else
   (void)x, (void)w, (void)scales, (void)biases, (void)out, (void)M, (void)N, (void)K, (void)group_size, (void)bits;
+#endif
+}
+
+void dense_gemm(const float* x, const float* w, float* out, int M, int N, int K) {
+#ifdef MLEX_X86_64
+  gemm(x, out, M, N, K, [&](int n0, int rows, int k0, int kc, float* wt) { pack_dense(w, K, n0, rows, k0, kc, wt); });
+#else
+  (void)x, (void)w, (void)out, (void)M, (void)N, (void)K;
 #endif
 }
 

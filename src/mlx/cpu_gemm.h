@@ -1,5 +1,7 @@
-// Prefill-sized quantized products on the CPU: out[M, N] = x[M, K] · dequantize(w)ᵀ when x has
-// many rows (a prompt chunk), as a packed GEMM. The row kernels of cpu_quantized_matmul.cpp
+// Products with many rows of x on the CPU, as a packed GEMM: out[M, N] = x[M, K] · wᵀ for a
+// quantized w (dequantized as it is packed: a prompt chunk) or a float32 w (an unquantized
+// checkpoint's prompt chunk, a vision tower's patches, for which MLX calls the reference BLAS
+// the CPU wheel bundles, ~4 GFLOP/s here). The row kernels of cpu_quantized_matmul.cpp
 // unpack each weight once per four rows of x and stream every row of x past every weight row:
 // for a 512-row chunk that is memory traffic on x, not arithmetic. Here a block of weight rows
 // is dequantized once into a small float panel (k-major, in cache) and reused by every row of x
@@ -12,7 +14,7 @@
 
 namespace mlex {
 
-// Rows of x from which the GEMM is used: above a continuous batch's decode step (max 32 rows),
+// Rows of x from which the GEMM is used (both kinds): above a continuous batch's decode step (max 32 rows),
 // whose rows must stay bit-identical to one row decoded alone (the row kernels).
 constexpr int kGemmMinRows = 33;
 
@@ -22,5 +24,8 @@ bool quantized_gemm_available();
 // x: [M, K] row-major; w: [N, K·bits/32] packed rows (MLX affine layout); scales/biases: [N, K/group].
 void quantized_gemm(const float* x, const uint32_t* w, const float* scales, const float* biases, float* out, int M,
                     int N, int K, int group_size, int bits);
+
+// x: [M, K] row-major; w: [N, K] row-major (so the product is with its transpose).
+void dense_gemm(const float* x, const float* w, float* out, int M, int N, int K);
 
 }  // namespace mlex
