@@ -391,6 +391,11 @@ struct GenerateArgs {
     /// Needs a model with a vision tower (a gemma3 or gemma4 checkpoint with its vision_config).
     #[arg(long, requires = "prompt")]
     image: Vec<PathBuf>,
+    /// A video shown with --prompt, after the images, as its frames: image files, comma-separated,
+    /// in order (mlex decodes no video file). Needs a model that takes video (gemma4 with a
+    /// video_token_id).
+    #[arg(long, value_delimiter = ',', requires = "prompt")]
+    video_frames: Vec<PathBuf>,
     /// A JSON file with OpenAI-style tool definitions.
     #[arg(long)]
     tools: Option<PathBuf>,
@@ -655,8 +660,8 @@ fn generate(a: GenerateArgs) -> mlex::Result<()> {
     } else {
         let prompt = a.prompt.as_deref().unwrap_or_default();
         let templated = !a.raw && session.tokenizer()?.has_chat_template();
-        if !a.image.is_empty() && !templated {
-            return Err(mlex::Error::InvalidArgument("--image needs the model's chat template (not --raw)".into()).into());
+        if (!a.image.is_empty() || !a.video_frames.is_empty()) && !templated {
+            return Err(mlex::Error::InvalidArgument("--image and --video-frames need the model's chat template (not --raw)".into()).into());
         }
         if templated {
             let mut parts = a
@@ -664,6 +669,10 @@ fn generate(a: GenerateArgs) -> mlex::Result<()> {
                 .iter()
                 .map(|p| mlex::chat::media::read_file(p).map(mlex::chat::ContentPart::Image))
                 .collect::<mlex::Result<Vec<_>>>()?;
+            if !a.video_frames.is_empty() {
+                let frames = a.video_frames.iter().map(|p| mlex::chat::media::read_file(p)).collect::<mlex::Result<Vec<_>>>()?;
+                parts.push(mlex::chat::ContentPart::Video(frames));
+            }
             parts.push(mlex::chat::ContentPart::Text(prompt.to_string()));
             session.generate_cached(&[ChatMessage::user_with_images(parts)], tools.as_deref(), opts, stream)?
         } else {
