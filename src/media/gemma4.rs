@@ -309,6 +309,14 @@ mod tests {
         let p = Gemma4VideoProcessor::from_config(&cfg).unwrap();
         assert_eq!((p.frame.patch_size, p.frame.max_soft_tokens, p.frame.pooling_kernel_size, p.num_frames), (4, 70, 2, 8));
         assert_eq!(Gemma4VideoProcessor::from_config(&serde_json::json!({})).unwrap(), v);
+        // The shape the Gemma 4 checkpoints' processor_config.json gives it (normalisation on,
+        // by 0 and 1: the same values).
+        let real = serde_json::json!({"video_processor": {"do_convert_rgb": true, "do_normalize": true, "do_rescale": true,
+            "do_resize": true, "do_sample_frames": true, "image_mean": [0.0, 0.0, 0.0], "image_std": [1.0, 1.0, 1.0],
+            "max_soft_tokens": 70, "num_frames": 32, "patch_size": 16, "pooling_kernel_size": 3, "resample": 3,
+            "rescale_factor": 0.00392156862745098, "return_metadata": false, "video_processor_type": "Gemma4VideoProcessor"}});
+        let r = Gemma4VideoProcessor::from_config(&real).unwrap();
+        assert_eq!((r.num_frames, r.frame.max_soft_tokens, r.frame.normalize), (32, 70, Some(([0.0; 3], [1.0; 3]))));
         let err = Gemma4VideoProcessor::from_config(&serde_json::json!({"video_processor": {"max_soft_tokens": 20}})).unwrap_err();
         assert!(err.to_string().contains("max_soft_tokens 20"), "{err}");
     }
