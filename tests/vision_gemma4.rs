@@ -440,6 +440,12 @@ fn gemma4_bidirectional_video_through_a_session() {
     video_through_a_session("gemma4_bidirectional_video_through_a_session", &["--video", "--bidirectional"]);
 }
 
+/// A video processor keeping 2 of the 3 frames (numpy's linspace: the first and the last).
+#[test]
+fn gemma4_sampled_video_through_a_session() {
+    video_through_a_session("gemma4_sampled_video_through_a_session", &["--video", "--num-frames", "2"]);
+}
+
 /// The whole path for a video part: the template's `<|video|>` expanded per frame with its
 /// timestamp, the frames decoded, preprocessed at the video budget and encoded; 32 greedy tokens
 /// equal mlx-vlm's; the same video from JSON (frames as data: URLs).

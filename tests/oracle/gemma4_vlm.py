@@ -21,7 +21,7 @@ stop at eos). Writes into OUT_DIR:
                        eoi 302, " what is it?"), logits0 [320] f32 (the last prompt position's
                        logits), tokens [32] int32 (the greedy tokens)
 
-    python tests/oracle/gemma4_vlm.py OUT_DIR [--seed N] [--bidirectional] [--two-images] [--video]
+    python tests/oracle/gemma4_vlm.py OUT_DIR [--seed N] [--bidirectional] [--two-images] [--video [--num-frames N]]
 
 With --two-images the prompt holds a second image (image2.png, 16 x 50 pixels: 14 soft tokens)
 after " and ", before the question: images of different sizes, encoded one by one and scattered
@@ -39,7 +39,8 @@ frame's soft tokens (63: 56 x 72 pixels after resizing) + eoi, frames joined by 
 get_input_embeddings(pixel_values_videos=…, video_position_ids=…) encodes the frames as
 _encode_video does (patches padded to 280 with position −1, masked in the tower) and scatters
 them at the video tokens. io.safetensors also gets pixel_values_videos [1, 3, 280, 48] and
-video_position_ids [1, 3, 280, 2].
+video_position_ids [1, 3, 280, 2]. With --num-frames N (< 3) the video processor keeps N of the 3
+frames (its uniform sampling; the config's video_processor gets num_frames N).
 
 With --bidirectional the text config sets use_bidirectional_attention "vision" (as the larger
 Gemma 4 checkpoints do) and the prefill gets the processor's mm_token_type_ids, as generate passes
@@ -148,13 +149,13 @@ class ByteTokenizer:
         return {"input_ids": out}
 
 
-def video_inputs(mods, prompt, frames):
+def video_inputs(mods, prompt, frames, video_processor):
     """mlx-vlm's Gemma4Processor.__call__ on `prompt` (holding one <|video|>) and the frames."""
     import types as _types
 
     pg = mods["processing_gemma4"]
     stand_in = _types.SimpleNamespace(
-        video_processor=pg.Gemma4VideoProcessor(**VIDEO_PROCESSOR),
+        video_processor=pg.Gemma4VideoProcessor(**video_processor),
         boi_token="<|image>",
         eoi_token="<image|>",
         video_token="<|video|>",
@@ -219,6 +220,7 @@ def main():
     ap.add_argument("--bidirectional", action="store_true")
     ap.add_argument("--two-images", action="store_true")
     ap.add_argument("--video", action="store_true")
+    ap.add_argument("--num-frames", type=int, default=None)
     args = ap.parse_args()
     text_cfg = dict(TEXT_CONFIG)
     if args.bidirectional:
@@ -274,6 +276,9 @@ def main():
         pixel_values = [pixel_values, mx.array(np.asarray(data2["pixel_values"], dtype=np.float32))]
         ids += list(b" and ") + [BOI] + [IMAGE_TOKEN] * n2 + [EOI]
     video = None
+    video_processor = dict(VIDEO_PROCESSOR)
+    if args.num_frames is not None:
+        video_processor["num_frames"] = args.num_frames
     if args.video:
         frames = []
         for k in range(3):
@@ -285,11 +290,12 @@ def main():
             frames.append(Image.open(path).convert("RGB"))
         # The text around the video as the byte tokenizer reads it: everything so far is bytes
         # and specials already expanded, so only the video marker is left for the processor.
-        inputs = video_inputs(mods, " and <|video|>", frames)
+        inputs = video_inputs(mods, " and <|video|>", frames, video_processor)
+        kept = min(3, video_processor.get("num_frames", 32))
         ids += [int(t) for t in np.asarray(inputs["input_ids"])[0]]
         video = {"pixel_values_videos": inputs["pixel_values_videos"], "video_position_ids": inputs["video_position_ids"]}
         n_video = int((inputs["input_ids"] == VIDEO_TOKEN).sum().item())
-        assert n_video == 3 * 63 and video["pixel_values_videos"].shape == (1, 3, 280, 48), (n_video, video["pixel_values_videos"].shape)
+        assert n_video == kept * 63 and video["pixel_values_videos"].shape == (1, kept, 280, 48), (n_video, video["pixel_values_videos"].shape)
         assert int((inputs["mm_token_type_ids"] == 2).sum().item()) == n_video
     ids += list(b" what is it?")
     input_ids = mx.array([ids], dtype=mx.int32)
@@ -329,7 +335,7 @@ def main():
     with open(os.path.join(args.out_dir, "processor_config.json"), "w") as f:
         processor = {"image_processor": dict(PROCESSOR, image_processor_type="Gemma4ImageProcessor")}
         if args.video:
-            processor["video_processor"] = dict(VIDEO_PROCESSOR, video_processor_type="Gemma4VideoProcessor")
+            processor["video_processor"] = dict(video_processor, video_processor_type="Gemma4VideoProcessor")
         json.dump(processor, f, indent=2)
         f.write("\n")
     mx.save_safetensors(os.path.join(args.out_dir, "model.safetensors"), weights)
