@@ -11,6 +11,11 @@
 //! the image's rows. So everything keyed on token ids keys on the image too: a second turn about
 //! the same image reuses the first's cached prefix, and a different image never does.
 //!
+//! A video (Gemma 4, given as frames: [`CausalLm::bind_media`]) is its kept frames, each bound
+//! as an image is but encoded as a frame (the video's own soft-token budget) and keyed apart from
+//! the same bytes as an image; the chat template's video marker becomes each kept frame's
+//! timestamp and a run of one video token ([`VideoPrompt`]).
+//!
 //! The last [`KEPT_IMAGES`] images (at most [`KEPT_BYTES`] of their bytes) are kept with their
 //! features (an image's tokens are embedded while its prompt is prefilled, right after
 //! `bind_images`). An image seen again after it was dropped gets new ids: a prompt-cache miss,
