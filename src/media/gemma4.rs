@@ -222,7 +222,7 @@ impl Gemma4VideoProcessor {
             ("image_mean", serde_json::json!([0.0, 0.0, 0.0])),
             ("image_std", serde_json::json!([1.0, 1.0, 1.0])),
         ] {
-            if vp.get(k).map_or(true, serde_json::Value::is_null) {
+            if vp.get(k).is_none_or(serde_json::Value::is_null) {
                 vp.insert(k.into(), v);
             }
         }
