@@ -63,9 +63,7 @@ impl VisionConfig {
             ("image_size", self.image_size),
             ("num_channels", self.num_channels),
         ];
-        if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0 || *v > 1 << 20) {
-            return Err(format!("vision_config.{name} must be between 1 and 2^20"));
-        }
+        super::vision_lm::check_sizes(&positive)?;
         if self.hidden_size % self.num_attention_heads != 0 {
             return Err("vision_config.hidden_size is not a multiple of num_attention_heads".into());
         }

@@ -95,9 +95,7 @@ impl VisionConfig {
             ("position_embedding_size", self.position_embedding_size),
             ("pooling_kernel_size", self.pooling_kernel_size),
         ];
-        if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0 || *v > 1 << 20) {
-            return Err(format!("vision_config.{name} must be between 1 and 2^20"));
-        }
+        super::vision_lm::check_sizes(&positive)?;
         if self.num_attention_heads % self.num_key_value_heads != 0 {
             return Err("vision_config.num_attention_heads is not a multiple of num_key_value_heads".into());
         }

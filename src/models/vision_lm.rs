@@ -43,6 +43,15 @@ pub const KEPT_IMAGES: usize = 64;
 /// The most encoded image bytes kept with them (the newest image is kept whatever its size).
 pub const KEPT_BYTES: usize = 256 << 20;
 
+/// A vision config's sizes (`vision_config.<name>`) each between 1 and 2^20, or the first that
+/// is not, named.
+pub(crate) fn check_sizes(fields: &[(&str, usize)]) -> std::result::Result<(), String> {
+    match fields.iter().find(|(_, v)| *v == 0 || *v > 1 << 20) {
+        Some((name, _)) => Err(format!("vision_config.{name} must be between 1 and 2^20")),
+        None => Ok(()),
+    }
+}
+
 /// Whether a prompt id stands for an image token.
 pub fn is_media_token(id: u32) -> bool {
     id >= MEDIA_TOKEN_BASE
