@@ -292,9 +292,6 @@ struct Entry {
   std::string name;
   std::string binary;
   std::string error;  // non-empty: this instantiation cannot be built here
-  // Whether MLX holds the module: its first launch was evaluated (see run).
-  mutable std::atomic<bool> loaded{false};
-  mutable std::atomic<bool> broken{false};  // its first launch failed: not tried again
 };
 
 std::shared_ptr<const Entry> build(const KernelSpec& spec, const std::vector<mx::array>& inputs,
@@ -388,27 +385,8 @@ std::vector<mx::array> run(const KernelSpec& spec, const std::vector<mx::array>&
   if (!mx::cu::is_available()) throw std::runtime_error("CUDA is not available");
   auto e = entry_for(spec, inputs, output_dtypes, constants);
   if (!e->error.empty()) throw std::runtime_error(e->name + ": " + e->error);
-  // Each launch's primitive holds a copy of the binary it is given, and MLX reads it only to load
-  // the module on the first evaluation under that name (the module then stays in its
-  // process-wide cache). Copying 12–28 KB per launch cost 0.5–0.8 ms of host time per decode
-  // step (about 120 launches), so an instantiation's first launch is evaluated at once, which
-  // loads the module, and later launches carry no binary.
-  if (e->broken.load(std::memory_order_acquire)) throw std::runtime_error(e->name + " failed to load before");
-  if (!e->loaded.load(std::memory_order_acquire)) {
-    try {
-      auto outs = mx::fast::precompiled_cuda_kernel(e->name, e->binary, inputs, output_shapes, output_dtypes, {},
-                                                    grid, block, 0, std::nullopt, /*ensure_row_contiguous=*/true, s);
-      mx::eval(outs);
-      e->loaded.store(true, std::memory_order_release);
-      return outs;
-    } catch (...) {
-      e->broken.store(true, std::memory_order_release);
-      throw;
-    }
-  }
-  static const std::string loaded_elsewhere;
-  return mx::fast::precompiled_cuda_kernel(e->name, loaded_elsewhere, inputs, output_shapes, output_dtypes, {}, grid,
-                                           block, 0, std::nullopt, /*ensure_row_contiguous=*/true, s);
+  return mx::fast::precompiled_cuda_kernel(e->name, e->binary, inputs, output_shapes, output_dtypes, {}, grid, block,
+                                           0, std::nullopt, /*ensure_row_contiguous=*/true, s);
 }
 
 std::optional<std::vector<mx::array>> try_run(const KernelSpec& spec, const std::vector<mx::array>& inputs,
