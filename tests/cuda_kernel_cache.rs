@@ -1,4 +1,5 @@
-//! Our CUDA kernels compile once per machine, not once per process (src/mlx/cuda_jit.cpp): a
+//! With `MLEX_CUDA_KERNEL_CACHE=1`, our CUDA kernels compile once per machine, not once per
+//! process (src/mlx/cuda_jit.cpp): a
 //! second process reads them from the disk cache and compiles nothing; a corrupt, truncated or
 //! foreign entry is never loaded but compiled and written again; and the products are the same
 //! bits whichever way the kernel came. Each "process" is this test binary run again on
@@ -65,6 +66,7 @@ fn child(cache: &Path) -> (Vec<String>, String) {
     let out = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_runs_the_kernels", "--nocapture", "--test-threads=1"])
         .env(CHILD, "1")
+        .env("MLEX_CUDA_KERNEL_CACHE", "1")
         .env("MLEX_KERNEL_CACHE_DIR", cache)
         .env("MLEX_TRACE_KERNELS", "1")
         .output()

@@ -31,6 +31,18 @@ namespace {
 // Bumped whenever the entry format or the generated prelude changes meaning.
 constexpr const char* kFormat = "mlex-cubin 1";
 
+// MLEX_CUDA_KERNEL_CACHE=1: our kernels come from the disk cache and run as precompiled kernels.
+// Off by default: each precompiled launch copies the kernel's binary (12–28 KB) into its
+// primitive, and on the H200 that cost decode 17–21 % against MLX's per-process-compiled kernels
+// on small models (BENCHMARKS.md); with it on, a GPU launch takes ~1 s instead of 6–7 s.
+bool disk_cache_on() {
+  static const bool on = [] {
+    const char* v = std::getenv("MLEX_CUDA_KERNEL_CACHE");
+    return v != nullptr && *v != '\0' && std::string(v) != "0";
+  }();
+  return on;
+}
+
 bool trace() {
   static const bool on = [] {
     const char* v = std::getenv("MLEX_TRACE_KERNELS");
@@ -383,6 +395,25 @@ std::vector<mx::array> run(const KernelSpec& spec, const std::vector<mx::array>&
     throw std::invalid_argument(std::string("mlex kernel ") + spec.family + ": wrong number of inputs or outputs");
   }
   if (!mx::cu::is_available()) throw std::runtime_error("CUDA is not available");
+  if (!disk_cache_on()) {
+    // MLX compiles the kernel (NVRTC) in each process on first use, as before the disk cache.
+    static std::mutex mu;
+    static std::unordered_map<std::string, mx::fast::CustomKernelFunction> kernels;
+    const mx::fast::CustomKernelFunction* fn;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = kernels.find(spec.family);
+      if (it == kernels.end()) {
+        it = kernels
+                 .emplace(spec.family, mx::fast::cuda_kernel(std::string("mlex_") + spec.family, spec.inputs,
+                                                             spec.outputs, spec.body, spec.header))
+                 .first;
+      }
+      fn = &it->second;
+    }
+    std::vector<std::pair<std::string, mx::fast::TemplateArg>> targs(constants.begin(), constants.end());
+    return (*fn)(inputs, output_shapes, output_dtypes, grid, block, targs, std::nullopt, false, s);
+  }
   auto e = entry_for(spec, inputs, output_dtypes, constants);
   if (!e->error.empty()) throw std::runtime_error(e->name + ": " + e->error);
   return mx::fast::precompiled_cuda_kernel(e->name, e->binary, inputs, output_shapes, output_dtypes, {}, grid, block,
