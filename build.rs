@@ -33,6 +33,8 @@ fn main() {
     println!("cargo:rerun-if-changed=src/mlx/cpu_dense_matmul.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cpu_gemm.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cuda_jit.cpp");
+    println!("cargo:rerun-if-changed=src/mlx/cuda_launch.h");
+    println!("cargo:rerun-if-changed=src/mlx/cuda_launch.cpp");
     println!("cargo:rerun-if-changed=vendor/mlx.lock");
     println!("cargo:rerun-if-env-changed=MLX_DIR");
     println!("cargo:rerun-if-env-changed=MLEX_BACKEND");
@@ -64,6 +66,7 @@ fn main() {
         .file("src/mlx/cpu_thread_pool.cpp")
         .file("src/mlx/gated_delta.cpp")
         .file("src/mlx/cuda_jit.cpp")
+        .file("src/mlx/cuda_launch.cpp")
         .file("src/mlx/cpu_gemm.cpp")
         .file("src/mlx/cpu_dense_matmul.cpp")
         .include(&include)

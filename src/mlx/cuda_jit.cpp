@@ -1,4 +1,5 @@
 #include "cuda_jit.h"
+#include "cuda_launch.h"
 
 #include <atomic>
 #include <chrono>
@@ -31,14 +32,15 @@ namespace {
 // Bumped whenever the entry format or the generated prelude changes meaning.
 constexpr const char* kFormat = "mlex-cubin 1";
 
-// MLEX_CUDA_KERNEL_CACHE=1: our kernels come from the disk cache and run as precompiled kernels.
-// Off by default: each precompiled launch copies the kernel's binary (12–28 KB) into its
-// primitive, and on the H200 that cost decode 17–21 % against MLX's per-process-compiled kernels
-// on small models (BENCHMARKS.md); with it on, a GPU launch takes ~1 s instead of 6–7 s.
+// Whether our kernels come from the disk cache and are launched directly (cuda_launch), or are
+// compiled by MLX in each process (`fast::cuda_kernel`). On by default; MLEX_CUDA_KERNEL_CACHE=0
+// turns it off. (Through `fast::precompiled_cuda_kernel`, which copies a kernel's binary into
+// every launch, the cache cost small models 17–21 % of their decode on the H200: BENCHMARKS.md;
+// that path is used only where direct launches are not available.)
 bool disk_cache_on() {
   static const bool on = [] {
     const char* v = std::getenv("MLEX_CUDA_KERNEL_CACHE");
-    return v != nullptr && *v != '\0' && std::string(v) != "0";
+    return v == nullptr || *v == '\0' || std::string(v) != "0";
   }();
   return on;
 }
@@ -304,6 +306,7 @@ struct Entry {
   std::string name;
   std::string binary;
   std::string error;  // non-empty: this instantiation cannot be built here
+  std::shared_ptr<const cuda_launch::Kernel> kernel;  // loaded on its first direct launch
 };
 
 std::shared_ptr<const Entry> build(const KernelSpec& spec, const std::vector<mx::array>& inputs,
@@ -335,11 +338,13 @@ std::shared_ptr<const Entry> build(const KernelSpec& spec, const std::vector<mx:
   if (!path.empty()) {
     if (auto bin = read_entry(path, key)) {
       entry->binary = std::move(*bin);
+      entry->kernel = std::make_shared<cuda_launch::Kernel>(entry->name, entry->binary);
       if (trace()) std::fprintf(stderr, "mlex: kernel %s read from %s\n", entry->name.c_str(), path.c_str());
       return entry;
     }
   }
   entry->binary = compile(entry->name, source);
+  entry->kernel = std::make_shared<cuda_launch::Kernel>(entry->name, entry->binary);
   if (!path.empty()) write_entry(path, key, entry->binary);
   if (trace()) {
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -416,6 +421,9 @@ std::vector<mx::array> run(const KernelSpec& spec, const std::vector<mx::array>&
   }
   auto e = entry_for(spec, inputs, output_dtypes, constants);
   if (!e->error.empty()) throw std::runtime_error(e->name + ": " + e->error);
+  if (cuda_launch::available()) {
+    return cuda_launch::launch(e->kernel, inputs, output_shapes, output_dtypes, grid, block, mx::to_stream(s));
+  }
   return mx::fast::precompiled_cuda_kernel(e->name, e->binary, inputs, output_shapes, output_dtypes, {}, grid, block,
                                            0, std::nullopt, /*ensure_row_contiguous=*/true, s);
 }

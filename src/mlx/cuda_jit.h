@@ -6,8 +6,9 @@
 // middle of a generation. Here a kernel is a whole translation unit of ours (no MLX device
 // headers, which live only inside libmlx), compiled by the NVRTC that libmlx already loaded,
 // kept as a cubin in a disk cache keyed by a hash of the source, the GPU architecture and the
-// NVRTC version, and run through MLX's public `fast::precompiled_cuda_kernel`, so it is still an
-// ordinary op of the lazy graph.
+// NVRTC version, loaded once per process and launched as an ordinary op of the lazy graph
+// (cuda_launch; MLX's `fast::precompiled_cuda_kernel` where that is not available).
+// MLEX_CUDA_KERNEL_CACHE=0 hands the kernels to `fast::cuda_kernel` instead, as before.
 //
 // The cache directory: $MLEX_KERNEL_CACHE_DIR, else $XDG_CACHE_HOME/mlex/cuda-kernels, else
 // ~/.cache/mlex/cuda-kernels (a temporary directory if none can be made). An entry is written

@@ -1,0 +1,210 @@
+#include "cuda_launch.h"
+
+#include <cstdint>
+#include <stdexcept>
+
+#include "mlx/allocator.h"
+#include "mlx/primitives.h"
+
+#if defined(__linux__)
+#include <dlfcn.h>
+#endif
+
+#include "mlx/backend/cuda/cuda.h"
+
+namespace mx = mlx::core;
+
+namespace mlex::cuda_launch {
+namespace {
+
+// CUDA's dim3 as libmlx's exported functions take it by value (three unsigned ints).
+struct Dim3 {
+  unsigned int x = 1, y = 1, z = 1;
+};
+
+// libmlx's cu::CommandEncoder, opaque: only its exported member functions are called.
+struct Encoder;
+
+using CuResult = int;  // CUresult; 0 is CUDA_SUCCESS
+
+struct Api {
+  // libmlx 0.32 (mlx/backend/cuda/device.h)
+  Encoder& (*get_command_encoder)(mx::Stream) = nullptr;
+  void (*set_input_array)(Encoder*, const mx::array&) = nullptr;
+  void (*set_output_array)(Encoder*, const mx::array&) = nullptr;
+  void (*add_kernel_node_raw)(Encoder*, void* fn, Dim3 grid, Dim3 block, Dim3 cluster, uint32_t smem,
+                              void** params) = nullptr;
+  // the CUDA driver
+  CuResult (*ctx_get_current)(void**) = nullptr;
+  CuResult (*ctx_set_current)(void*) = nullptr;
+  CuResult (*device_get)(int*, int) = nullptr;
+  CuResult (*primary_ctx_retain)(void**, int) = nullptr;
+  CuResult (*module_load_data)(void**, const void*) = nullptr;
+  CuResult (*module_get_function)(void**, void*, const char*) = nullptr;
+  CuResult (*error_string)(CuResult, const char**) = nullptr;
+  std::string why_not;
+};
+
+const Api& api() {
+  static const Api a = [] {
+    Api a;
+#if defined(__linux__)
+    if (!mx::cu::is_available()) {
+      a.why_not = "this libmlx has no CUDA backend";
+      return a;
+    }
+    // libmlx itself (by the file that holds one of its functions: it may have been loaded
+    // privately, by the Node addon), and the libcuda it loaded.
+    Dl_info info{};
+    void* mlx = nullptr;
+    if (dladdr(reinterpret_cast<void*>(&mx::cu::is_available), &info) != 0 && info.dli_fname != nullptr) {
+      mlx = dlopen(info.dli_fname, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    }
+    void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    if (mlx == nullptr || cuda == nullptr) {
+      a.why_not = mlx == nullptr ? "libmlx could not be found among the loaded libraries"
+                                 : "libcuda.so.1 is not loaded";
+      return a;
+    }
+    auto sym = [&](void* lib, auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+      if (fn == nullptr && a.why_not.empty()) a.why_not = std::string("missing symbol ") + name;
+    };
+    sym(mlx, a.get_command_encoder, "_ZN3mlx4core2cu19get_command_encoderENS0_6StreamE");
+    sym(mlx, a.set_input_array, "_ZN3mlx4core2cu14CommandEncoder15set_input_arrayERKNS0_5arrayE");
+    sym(mlx, a.set_output_array, "_ZN3mlx4core2cu14CommandEncoder16set_output_arrayERKNS0_5arrayE");
+    sym(mlx, a.add_kernel_node_raw, "_ZN3mlx4core2cu14CommandEncoder19add_kernel_node_rawEP9CUfunc_st4dim3S5_S5_jPPv");
+    sym(cuda, a.ctx_get_current, "cuCtxGetCurrent");
+    sym(cuda, a.ctx_set_current, "cuCtxSetCurrent");
+    sym(cuda, a.device_get, "cuDeviceGet");
+    sym(cuda, a.primary_ctx_retain, "cuDevicePrimaryCtxRetain");
+    sym(cuda, a.module_load_data, "cuModuleLoadData");
+    sym(cuda, a.module_get_function, "cuModuleGetFunction");
+    sym(cuda, a.error_string, "cuGetErrorString");
+#else
+    a.why_not = "CUDA kernels are launched on Linux only";
+#endif
+    return a;
+  }();
+  return a;
+}
+
+std::string cu_error(CuResult r) {
+  const char* s = nullptr;
+  if (api().error_string != nullptr) api().error_string(r, &s);
+  return s != nullptr ? s : "CUDA error " + std::to_string(r);
+}
+
+// The device address of an array's first element. libmlx's CUDA buffers
+// (mlx/backend/cuda/allocator.h: CudaBuffer) begin with the device pointer.
+void* device_address(const mx::array& a) {
+  if (a.nbytes() == 0) return nullptr;
+  struct CudaBufferHead {
+    void* data;
+  };
+  auto* head = static_cast<const CudaBufferHead*>(a.buffer().ptr());
+  return static_cast<char*>(head->data) + a.offset();
+}
+
+class Launch : public mx::Primitive {
+ public:
+  Launch(mx::Stream s, std::shared_ptr<const Kernel> kernel, Dim3 grid, Dim3 block)
+      : mx::Primitive(s), kernel_(std::move(kernel)), grid_(grid), block_(block) {}
+
+  void eval_cpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error(kernel_->name() + " is a CUDA kernel: it has no CPU implementation");
+  }
+
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    const Api& a = api();
+    Encoder& enc = a.get_command_encoder(stream());
+    void* fn = kernel_->function();
+    for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
+    std::vector<void*> addresses;
+    addresses.reserve(inputs.size() + outputs.size());
+    for (const auto& in : inputs) {
+      if (!in.flags().row_contiguous) {
+        throw std::runtime_error(kernel_->name() + ": an input is not row contiguous");
+      }
+      a.set_input_array(&enc, in);
+      addresses.push_back(device_address(in));
+    }
+    for (const auto& out : outputs) {
+      a.set_output_array(&enc, out);
+      addresses.push_back(device_address(out));
+    }
+    std::vector<void*> params(addresses.size());
+    for (size_t i = 0; i < addresses.size(); ++i) params[i] = &addresses[i];
+    a.add_kernel_node_raw(&enc, fn, grid_, block_, Dim3{}, 0, params.data());
+  }
+
+  const char* name() const override { return "MlexCudaKernel"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const Launch*>(&other);
+    return o != nullptr && o->kernel_ == kernel_ && o->grid_.x == grid_.x && o->grid_.y == grid_.y &&
+           o->grid_.z == grid_.z && o->block_.x == block_.x && o->block_.y == block_.y && o->block_.z == block_.z;
+  }
+
+ private:
+  std::shared_ptr<const Kernel> kernel_;
+  Dim3 grid_, block_;
+};
+
+}  // namespace
+
+void* Kernel::function() const {
+  std::call_once(once_, [this] {
+    const Api& a = api();
+    try {
+      void* ctx = nullptr;
+      if (a.ctx_get_current(&ctx) != 0 || ctx == nullptr) {
+        // MLX makes its device current with the runtime API; if this thread has no context yet,
+        // take the device's primary context, the one the runtime API uses.
+        int dev = 0;
+        CuResult r = a.device_get(&dev, 0);
+        if (r == 0) r = a.primary_ctx_retain(&ctx, dev);
+        if (r == 0) r = a.ctx_set_current(ctx);
+        if (r != 0) throw std::runtime_error("no CUDA context: " + cu_error(r));
+      }
+      void* module = nullptr;
+      if (CuResult r = a.module_load_data(&module, binary_.c_str()); r != 0) {
+        throw std::runtime_error("cuModuleLoadData: " + cu_error(r));
+      }
+      if (CuResult r = a.module_get_function(&function_, module, name_.c_str()); r != 0) {
+        throw std::runtime_error("cuModuleGetFunction: " + cu_error(r));
+      }
+    } catch (const std::exception& e) {
+      error_ = e.what();
+      function_ = nullptr;
+    }
+  });
+  if (function_ == nullptr) throw std::runtime_error(name_ + " could not be loaded: " + error_);
+  return function_;
+}
+
+const std::string& why_not() { return api().why_not; }
+
+std::vector<mx::array> launch(const std::shared_ptr<const Kernel>& kernel, const std::vector<mx::array>& inputs,
+                              const std::vector<mx::Shape>& output_shapes, const std::vector<mx::Dtype>& output_dtypes,
+                              std::tuple<int, int, int> grid, std::tuple<int, int, int> block, mx::Stream stream) {
+  if (!available()) throw std::runtime_error(kernel->name() + ": " + why_not());
+  auto blocks = [](int g, int t) { return static_cast<unsigned int>((g + t - 1) / t); };
+  const auto [gx, gy, gz] = grid;
+  const auto [tx, ty, tz] = block;
+  if (tx <= 0 || ty <= 0 || tz <= 0 || gx <= 0 || gy <= 0 || gz <= 0) {
+    throw std::invalid_argument(kernel->name() + ": grid and block sizes must be positive");
+  }
+  Dim3 g{blocks(gx, tx), blocks(gy, ty), blocks(gz, tz)};
+  Dim3 b{static_cast<unsigned int>(tx), static_cast<unsigned int>(ty), static_cast<unsigned int>(tz)};
+  // An input not known to be row contiguous goes through `contiguous`, which shares the buffer
+  // when it already is (no copy) and copies it otherwise.
+  std::vector<mx::array> ins;
+  ins.reserve(inputs.size());
+  for (const auto& x : inputs) {
+    ins.push_back(x.is_available() && x.flags().row_contiguous ? x : mx::contiguous(x, false, stream));
+  }
+  return mx::array::make_arrays(output_shapes, output_dtypes, std::make_shared<Launch>(stream, kernel, g, b), ins);
+}
+
+}  // namespace mlex::cuda_launch

@@ -1,0 +1,59 @@
+// Our compiled CUDA kernels launched as an op of MLX's lazy graph, without MLX's CustomKernel
+// (issue 14).
+//
+// `fast::precompiled_cuda_kernel` copies the kernel's whole binary (12–28 KB) into every
+// primitive it makes, and looks its module up by name at each launch; a decode step launches
+// our kernels ~120 times, and on the H200 that cost small models 17–21 % of their decode speed.
+// Here a kernel's module is loaded once (cuModuleLoadData, on its first launch) and each launch
+// is a small primitive holding a pointer to it, which adds one kernel node to MLX's command
+// encoder the way MLX's own primitives do.
+//
+// libmlx's CUDA encoder is reached through its exported symbols (resolved at run time, so the
+// same binary runs on the CPU build of libmlx, where `available()` is false), and the CUDA
+// driver through the libcuda libmlx already loaded. Both are checked against the pinned MLX
+// version's headers (vendor/mlx.lock); when a symbol is missing, `available()` says why and
+// callers use `fast::precompiled_cuda_kernel` instead.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "mlx/mlx.h"
+
+namespace mlex::cuda_launch {
+
+// A compiled kernel (cubin or PTX) and, after its first launch, its loaded function.
+class Kernel {
+ public:
+  Kernel(std::string name, std::string binary) : name_(std::move(name)), binary_(std::move(binary)) {}
+  const std::string& name() const { return name_; }
+  const std::string& binary() const { return binary_; }
+  // The loaded function (a CUfunction), loading the module into the current context the first
+  // time. Throws std::runtime_error naming the kernel when the driver refuses it.
+  void* function() const;
+
+ private:
+  std::string name_;
+  std::string binary_;
+  mutable std::once_flag once_;
+  mutable void* function_ = nullptr;
+  mutable std::string error_;
+};
+
+// Empty when kernels can be launched directly here; otherwise why not.
+const std::string& why_not();
+inline bool available() { return why_not().empty(); }
+
+// The kernel as an op: inputs (made row contiguous first) then outputs, all pointers, in the
+// kernel's parameter order; grid in threads (as MLX's kernels take it), block in threads.
+std::vector<mlx::core::array> launch(const std::shared_ptr<const Kernel>& kernel,
+                                     const std::vector<mlx::core::array>& inputs,
+                                     const std::vector<mlx::core::Shape>& output_shapes,
+                                     const std::vector<mlx::core::Dtype>& output_dtypes,
+                                     std::tuple<int, int, int> grid, std::tuple<int, int, int> block,
+                                     mlx::core::Stream stream);
+
+}  // namespace mlex::cuda_launch
