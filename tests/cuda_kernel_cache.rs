@@ -1,5 +1,6 @@
-//! With `MLEX_CUDA_KERNEL_CACHE=1`, our CUDA kernels compile once per machine, not once per
-//! process (src/mlx/cuda_jit.cpp): a
+//! Our CUDA kernels compile once per machine, not once per process (src/mlx/cuda_jit.cpp), and
+//! are launched directly (src/mlx/cuda_launch.cpp) with the same bits as when MLX compiles and
+//! launches them (`MLEX_CUDA_KERNEL_CACHE=0`): a
 //! second process reads them from the disk cache and compiles nothing; a corrupt, truncated or
 //! foreign entry is never loaded but compiled and written again; and the products are the same
 //! bits whichever way the kernel came. Each "process" is this test binary run again on
@@ -39,6 +40,8 @@ fn child_runs_the_kernels() {
         return;
     }
     mlex::mlx::set_default_device(mlex::mlx::Device::Gpu).unwrap();
+    // Ours (src/mlx/cuda_launch.cpp) by default; MLX's own with MLEX_CUDA_KERNEL_CACHE=0.
+    let primitive = if std::env::var("MLEX_CUDA_KERNEL_CACHE").as_deref() == Ok("0") { "CustomKernel" } else { "MlexCudaKernel" };
     let (n, k) = (256i32, 512i32);
     let w = rand_array(n, k, 7, Dtype::Bfloat16).reshape(&[n, k]).unwrap();
     let q = quant::quantize(&w, 64, 4, QuantMode::Affine).unwrap();
@@ -53,7 +56,7 @@ fn child_runs_the_kernels() {
             }
             .unwrap();
             let census = mlex::mlx::graph_census(&[&y]).unwrap();
-            assert!(census.iter().any(|(p, _)| p == "CustomKernel"), "{name} {m} rows: not our kernel: {census:?}");
+            assert!(census.iter().any(|(p, _)| p == primitive), "{name} {m} rows: not {primitive}: {census:?}");
             let bits: Vec<u32> = y.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect();
             let h = bits.iter().fold(0xcbf29ce484222325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x100000001b3));
             println!("PRODUCT {name} {m} {h:016x}");
@@ -63,10 +66,15 @@ fn child_runs_the_kernels() {
 
 /// One child process on `cache`: its product lines and its stderr (the kernel trace).
 fn child(cache: &Path) -> (Vec<String>, String) {
+    child_with(cache, "1")
+}
+
+/// The same, with MLEX_CUDA_KERNEL_CACHE set to `cache_setting`.
+fn child_with(cache: &Path, cache_setting: &str) -> (Vec<String>, String) {
     let out = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_runs_the_kernels", "--nocapture", "--test-threads=1"])
         .env(CHILD, "1")
-        .env("MLEX_CUDA_KERNEL_CACHE", "1")
+        .env("MLEX_CUDA_KERNEL_CACHE", cache_setting)
         .env("MLEX_KERNEL_CACHE_DIR", cache)
         .env("MLEX_TRACE_KERNELS", "1")
         .output()
@@ -113,6 +121,12 @@ fn kernels_compile_once_per_machine() {
     assert_eq!(files.len(), compiled, "one entry per compiled kernel:\n{err}");
     let names: Vec<String> = std::fs::read_dir(cache.path()).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
     assert!(names.iter().all(|n| n.ends_with(".cubin")), "no temporary file is left: {names:?}");
+
+    // MLX compiling and launching the same kernel text itself (MLEX_CUDA_KERNEL_CACHE=0): the
+    // same bits as our direct launches, and nothing written.
+    let (by_mlx, err) = child_with(cache.path(), "0");
+    assert_eq!(by_mlx, first, "MLX's launches of the same kernels give other bits:\n{err}");
+    assert_eq!(entries(cache.path()).len(), compiled, "{err}");
 
     // Second process: nothing compiled, the same bits.
     let (second, err) = child(cache.path());

@@ -1,6 +1,7 @@
 #include "cuda_launch.h"
 
 #include <cstdint>
+#include <functional>
 #include <stdexcept>
 
 #include "mlx/allocator.h"
@@ -34,6 +35,7 @@ struct Api {
   void (*set_output_array)(Encoder*, const mx::array&) = nullptr;
   void (*add_kernel_node_raw)(Encoder*, void* fn, Dim3 grid, Dim3 block, Dim3 cluster, uint32_t smem,
                               void** params) = nullptr;
+  void (*add_completed_handler)(Encoder*, std::function<void()>) = nullptr;
   // the CUDA driver
   CuResult (*ctx_get_current)(void**) = nullptr;
   CuResult (*ctx_set_current)(void*) = nullptr;
@@ -74,6 +76,7 @@ const Api& api() {
     sym(mlx, a.set_input_array, "_ZN3mlx4core2cu14CommandEncoder15set_input_arrayERKNS0_5arrayE");
     sym(mlx, a.set_output_array, "_ZN3mlx4core2cu14CommandEncoder16set_output_arrayERKNS0_5arrayE");
     sym(mlx, a.add_kernel_node_raw, "_ZN3mlx4core2cu14CommandEncoder19add_kernel_node_rawEP9CUfunc_st4dim3S5_S5_jPPv");
+    sym(mlx, a.add_completed_handler, "_ZN3mlx4core2cu14CommandEncoder21add_completed_handlerESt8functionIFvvEE");
     sym(cuda, a.ctx_get_current, "cuCtxGetCurrent");
     sym(cuda, a.ctx_set_current, "cuCtxSetCurrent");
     sym(cuda, a.device_get, "cuDeviceGet");
@@ -122,12 +125,21 @@ class Launch : public mx::Primitive {
     for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
     std::vector<void*> addresses;
     addresses.reserve(inputs.size() + outputs.size());
+    // An input that is not row contiguous is copied first, by MLX's own Contiguous primitive on
+    // this stream (as CustomKernel does); the copies live until the GPU is done with them.
+    std::vector<mx::array> copies;
     for (const auto& in : inputs) {
+      const mx::array* x = &in;
       if (!in.flags().row_contiguous) {
-        throw std::runtime_error(kernel_->name() + ": an input is not row contiguous");
+        // (Contiguous's members are not exported from libmlx: its op makes one, called through
+        // its vtable.)
+        copies.push_back(mx::contiguous(in, false, stream()));
+        std::vector<mx::array> out{copies.back()};
+        copies.back().primitive().eval_gpu({in}, out);
+        x = &copies.back();
       }
-      a.set_input_array(&enc, in);
-      addresses.push_back(device_address(in));
+      a.set_input_array(&enc, *x);
+      addresses.push_back(device_address(*x));
     }
     for (const auto& out : outputs) {
       a.set_output_array(&enc, out);
@@ -136,6 +148,7 @@ class Launch : public mx::Primitive {
     std::vector<void*> params(addresses.size());
     for (size_t i = 0; i < addresses.size(); ++i) params[i] = &addresses[i];
     a.add_kernel_node_raw(&enc, fn, grid_, block_, Dim3{}, 0, params.data());
+    if (!copies.empty()) a.add_completed_handler(&enc, [keep = std::move(copies)]() {});
   }
 
   const char* name() const override { return "MlexCudaKernel"; }
@@ -197,14 +210,7 @@ std::vector<mx::array> launch(const std::shared_ptr<const Kernel>& kernel, const
   }
   Dim3 g{blocks(gx, tx), blocks(gy, ty), blocks(gz, tz)};
   Dim3 b{static_cast<unsigned int>(tx), static_cast<unsigned int>(ty), static_cast<unsigned int>(tz)};
-  // An input not known to be row contiguous goes through `contiguous`, which shares the buffer
-  // when it already is (no copy) and copies it otherwise.
-  std::vector<mx::array> ins;
-  ins.reserve(inputs.size());
-  for (const auto& x : inputs) {
-    ins.push_back(x.is_available() && x.flags().row_contiguous ? x : mx::contiguous(x, false, stream));
-  }
-  return mx::array::make_arrays(output_shapes, output_dtypes, std::make_shared<Launch>(stream, kernel, g, b), ins);
+  return mx::array::make_arrays(output_shapes, output_dtypes, std::make_shared<Launch>(stream, kernel, g, b), inputs);
 }
 
 }  // namespace mlex::cuda_launch
