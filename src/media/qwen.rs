@@ -11,9 +11,10 @@
 //!   `temporal × patch × patch`, ordered by merge block (row, col), then inside the block (row,
 //!   col), each patch flattened (channel, t, y, x): `[grid_h · grid_w, 3 · T · p · p]`.
 //!
-//! mlx-vlm builds the processor from `preprocessor_config.json` with these keys (`min_pixels`,
-//! `max_pixels`, …); a `size` dict (`shortest_edge` / `longest_edge`, newer checkpoints) is not
-//! read by it, so it is not read here either (mlx-vlm's defaults then apply).
+//! Settings as mlx-vlm's `_qwen_vl_image_kwargs` reads them: `preprocessor_config.json` with
+//! `processor_config.json`'s `image_processor` over it; `size.shortest_edge` / `longest_edge` are
+//! `min_pixels` / `max_pixels` unless those keys are given; the patch size defaults to 16
+//! (Qwen3-VL, Qwen3.5) or 14 (Qwen2.5-VL).
 use super::image::{decode_image, resize_with, RgbImage, BICUBIC};
 use crate::error::{Error, Result};
 
@@ -60,11 +61,12 @@ fn invalid(what: impl std::fmt::Display) -> Error {
 }
 
 impl QwenImageProcessor {
-    /// From a parsed `preprocessor_config.json` (absent or null keys keep the defaults); settings
-    /// not reproduced (rescale off) are InvalidArgument rather than silently different.
-    pub fn from_config(cfg: &serde_json::Value) -> Result<Self> {
+    /// From a parsed `preprocessor_config.json` (absent or null keys keep the defaults, the
+    /// patch size `default_patch`); settings not reproduced (rescale off) are InvalidArgument
+    /// rather than silently different.
+    pub fn from_config(cfg: &serde_json::Value, default_patch: usize) -> Result<Self> {
         let cfg = cfg.get("image_processor").filter(|v| v.is_object()).unwrap_or(cfg);
-        let mut p = QwenImageProcessor::default();
+        let mut p = QwenImageProcessor { patch_size: default_patch, ..Default::default() };
         let get = |k: &str| cfg.get(k).filter(|v| !v.is_null());
         let bad = |k: &str, v: &serde_json::Value| invalid(format!("processor config: unsupported {k} {v}"));
         let size = |k: &str, max: u64| -> Result<Option<usize>> {
@@ -81,6 +83,20 @@ impl QwenImageProcessor {
         }
         if let Some(n) = size("merge_size", 16)? {
             p.merge_size = n;
+        }
+        if let Some(sizes) = get("size") {
+            let edge = |k: &str| -> Result<Option<usize>> {
+                match sizes.get(k).filter(|v| !v.is_null()) {
+                    None => Ok(None),
+                    Some(v) => v.as_u64().filter(|&n| n > 0 && n <= 1 << 40).map(|n| Some(n as usize)).ok_or_else(|| bad(&format!("size.{k}"), v)),
+                }
+            };
+            if let Some(n) = edge("shortest_edge")? {
+                p.min_pixels = n;
+            }
+            if let Some(n) = edge("longest_edge")? {
+                p.max_pixels = n;
+            }
         }
         if let Some(n) = size("min_pixels", 1 << 40)? {
             p.min_pixels = n;
@@ -228,6 +244,9 @@ mod tests {
         assert!(h * w >= 256);
         assert!(p.target_size(1, 300).is_err());
         let cfg = serde_json::json!({"patch_size": 4, "min_pixels": 2000, "max_pixels": 1000});
-        assert!(QwenImageProcessor::from_config(&cfg).unwrap_err().to_string().contains("min_pixels"));
+        assert!(QwenImageProcessor::from_config(&cfg, 16).unwrap_err().to_string().contains("min_pixels"));
+        let sized = serde_json::json!({"size": {"shortest_edge": 65536, "longest_edge": 16777216}});
+        let p = QwenImageProcessor::from_config(&sized, 14).unwrap();
+        assert_eq!((p.patch_size, p.min_pixels, p.max_pixels), (14, 65536, 16777216));
     }
 }

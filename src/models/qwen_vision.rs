@@ -397,15 +397,7 @@ pub fn load_with_vision(c: &crate::loader::ModelConfig, vb: &Vb) -> Result<Box<d
     if image_token as usize >= text.vocab_size() {
         return Err(c.error(format!("image_token_id {image_token} is outside the vocabulary ({})", text.vocab_size())));
     }
-    let dir = c.path.parent().map(std::path::Path::to_path_buf).unwrap_or_default();
-    let processor = match ["preprocessor_config.json", "processor_config.json"].into_iter().map(|f| dir.join(f)).find(|p| p.is_file()) {
-        Some(path) => {
-            let text = std::fs::read_to_string(&path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-            let json: Value = serde_json::from_str(&text).map_err(|e| Error::checkpoint(&path, format!("not JSON: {e}")))?;
-            QwenImageProcessor::from_config(&json).map_err(|e| Error::checkpoint(&path, e.to_string()))?
-        }
-        None => QwenImageProcessor { patch_size: vision.config.patch_size, ..Default::default() },
-    };
+    let processor = processor_for(c, 16)?;
     let vc = vision.config();
     if (processor.patch_size, processor.merge_size, processor.temporal_patch_size)
         != (vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size)
@@ -429,4 +421,32 @@ pub fn load_with_vision(c: &crate::loader::ModelConfig, vb: &Vb) -> Result<Box<d
     };
     let encoder = Box::new(QwenImages { vision, processor });
     Ok(Box::new(super::vision_lm::VisionLm::new(text, encoder, prompt).with_mrope()))
+}
+
+/// The image processor of the checkpoint beside `c` (mlx-vlm's `_qwen_vl_image_kwargs`:
+/// preprocessor_config.json, processor_config.json's `image_processor` over it), the patch size
+/// `default_patch` unless they say.
+pub(crate) fn processor_for(c: &crate::loader::ModelConfig, default_patch: usize) -> Result<QwenImageProcessor> {
+    let dir = c.path.parent().map(std::path::Path::to_path_buf).unwrap_or_default();
+    let read = |name: &str| -> Result<Option<Value>> {
+        let path = dir.join(name);
+        if !path.is_file() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+        let json: Value = serde_json::from_str(&text).map_err(|e| Error::checkpoint(&path, format!("not JSON: {e}")))?;
+        if !json.is_object() {
+            return Err(Error::checkpoint(&path, "not a JSON object"));
+        }
+        Ok(Some(json))
+    };
+    let mut merged = read("preprocessor_config.json")?.unwrap_or_else(|| serde_json::json!({}));
+    if let Some(Value::Object(over)) = read("processor_config.json")?.and_then(|p| p.get("image_processor").cloned()) {
+        let m = merged.as_object_mut().expect("an object");
+        for (k, v) in over {
+            m.insert(k, v);
+        }
+    }
+    QwenImageProcessor::from_config(&merged, default_patch)
+        .map_err(|e| Error::checkpoint(dir.join("preprocessor_config.json"), format!("(with processor_config.json's image_processor) {e}")))
 }
