@@ -11,6 +11,10 @@
 //!   template (whole and in prefill chunks of 10), and a second turn resumes from the first
 //!   prompt's cached prefix with the tokens of a fresh session.
 //!
+//! tests/oracle/qwen2_5_vl_vlm.py does the same for Qwen2.5-VL (the window-attention tower, the
+//! Qwen2 decoder with chunked multimodal rope, a flat config.json): tower within 1e-4, first
+//! logits 1e-4, 32 greedy tokens for a two-image prompt, directly and through a Session.
+//!
 //! Without `MLEX_ORACLE_VENV` (the venv holding mlx-vlm) the oracle tests skip, saying so.
 mod common;
 
@@ -49,16 +53,23 @@ fn max_abs_diff(a: &Array, b: &Array) -> f32 {
     a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
+const QWEN3_5: &str = "qwen3_5_vlm.py";
+const QWEN2_5_VL: &str = "qwen2_5_vl_vlm.py";
+
 fn run_oracle(args: &[&str], test: &str) -> Option<tempfile::TempDir> {
+    run_script(QWEN3_5, args, test)
+}
+
+fn run_script(script: &str, args: &[&str], test: &str) -> Option<tempfile::TempDir> {
     let python = require_oracle(test)?;
     let out = tempfile::tempdir().unwrap();
     let status = Command::new(&python)
-        .arg(repo_root().join("tests/oracle/qwen3_5_vlm.py"))
+        .arg(repo_root().join("tests/oracle").join(script))
         .arg(out.path())
         .args(args)
         .status()
         .unwrap();
-    assert!(status.success(), "the oracle qwen3_5_vlm.py failed");
+    assert!(status.success(), "the oracle {script} failed");
     Some(out)
 }
 
@@ -139,16 +150,16 @@ fn collapsed(ids: &[u32]) -> Vec<u32> {
 
 #[test]
 fn qwen3_5_image_prompt_matches_mlx_vlm_greedy() {
-    image_prompt_matches("qwen3_5_image_prompt_matches_mlx_vlm_greedy", false);
+    image_prompt_matches(QWEN3_5, "qwen3_5_image_prompt_matches_mlx_vlm_greedy", false);
 }
 
 #[test]
 fn qwen3_5_two_image_prompt_matches_mlx_vlm_greedy() {
-    image_prompt_matches("qwen3_5_two_image_prompt_matches_mlx_vlm_greedy", true);
+    image_prompt_matches(QWEN3_5, "qwen3_5_two_image_prompt_matches_mlx_vlm_greedy", true);
 }
 
-fn image_prompt_matches(test: &str, two: bool) {
-    let Some(out) = run_oracle(if two { &["--two-images"] } else { &[] }, test) else { return };
+fn image_prompt_matches(script: &str, test: &str, two: bool) {
+    let Some(out) = run_script(script, if two { &["--two-images"] } else { &[] }, test) else { return };
     let io = read_tensors(&out.path().join("io.safetensors"));
     let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
     let ids: Vec<u32> = i32_values(get("input_ids")).into_iter().map(|t| t as u32).collect();
@@ -160,7 +171,7 @@ fn image_prompt_matches(test: &str, two: bool) {
     let store = RefCell::new(WeightStore::open(dir.path()).unwrap());
     let model = mlex::models::build_model(&cfg, &Vb::new(&store, None)).unwrap();
     store.into_inner().finish().expect("every tensor of the checkpoint is used");
-    let prompt = model.image_prompt().expect("a qwen3_5 checkpoint with vision_config takes images");
+    let prompt = model.image_prompt().expect("a checkpoint with vision_config takes images");
     assert_eq!((prompt.marker.as_str(), prompt.image_token, prompt.placeholder_tokens), ("<|image_pad|>", IMAGE_PAD, 1));
 
     let images: Vec<ImageData> = oracle_images(out.path(), two).into_iter().map(ImageData::new).collect();
@@ -229,10 +240,14 @@ fn write_qwen_tokenizer(dir: &Path) {
 /// first prompt's cached prefix (the image's shift carried) with a fresh session's tokens.
 #[test]
 fn qwen3_5_images_through_a_session() {
+    images_through_a_session(QWEN3_5, "qwen3_5_images_through_a_session");
+}
+
+fn images_through_a_session(script: &str, test: &str) {
     use mlex::chat::ContentPart;
     use mlex::{ChatMessage, GenerateOptions, Session};
 
-    let Some(out) = run_oracle(&["--two-images"], "qwen3_5_images_through_a_session") else { return };
+    let Some(out) = run_script(script, &["--two-images"], test) else { return };
     let io = read_tensors(&out.path().join("io.safetensors"));
     let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
     let ids: Vec<u32> = i32_values(get("input_ids")).into_iter().map(|t| t as u32).collect();
@@ -315,4 +330,72 @@ fn qwen3_5_vision_bad_checkpoints_name_the_problem() {
     let strip = RgbImage::from_raw(300, 1, vec![0; 900]).unwrap();
     assert!(p.preprocess(&strip).unwrap_err().to_string().contains("aspect ratio"));
     assert!(p.preprocess_bytes(b"not an image").is_err());
+}
+
+// ---- Qwen2.5-VL ----------------------------------------------------------------------------
+
+/// tests/oracle/qwen2_5_vl_vlm.py: mlx-vlm's qwen2_5_vl Model (window-attention tower, Qwen2
+/// decoder with chunked multimodal rope); its 16-pixel windows put the images' merged grids
+/// (3 x 5 and 6 x 2) into partial windows, one block of three attends to the whole image.
+#[test]
+fn qwen2_5_vl_tower_matches_mlx_vlm() {
+    use mlex::models::qwen2_5_vision::Qwen25Vision;
+    let Some(out) = run_script(QWEN2_5_VL, &[], "qwen2_5_vl_tower_matches_mlx_vlm") else { return };
+    let io = read_tensors(&out.path().join("io.safetensors"));
+    let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
+    let dir = model_dir(out.path(), &CHECKPOINT);
+    let path = dir.path().join("config.json");
+    let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+    let store = RefCell::new(WeightStore::open(dir.path()).unwrap());
+    let vb = Vb::new(&store, None);
+    let vision = Qwen25Vision::load(&cfg.raw, &vb).unwrap().expect("a vision_config");
+    vb.pp("language_model").discard_all();
+    store.into_inner().finish().expect("the tower takes every vision tensor");
+    for (tag, tokens) in [("a", 15), ("b", 12)] {
+        let grid = i32_values(get(&format!("grid_{tag}")));
+        let (gh, gw) = (grid[1] as usize, grid[2] as usize);
+        let rows = vision.forward(&f32_array(get(&format!("pixels_{tag}"))), gh, gw).unwrap();
+        assert_eq!(rows.shape(), [tokens, 64]);
+        let d = max_abs_diff(&rows, &f32_array(get(&format!("tower_{tag}"))));
+        assert!(d <= 1e-4, "image {tag}: the tower differs from mlx-vlm's by {d}");
+        eprintln!("qwen2.5-vl image {tag} ({gh}x{gw} patches, {tokens} rows): max |Δ| {d:e}");
+    }
+}
+
+#[test]
+fn qwen2_5_vl_two_image_prompt_matches_mlx_vlm_greedy() {
+    image_prompt_matches(QWEN2_5_VL, "qwen2_5_vl_two_image_prompt_matches_mlx_vlm_greedy", true);
+}
+
+#[test]
+fn qwen2_5_vl_images_through_a_session() {
+    images_through_a_session(QWEN2_5_VL, "qwen2_5_vl_images_through_a_session");
+}
+
+#[test]
+fn qwen2_5_vl_bad_checkpoints_name_the_problem() {
+    let Some(out) = run_script(QWEN2_5_VL, &[], "qwen2_5_vl_bad_checkpoints_name_the_problem") else { return };
+    let load = |dir: &Path| -> String {
+        let path = dir.join("config.json");
+        let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+        let store = RefCell::new(WeightStore::open(dir).unwrap());
+        match mlex::models::build_model(&cfg, &Vb::new(&store, None)) {
+            Ok(_) => panic!("loaded"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let dir = model_dir(out.path(), &CHECKPOINT);
+    let st = dir.path().join("model.safetensors");
+    let tensors: Vec<RawTensor> = read_tensors(&st).into_iter().filter(|t| t.name != "vision_tower.merger.mlp.2.bias").collect();
+    common::write_safetensors(&st, &tensors);
+    let err = load(dir.path());
+    assert!(err.contains("vision_tower.merger.mlp.2.bias"), "{err}");
+    let dir = model_dir(out.path(), &CHECKPOINT);
+    common::edit_json(&dir.path().join("config.json"), |c| c["vision_config"]["window_size"] = 4.into());
+    let err = load(dir.path());
+    assert!(err.contains("window_size") && err.contains("config.json"), "{err}");
+    let dir = model_dir(out.path(), &CHECKPOINT);
+    common::edit_json(&dir.path().join("config.json"), |c| c["rope_scaling"]["type"] = "yarn".into());
+    let err = load(dir.path());
+    assert!(err.contains("rope_scaling.type"), "{err}");
 }

@@ -18,6 +18,8 @@ pub mod mixtral;
 pub mod mrope;
 pub mod nemotron_h;
 pub mod qwen2;
+pub mod qwen2_5_vision;
+pub mod qwen2_5_vl;
 pub mod qwen2_moe;
 pub mod qwen3;
 pub mod qwen3_moe;

@@ -30,19 +30,28 @@ pub enum RopePositions {
     Grid([Vec<i32>; 3]),
 }
 
+/// How MRoPE assigns frequencies to the axes (mlx-vlm's `style`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MropeStyle {
+    /// Qwen3-VL / Qwen3.5: t h w t h w …, h and w each for their section's count.
+    Interleaved,
+    /// Qwen2.5-VL: the first `section[0]` frequencies t, the next `section[1]` h, then w.
+    Chunked,
+}
+
 /// Rotates `x` `[B, H, L, D]` by per-token 3-D positions `pos` (L each), over the first
 /// `rotary_dims` of each head, frequencies `1 / base^(2i / rotary_dims)` assigned to axes by
-/// `section` as mlx-vlm's interleaved MRoPE does.
-pub fn rotate_grid(x: &Array, pos: &[Vec<i32>; 3], rotary_dims: usize, base: f32, section: [usize; 3]) -> Result<Array> {
+/// `section` as mlx-vlm's MRoPE of `style` does (frequencies past the sections read t).
+pub fn rotate_grid(x: &Array, pos: &[Vec<i32>; 3], rotary_dims: usize, base: f32, section: [usize; 3], style: MropeStyle) -> Result<Array> {
     let l = pos[0].len();
     let half = rotary_dims / 2;
     let sel = |i: usize| -> usize {
-        if i % 3 == 1 && i < 3 * section[1] {
-            1
-        } else if i % 3 == 2 && i < 3 * section[2] {
-            2
-        } else {
-            0
+        match style {
+            MropeStyle::Interleaved if i % 3 == 1 && i < 3 * section[1] => 1,
+            MropeStyle::Interleaved if i % 3 == 2 && i < 3 * section[2] => 2,
+            MropeStyle::Chunked if i >= section[0] && i < section[0] + section[1] => 1,
+            MropeStyle::Chunked if i >= section[0] + section[1] && i < section[0] + section[1] + section[2] => 2,
+            _ => 0,
         }
     };
     let mut table = Vec::with_capacity(l * half);

@@ -18,7 +18,7 @@
 //! per-expert tensors present; qwen3_5: conv1d weights stored `[C, 1, K]`): conv1d weights are
 //! moved to `[C, K, 1]`, the decoder's RMSNorm weights become `1 + w`, experts are stacked
 //! (qwen3_5_moe splits its fused `experts.gate_up_proj`) and `mtp.*` weights are dropped.
-use super::mrope::{rotate_grid, RopePositions};
+use super::mrope::{rotate_grid, MropeStyle, RopePositions};
 use super::qwen3_moe::validate_experts;
 use super::stack::{FeedForwardPart, Layer, Mixer, PreNormBlock};
 use super::transformer::validate_heads;
@@ -515,7 +515,7 @@ impl GatedAttention {
                 if p.iter().any(|a| a.len() != l as usize) {
                     return Err(Error::InvalidArgument(format!("{l} tokens with {} rope positions", p[0].len())));
                 }
-                (rotate_grid(&q, p, dims, base, section)?, rotate_grid(&k, p, dims, base, section)?)
+                (rotate_grid(&q, p, dims, base, section, MropeStyle::Interleaved)?, rotate_grid(&k, p, dims, base, section, MropeStyle::Interleaved)?)
             }
         };
         let (k, v, mask) = cache.update_and_fetch(&k, &v)?;

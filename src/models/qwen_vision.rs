@@ -109,7 +109,7 @@ fn gelu_tanh(x: &Array) -> Result<Array> {
 }
 
 /// MLX's `gelu` (`nn.GELU()`): `x · (1 + erf(x / √2)) / 2`.
-fn gelu_erf(x: &Array) -> Result<Array> {
+pub(crate) fn gelu_erf(x: &Array) -> Result<Array> {
     let dt = x.dtype();
     let c = |v: f32| Array::scalar_f32(v, dt);
     let e = x.divide(&c(std::f64::consts::SQRT_2 as f32)?)?.erf()?;
@@ -163,7 +163,7 @@ impl Params for Block {
 }
 
 /// `x·cos + rotate_half(x)·sin` over the whole head (`x` `[1, L, H, D]`).
-fn apply_rope(x: &Array, (cos, sin): &(Array, Array)) -> Result<Array> {
+pub(crate) fn apply_rope(x: &Array, (cos, sin): &(Array, Array)) -> Result<Array> {
     let d = x.shape()[3];
     let rotated = Array::concatenate(&[&x.slice_axis(3, d / 2, d)?.negative()?, &x.slice_axis(3, 0, d / 2)?], 3)?;
     x.multiply(cos)?.add(&rotated.multiply(sin)?)?.astype(x.dtype())
@@ -287,35 +287,6 @@ impl QwenVision {
         Ok(sum.expect("four corners"))
     }
 
-    /// The 2-D rope's (cos, sin) `[1, L, 1, head_dim]` for a `gh × gw` grid in merge-block order.
-    fn rope(&self, gh: usize, gw: usize) -> Result<(Array, Array)> {
-        let dim = self.config.head_dim() / 2;
-        let m = self.config.spatial_merge_size;
-        let (mut rows, mut cols) = (Vec::with_capacity(gh * gw), Vec::with_capacity(gh * gw));
-        for bh in 0..gh / m {
-            for bw in 0..gw / m {
-                for mh in 0..m {
-                    for mw in 0..m {
-                        rows.push((bh * m + mh) as f32);
-                        cols.push((bw * m + mw) as f32);
-                    }
-                }
-            }
-        }
-        let l = rows.len() as i32;
-        // inv_freq = 1 / 10000^(arange(0, dim, 2) / dim), float32.
-        let exps = Array::arange(0.0, dim as f64, 2.0, Dtype::Float32)?.divide(&Array::scalar_f32(dim as f32, Dtype::Float32)?)?;
-        let inv = Array::scalar_f32(1.0, Dtype::Float32)?
-            .divide(&Array::scalar_f32(10000.0, Dtype::Float32)?.power(&exps)?)?
-            .reshape(&[1, -1])?;
-        let fr = Array::from_slice(&rows, &[l, 1])?.multiply(&inv)?;
-        let fc = Array::from_slice(&cols, &[l, 1])?.multiply(&inv)?;
-        let freqs = Array::concatenate(&[&fr, &fc], 1)?;
-        let emb = Array::concatenate(&[&freqs, &freqs], 1)?.reshape(&[1, l, 1, -1])?;
-        // float32, as mlx-vlm's (the rotated head is cast back to its dtype).
-        Ok((emb.cos()?, emb.sin()?))
-    }
-
     /// The tower (`VisionModel.__call__` for one image): processed patches `[gh·gw, C·T·p·p]`
     /// (merge-block order) to rows `[gh·gw / merge², out_hidden_size]`.
     pub fn forward(&self, patches: &Array, gh: usize, gw: usize) -> Result<Array> {
@@ -331,7 +302,7 @@ impl QwenVision {
         let dt = self.pos_embed.dtype();
         let x = patches.astype(dt)?.matmul(&self.patch_weight_t)?.add(&self.patch_bias)?;
         let mut x = x.add(&self.positions(gh, gw)?)?;
-        let rope = self.rope(gh, gw)?;
+        let rope = vision_rope(c.head_dim(), m, gh, gw)?;
         for b in &self.blocks {
             x = b.forward(&x, &rope, c.num_heads as i32)?;
         }
@@ -450,3 +421,34 @@ pub(crate) fn processor_for(c: &crate::loader::ModelConfig, default_patch: usize
     QwenImageProcessor::from_config(&merged, default_patch)
         .map_err(|e| Error::checkpoint(dir.join("preprocessor_config.json"), format!("(with processor_config.json's image_processor) {e}")))
 }
+
+/// The vision 2-D rope's (cos, sin) `[1, L, 1, head_dim]` for a `gh × gw` patch grid in
+/// merge-block order (`m × m` blocks): the first half of the angles from each patch's row, the
+/// second from its column.
+pub(crate) fn vision_rope(head_dim: usize, m: usize, gh: usize, gw: usize) -> Result<(Array, Array)> {
+    let dim = head_dim / 2;
+    let (mut rows, mut cols) = (Vec::with_capacity(gh * gw), Vec::with_capacity(gh * gw));
+    for bh in 0..gh / m {
+        for bw in 0..gw / m {
+            for mh in 0..m {
+                for mw in 0..m {
+                    rows.push((bh * m + mh) as f32);
+                    cols.push((bw * m + mw) as f32);
+                }
+            }
+        }
+    }
+    let l = rows.len() as i32;
+    // inv_freq = 1 / 10000^(arange(0, dim, 2) / dim), float32.
+    let exps = Array::arange(0.0, dim as f64, 2.0, Dtype::Float32)?.divide(&Array::scalar_f32(dim as f32, Dtype::Float32)?)?;
+    let inv = Array::scalar_f32(1.0, Dtype::Float32)?
+        .divide(&Array::scalar_f32(10000.0, Dtype::Float32)?.power(&exps)?)?
+        .reshape(&[1, -1])?;
+    let fr = Array::from_slice(&rows, &[l, 1])?.multiply(&inv)?;
+    let fc = Array::from_slice(&cols, &[l, 1])?.multiply(&inv)?;
+    let freqs = Array::concatenate(&[&fr, &fc], 1)?;
+    let emb = Array::concatenate(&[&freqs, &freqs], 1)?.reshape(&[1, l, 1, -1])?;
+    // float32, as mlx-vlm's (the rotated head is cast back to its dtype).
+    Ok((emb.cos()?, emb.sin()?))
+}
+
