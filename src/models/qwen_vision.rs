@@ -27,7 +27,7 @@ use crate::loader::Vb;
 use crate::media::{QwenImageProcessor, RgbImage};
 use crate::mlx::fast::{self, AttentionMask};
 use crate::mlx::{Array, Dtype};
-use crate::nn::{LayerNorm, Linear, Params};
+use crate::nn::{Embedding, LayerNorm, Linear, Params};
 
 /// `vision_config` of a qwen3_5 config.json, with mlx-vlm's defaults.
 #[derive(Debug, Clone, Deserialize)]
@@ -175,7 +175,8 @@ pub struct QwenVision {
     /// `[C·T·p·p, hidden]`: the Conv3d as a matrix over (channel, t, y, x).
     patch_weight_t: Array,
     patch_bias: Array,
-    pos_embed: Array,
+    /// The learned position table (quantized in some mlx-community conversions).
+    pos_embed: Embedding,
     blocks: Vec<Block>,
     merger_norm: LayerNorm,
     merger_fc1: Linear,
@@ -222,7 +223,7 @@ impl QwenVision {
         let merger = root.pp("merger");
         Ok(Some(QwenVision {
             patch_bias: pe.get("bias", &[d])?,
-            pos_embed: root.pp("pos_embed").get("weight", &[config.num_position_embeddings, d])?,
+            pos_embed: Embedding::load(&root.pp("pos_embed"), config.num_position_embeddings, d)?,
             blocks,
             merger_norm: LayerNorm::load(&merger.pp("norm"), d, 1e-6)?,
             merger_fc1: Linear::load(&merger.pp("linear_fc1"), merged, merged, true)?,
@@ -273,11 +274,12 @@ impl QwenVision {
                 }
             }
         }
-        let dt = self.pos_embed.dtype();
         let mut sum: Option<Array> = None;
         for q in 0..4 {
-            let rows = self.pos_embed.take(&Array::from_slice(&idx[q], &[count as i32])?, 0)?;
-            let w = Array::from_slice(&wts[q], &[count as i32, 1])?.astype(dt)?;
+            let rows = self.pos_embed.forward(&Array::from_slice(&idx[q], &[count as i32])?)?;
+            // The weights in the rows' dtype (mlx-vlm: a quantized table's packed dtype would
+            // truncate them).
+            let w = Array::from_slice(&wts[q], &[count as i32, 1])?.astype(rows.dtype())?;
             let term = rows.multiply(&w)?;
             sum = Some(match sum {
                 None => term,
@@ -299,7 +301,7 @@ impl QwenVision {
                 patches.shape()
             )));
         }
-        let dt = self.pos_embed.dtype();
+        let dt = self.patch_weight_t.dtype();
         let x = patches.astype(dt)?.matmul(&self.patch_weight_t)?.add(&self.patch_bias)?;
         let mut x = x.add(&self.positions(gh, gw)?)?;
         let rope = vision_rope(c.head_dim(), m, gh, gw)?;
@@ -314,7 +316,8 @@ impl QwenVision {
 
 impl Params for QwenVision {
     fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
-        out.extend([&self.patch_weight_t, &self.patch_bias, &self.pos_embed]);
+        out.extend([&self.patch_weight_t, &self.patch_bias]);
+        self.pos_embed.params(out);
         for b in &self.blocks {
             b.params(out);
         }
