@@ -399,3 +399,81 @@ fn qwen2_5_vl_bad_checkpoints_name_the_problem() {
     let err = load(dir.path());
     assert!(err.contains("rope_scaling.type"), "{err}");
 }
+
+/// The oracle's checkpoint rewritten as Hugging Face stores Qwen3.5 (`model.language_model.*`,
+/// `model.visual.*`, `lm_head`; conv1d `[C, 1, K]`, the Conv3d patch weight `[out, C, T, p, p]`,
+/// the decoder's RMSNorm weights as w in `1 + w`, as mlx-vlm's sanitize reads them) loads to the
+/// same model: the same 32 greedy tokens.
+#[test]
+fn qwen3_5_hugging_face_layout_gives_the_same_tokens() {
+    let Some(out) = run_oracle(&[], "qwen3_5_hugging_face_layout_gives_the_same_tokens") else { return };
+    let io = read_tensors(&out.path().join("io.safetensors"));
+    let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
+    let ids: Vec<u32> = i32_values(get("input_ids")).into_iter().map(|t| t as u32).collect();
+    let want: Vec<u32> = i32_values(get("tokens")).into_iter().map(|t| t as u32).collect();
+    let dir = model_dir(out.path(), &CHECKPOINT);
+    let st = dir.path().join("model.safetensors");
+    let shifted = [".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight", ".q_norm.weight", ".k_norm.weight"];
+    let tensors: Vec<RawTensor> = read_tensors(&st)
+        .into_iter()
+        .map(|t| {
+            let mut values = f32_values(&t);
+            let mut shape = t.shape.clone();
+            let name = if let Some(rest) = t.name.strip_prefix("language_model.model.") {
+                format!("model.language_model.{rest}")
+            } else if let Some(rest) = t.name.strip_prefix("language_model.") {
+                rest.to_string()
+            } else {
+                t.name.replacen("vision_tower.", "model.visual.", 1)
+            };
+            // mlx-vlm's sanitize shifts these (named as it renames them) when reading this layout.
+            if t.name.starts_with("language_model.") && shifted.iter().any(|s| t.name.ends_with(s)) {
+                values.iter_mut().for_each(|v| *v -= 1.0);
+            }
+            if name.ends_with("conv1d.weight") {
+                shape = vec![shape[0], 1, shape[1]];
+            }
+            if name.ends_with("patch_embed.proj.weight") {
+                // [O, T, p, p, C] → [O, C, T, p, p]
+                let (o, tt, p, c) = (shape[0], shape[1], shape[2], shape[4]);
+                let mut moved = vec![0f32; values.len()];
+                for oi in 0..o {
+                    for ti in 0..tt {
+                        for y in 0..p {
+                            for x in 0..p {
+                                for ci in 0..c {
+                                    let from = (((oi * tt + ti) * p + y) * p + x) * c + ci;
+                                    let to = (((oi * c + ci) * tt + ti) * p + y) * p + x;
+                                    moved[to] = values[from];
+                                }
+                            }
+                        }
+                    }
+                }
+                values = moved;
+                shape = vec![o, c, tt, p, p];
+            }
+            RawTensor::f32(&name, &shape, &values)
+        })
+        .collect();
+    common::write_safetensors(&st, &tensors);
+    let path = dir.path().join("config.json");
+    let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+    let store = RefCell::new(WeightStore::open(dir.path()).unwrap());
+    let model = mlex::models::build_model(&cfg, &Vb::new(&store, None)).unwrap();
+    store.into_inner().finish().expect("every tensor of the checkpoint is used");
+    let image = ImageData::new(std::fs::read(out.path().join("image.png")).unwrap());
+    let bound = model.bind_images(collapsed(&ids), &[&image]).unwrap();
+    let mut caches = model.make_caches();
+    let logits = model.forward_prompt(&bound, &mut caches).unwrap();
+    let l = bound.len() as i32;
+    let argmax = |a: &Array| a.argmax(0, false).unwrap().astype(Dtype::Uint32).unwrap().to_vec::<u32>().unwrap()[0];
+    let mut next = argmax(&logits.slice_axis(1, l - 1, l).unwrap().reshape(&[-1]).unwrap());
+    let mut got = vec![next];
+    while got.len() < want.len() {
+        let logits = model.forward(&Array::from_slice(&[next], &[1, 1]).unwrap(), &mut caches).unwrap();
+        next = argmax(&logits.reshape(&[-1]).unwrap());
+        got.push(next);
+    }
+    assert_eq!(got, want, "the Hugging Face layout gives other tokens");
+}
