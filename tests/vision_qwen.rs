@@ -150,16 +150,24 @@ fn collapsed(ids: &[u32]) -> Vec<u32> {
 
 #[test]
 fn qwen3_5_image_prompt_matches_mlx_vlm_greedy() {
-    image_prompt_matches(QWEN3_5, "qwen3_5_image_prompt_matches_mlx_vlm_greedy", false);
+    image_prompt_matches(QWEN3_5, "qwen3_5_image_prompt_matches_mlx_vlm_greedy", &[]);
 }
 
 #[test]
 fn qwen3_5_two_image_prompt_matches_mlx_vlm_greedy() {
-    image_prompt_matches(QWEN3_5, "qwen3_5_two_image_prompt_matches_mlx_vlm_greedy", true);
+    image_prompt_matches(QWEN3_5, "qwen3_5_two_image_prompt_matches_mlx_vlm_greedy", &["--two-images"]);
 }
 
-fn image_prompt_matches(script: &str, test: &str, two: bool) {
-    let Some(out) = run_script(script, if two { &["--two-images"] } else { &[] }, test) else { return };
+/// Quantized as mlx-vlm's convert does (4 bits, groups of 32: the tower's linears and its
+/// position table too).
+#[test]
+fn qwen3_5_quantized_image_prompt_matches_mlx_vlm_greedy() {
+    image_prompt_matches(QWEN3_5, "qwen3_5_quantized_image_prompt_matches_mlx_vlm_greedy", &["--two-images", "--quantize"]);
+}
+
+fn image_prompt_matches(script: &str, test: &str, args: &[&str]) {
+    let two = args.contains(&"--two-images");
+    let Some(out) = run_script(script, args, test) else { return };
     let io = read_tensors(&out.path().join("io.safetensors"));
     let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
     let ids: Vec<u32> = i32_values(get("input_ids")).into_iter().map(|t| t as u32).collect();
@@ -364,7 +372,7 @@ fn qwen2_5_vl_tower_matches_mlx_vlm() {
 
 #[test]
 fn qwen2_5_vl_two_image_prompt_matches_mlx_vlm_greedy() {
-    image_prompt_matches(QWEN2_5_VL, "qwen2_5_vl_two_image_prompt_matches_mlx_vlm_greedy", true);
+    image_prompt_matches(QWEN2_5_VL, "qwen2_5_vl_two_image_prompt_matches_mlx_vlm_greedy", &["--two-images"]);
 }
 
 #[test]

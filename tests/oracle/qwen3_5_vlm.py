@@ -20,7 +20,12 @@ config, gives every parameter random float32 values and writes into OUT_DIR:
                              the second image's 12), position_ids [3, L] (get_rope_index's),
                              logits0 [320] f32 (the last prompt position's), tokens [32] int32.
 
-    python tests/oracle/qwen3_5_vlm.py OUT_DIR [--seed N] [--two-images]
+    python tests/oracle/qwen3_5_vlm.py OUT_DIR [--seed N] [--two-images] [--quantize]
+
+With --quantize the random model is quantized as mlx-vlm's convert does it (affine, 4 bits,
+groups of 32, every Linear and Embedding whose input width is a multiple of 32: the tower's
+linears and position table included; the Conv3d and conv1d stay float), config.json gets its
+"quantization" block, and everything (tower, decode) runs quantized.
 
 The decode drives mlx-vlm's model as generate does: `Model.get_input_embeddings(input_ids,
 pixel_values, image_grid_thw=…)` gives the merged rows, the 3-D position ids and the rope delta;
@@ -183,6 +188,7 @@ def main():
     ap.add_argument("out_dir")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--two-images", action="store_true")
+    ap.add_argument("--quantize", action="store_true")
     args = ap.parse_args()
 
     mods = import_mlx_vlm_qwen3_5()
@@ -205,6 +211,17 @@ def main():
     model = mods["qwen3_5"].Model(model_config)
     weights = random_parameters(model)
     assert set(model.sanitize(dict(weights))) == set(weights), "sanitize renames the saved names"
+    if args.quantize:
+        import mlx.nn as nn
+
+        def quantizable(path, module):
+            return hasattr(module, "to_quantized") and module.weight.shape[-1] % 32 == 0
+
+        nn.quantize(model, group_size=32, bits=4, class_predicate=quantizable)
+        mx.eval(model.parameters())
+        weights = dict(tree_flatten(model.parameters()))
+        assert any(k.endswith("pos_embed.scales") for k in weights), "the position table is not quantized"
+        config["quantization"] = {"group_size": 32, "bits": 4}
 
     from PIL import Image
 
