@@ -127,7 +127,7 @@ fn qwen3_5_vision_tower_and_preprocessing_match_mlx_vlm() {
         assert_eq!(d, 0.0, "image {k} ({w}x{h}, grid {grid:?}): pixels differ from mlx-vlm's by {d}");
         k += 1;
     }
-    assert_eq!(k, 6);
+    assert_eq!(k, 12);
 }
 
 /// The oracle's images (image.png, and image2.png with --two-images).

@@ -247,7 +247,8 @@ def main():
         io[f"pixels_{tag}"], io[f"grid_{tag}"], io[f"tower_{tag}"] = p, g, feats.astype(mx.float32)
 
     # The processor alone on images of odd sizes: kept, downscaled (max_pixels), upscaled (min_pixels).
-    for k, (h, w) in enumerate([(23, 37), (101, 67), (9, 13), (40, 40), (17, 90), (33, 8)]):
+    sizes = [(23, 37), (101, 67), (9, 13), (40, 40), (17, 90), (33, 8), (3, 500), (300, 257), (7, 640), (64, 48), (12, 20), (1, 150)]
+    for k, (h, w) in enumerate(sizes):
         img = make_image(rng, h, w, k + 3)
         out = proc([img.transpose(2, 0, 1)])
         io[f"image_{k}"] = mx.array(img)
