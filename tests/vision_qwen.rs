@@ -485,3 +485,50 @@ fn qwen3_5_hugging_face_layout_gives_the_same_tokens() {
     }
     assert_eq!(got, want, "the Hugging Face layout gives other tokens");
 }
+
+/// The Qwen3.5 tower's time on one image against mlx-vlm's (`MLEX_BENCH_SIZE` pixels a side,
+/// default 448: 196 tokens; Qwen3-VL-2B's tower widths with `MLEX_BENCH_DEPTH` blocks, default
+/// 4 (the real 24 take minutes a run on a small CPU), float32, random weights). On the CPU the
+/// ratio mostly measures matmuls: mlex's own CPU GEMM (src/mlx/cpu_gemm.cpp) against the pip
+/// wheel's bundled reference BLAS; compare on the GPU for the towers themselves.
+#[test]
+#[ignore]
+fn bench_qwen3_5_tower_against_mlx_vlm() {
+    let Some(python) = require_oracle("bench_qwen3_5_tower_against_mlx_vlm") else { return };
+    let size = std::env::var("MLEX_BENCH_SIZE").unwrap_or_else(|_| "448".into());
+    let depth = std::env::var("MLEX_BENCH_DEPTH").unwrap_or_else(|_| "4".into());
+    let out = tempfile::tempdir().unwrap();
+    let status = Command::new(&python)
+        .arg(repo_root().join("tests/oracle/qwen3_5_vision_bench.py"))
+        .arg(out.path())
+        .args(["--size", &size, "--runs", "3", "--depth", &depth])
+        .status()
+        .unwrap();
+    assert!(status.success(), "the oracle failed");
+    let bench: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.path().join("bench.json")).unwrap()).unwrap();
+    let theirs: Vec<f64> = bench["ms"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let io = read_tensors(&out.path().join("pixels.safetensors"));
+    let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
+    let (pixels, grid) = (f32_array(get("pixels")), i32_values(get("grid")));
+    let dir = model_dir(out.path(), &["config.json", "model.safetensors"]);
+    let path = dir.path().join("config.json");
+    let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+    let store = RefCell::new(WeightStore::open(dir.path()).unwrap());
+    let vision = QwenVision::load(&cfg.raw, &Vb::new(&store, None)).unwrap().unwrap();
+    let (gh, gw) = (grid[1] as usize, grid[2] as usize);
+    let encode = || {
+        let t0 = std::time::Instant::now();
+        vision.forward(&pixels, gh, gw).unwrap().eval().unwrap();
+        t0.elapsed().as_secs_f64() * 1e3
+    };
+    encode();
+    let ours: Vec<f64> = (0..3).map(|_| encode()).collect();
+    let best = |v: &[f64]| v.iter().cloned().fold(f64::INFINITY, f64::min);
+    println!(
+        "qwen3_5 tower ({depth} blocks), {size} px ({} tokens), one image: mlex {ours:.1?} ms, mlx-vlm {theirs:.1?} ms: best {:.1} vs {:.1} ms, {:.2}x",
+        bench["tokens"],
+        best(&ours),
+        best(&theirs),
+        best(&theirs) / best(&ours)
+    );
+}
