@@ -280,6 +280,17 @@ fn images_through_a_session(script: &str, test: &str) {
         assert_eq!(reply.tokens, want, "prefill chunks of {step}: greedy tokens through the session differ from mlx-vlm's");
     }
 
+    // A truncated PNG is INVALID_ARGUMENT naming the image, never a crash.
+    let session = Session::load(dir.path()).unwrap();
+    let bad = vec![ChatMessage::user_with_images(vec![
+        ContentPart::Text("look: ".into()),
+        ContentPart::Image(ImageData::new(images[0][..images[0].len() / 2].to_vec())),
+        ContentPart::Text(" what is it?".into()),
+    ])];
+    let err = session.generate(&bad, GenerateOptions { max_tokens: 2, ..Default::default() }).unwrap_err();
+    assert_eq!(err.code(), "INVALID_ARGUMENT", "{err}");
+    assert!(err.to_string().contains("image 1"), "{err}");
+
     // A second turn: its prompt extends the first's; the warm session resumes from the first
     // prompt's snapshot and must give what a fresh session gives.
     let mut turn2 = ask.clone();
