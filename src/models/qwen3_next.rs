@@ -13,8 +13,10 @@
 //!
 //! Checkpoint layouts: qwen3_next fuses q/k/v/z (`in_proj_qkvz`, grouped per key head) and b/a
 //! (`in_proj_ba`); qwen3_5 keeps `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`, nests its
-//! text model in `text_config` (weights under `language_model.` / `model.language_model.`) and
-//! drops the vision tower. As mlx-lm's sanitize does for Hugging Face checkpoints (qwen3_next:
+//! text model in `text_config` (weights under `language_model.` / `model.language_model.`); its
+//! vision tower, when config.json has a `vision_config`, is `qwen_vision.rs` (the full-attention
+//! layers then take mlx-vlm's 3-D interleaved rope positions: `forward_embeddings_at`,
+//! `mrope.rs`). As mlx-lm's sanitize does for Hugging Face checkpoints (qwen3_next:
 //! per-expert tensors present; qwen3_5: conv1d weights stored `[C, 1, K]`): conv1d weights are
 //! moved to `[C, K, 1]`, the decoder's RMSNorm weights become `1 + w`, experts are stacked
 //! (qwen3_5_moe splits its fused `experts.gate_up_proj`) and `mtp.*` weights are dropped.

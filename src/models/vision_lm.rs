@@ -16,6 +16,11 @@
 //! the same bytes as an image; the chat template's video marker becomes each kept frame's
 //! timestamp and a run of one video token ([`VideoPrompt`]).
 //!
+//! Qwen3.5 and Qwen2.5-VL (`qwen_vision.rs`, `qwen2_5_vision.rs`): the template's `<|image_pad|>`
+//! is one token standing for the image's merged patches, and their text models place tokens on a
+//! 3-D rope (`mrope.rs`): [`VisionLm::with_mrope`] (in `vision_lm/mrope_prompt.rs`) gives each
+//! prompt chunk its positions from its ids and keeps each image's shift in a cache of its own.
+//!
 //! The last [`KEPT_IMAGES`] images (at most [`KEPT_BYTES`] of their bytes) are kept with their
 //! features (an image's tokens are embedded while its prompt is prefilled, right after
 //! `bind_images`). An image seen again after it was dropped gets new ids: a prompt-cache miss,
