@@ -158,6 +158,12 @@ fn qwen3_5_two_image_prompt_matches_mlx_vlm_greedy() {
     image_prompt_matches(QWEN3_5, "qwen3_5_two_image_prompt_matches_mlx_vlm_greedy", &["--two-images"]);
 }
 
+/// qwen3_5_moe: the same tower in front of the mixture-of-experts text model.
+#[test]
+fn qwen3_5_moe_image_prompt_matches_mlx_vlm_greedy() {
+    image_prompt_matches(QWEN3_5, "qwen3_5_moe_image_prompt_matches_mlx_vlm_greedy", &["--two-images", "--moe"]);
+}
+
 /// Quantized as mlx-vlm's convert does (4 bits, groups of 32: the tower's linears and its
 /// position table too).
 #[test]

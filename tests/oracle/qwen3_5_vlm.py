@@ -20,7 +20,10 @@ config, gives every parameter random float32 values and writes into OUT_DIR:
                              the second image's 12), position_ids [3, L] (get_rope_index's),
                              logits0 [320] f32 (the last prompt position's), tokens [32] int32.
 
-    python tests/oracle/qwen3_5_vlm.py OUT_DIR [--seed N] [--two-images] [--quantize]
+    python tests/oracle/qwen3_5_vlm.py OUT_DIR [--seed N] [--two-images] [--quantize] [--moe]
+
+With --moe the model is mlx-vlm's qwen3_5_moe (the same tower; every text layer's MLP a mixture
+of 4 experts, 2 per token, with a gated shared expert).
 
 With --quantize the random model is quantized as mlx-vlm's convert does it (affine, 4 bits,
 groups of 32, every Linear and Embedding whose input width is a multiple of 32: the tower's
@@ -100,7 +103,7 @@ PROCESSOR = {"patch_size": 4, "temporal_patch_size": 2, "merge_size": 2,
              "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
 
 
-def import_mlx_vlm_qwen3_5():
+def import_mlx_vlm_qwen3_5(package="qwen3_5"):
     """mlx-vlm's qwen3_5 modules without the package __init__ files of mlx_vlm, its models and
     speculative packages (they import optional dependencies), speculative_verifier.py stubbed."""
     spec = importlib.util.find_spec("mlx_vlm")
@@ -115,7 +118,7 @@ def import_mlx_vlm_qwen3_5():
             mod.__package__ = name
             mod.__file__ = os.path.join(path, "__init__.py")
             sys.modules[name] = mod
-    name = "mlx_vlm.models.qwen3_5.speculative_verifier"
+    name = "mlx_vlm.models.qwen3_5.speculative_verifier"  # qwen3_5_moe imports qwen3_5's
     if name not in sys.modules:
         stub = types.ModuleType(name)
 
@@ -125,7 +128,8 @@ def import_mlx_vlm_qwen3_5():
 
         stub.Qwen3_5ExactSpeculativeVerifier = Qwen3_5ExactSpeculativeVerifier
         sys.modules[name] = stub
-    mods = {m: importlib.import_module("mlx_vlm.models.qwen3_5." + m) for m in ["config", "vision", "language", "qwen3_5"]}
+    mods = {m: importlib.import_module(f"mlx_vlm.models.{package}." + m) for m in ["config", "vision", "language", package]}
+    mods["qwen3_5"] = mods[package]
     mods["processing"] = importlib.import_module("mlx_vlm.models.qwen3_vl.processing_qwen3_vl")
     return mods
 
@@ -189,13 +193,20 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--two-images", action="store_true")
     ap.add_argument("--quantize", action="store_true")
+    ap.add_argument("--moe", action="store_true")
     args = ap.parse_args()
 
-    mods = import_mlx_vlm_qwen3_5()
+    mods = import_mlx_vlm_qwen3_5("qwen3_5_moe" if args.moe else "qwen3_5")
+    text_config = dict(TEXT_CONFIG)
+    vision_config = dict(VISION_CONFIG)
+    if args.moe:
+        text_config.update({"model_type": "qwen3_5_moe_text", "num_experts": 4, "num_experts_per_tok": 2,
+                            "shared_expert_intermediate_size": 64, "moe_intermediate_size": 32, "norm_topk_prob": True})
+        vision_config["model_type"] = "qwen3_5_moe"
     cfg = mods["config"]
     config = {
         "architectures": ["Qwen3_5ForConditionalGeneration"],
-        "model_type": "qwen3_5",
+        "model_type": "qwen3_5_moe" if args.moe else "qwen3_5",
         "image_token_id": IMAGE_PAD,
         "video_token_id": VIDEO_PAD,
         "vision_start_token_id": VISION_START,
@@ -203,8 +214,8 @@ def main():
         "eos_token_id": EOS,
         "vocab_size": 320,
         "tie_word_embeddings": False,
-        "text_config": TEXT_CONFIG,
-        "vision_config": VISION_CONFIG,
+        "text_config": text_config,
+        "vision_config": vision_config,
     }
     model_config = cfg.ModelConfig.from_dict(json.loads(json.dumps(config)))
     mx.random.seed(args.seed)
