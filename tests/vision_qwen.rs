@@ -9,7 +9,10 @@
 //!   checkpoint (a VisionLm with 3-D rope positions), binds the PNGs and must give the same first
 //!   logits (1e-4) and the same 32 greedy tokens, directly and through a Session with a chat
 //!   template (whole and in prefill chunks of 10), and a second turn resumes from the first
-//!   prompt's cached prefix with the tokens of a fresh session.
+//!   prompt's cached prefix with the tokens of a fresh session;
+//! - the same greedy tokens for qwen3_5_moe (`--moe`), for a 4-bit quantized model
+//!   (`--quantize`: the tower's linears and position table too), and for the checkpoint rewritten
+//!   in Hugging Face's layout; bad checkpoints and bad images are errors naming the problem.
 //!
 //! tests/oracle/qwen2_5_vl_vlm.py does the same for Qwen2.5-VL (the window-attention tower, the
 //! Qwen2 decoder with chunked multimodal rope, a flat config.json): tower within 1e-4, first
