@@ -87,6 +87,12 @@ impl<'a> Vb<'a> {
         self.store.borrow_mut().discard(&self.path(name));
     }
 
+    /// Whether any tensor is stored under this module.
+    pub fn holds_any(&self) -> bool {
+        let under = format!("{}.", self.prefix);
+        self.store.borrow().names().any(|n| n.starts_with(&under))
+    }
+
     /// Drops every tensor under this module (a part the model does not build, e.g. the vision
     /// tower of a multimodal checkpoint when only its text model runs).
     pub fn discard_all(&self) {

@@ -5,6 +5,8 @@
 //! without a device (tests/image_preprocess.rs).
 pub mod gemma4;
 pub mod image;
+pub mod qwen;
 
 pub use gemma4::{Gemma4ImageProcessor, Gemma4VideoProcessor};
+pub use qwen::{QwenImageProcessor, QwenPixels};
 pub use image::{decode_image, Gemma3ImageProcessor, PixelValues, RgbImage, MAX_IMAGE_PIXELS};

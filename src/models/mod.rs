@@ -15,12 +15,16 @@ pub mod gpt_oss;
 pub mod llama;
 pub mod minicpm;
 pub mod mixtral;
+pub mod mrope;
 pub mod nemotron_h;
 pub mod qwen2;
+pub mod qwen2_5_vision;
+pub mod qwen2_5_vl;
 pub mod qwen2_moe;
 pub mod qwen3;
 pub mod qwen3_moe;
 pub mod qwen3_next;
+pub mod qwen_vision;
 pub mod registry;
 pub mod smollm3;
 pub mod stack;
@@ -57,6 +61,14 @@ pub trait CausalLm: Params {
     fn forward_input_rows(&self, h: Array, ids: &Array, media: &[bool], caches: &mut LayerCaches) -> Result<Array> {
         let _ = (h, ids, media, caches);
         Err(crate::error::Error::InvalidArgument("this model takes no input rows at its decoder's scale".into()))
+    }
+
+    /// Input embeddings `[1, L, hidden]` → logits with the tokens at rope `positions` (3-D
+    /// multimodal rope: [`mrope`]) instead of the caches' offset, extending `caches`. Only text
+    /// models behind a Qwen vision tower implement it.
+    fn forward_embeddings_at(&self, h: Array, positions: &mrope::RopePositions, caches: &mut LayerCaches) -> Result<Array> {
+        let _ = (h, positions, caches);
+        Err(crate::error::Error::InvalidArgument("this model takes no multimodal rope positions".into()))
     }
 
     /// How many of the prompt ids `ids` (the rest of a prompt being prefilled) the next prefill

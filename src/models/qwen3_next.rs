@@ -13,11 +13,14 @@
 //!
 //! Checkpoint layouts: qwen3_next fuses q/k/v/z (`in_proj_qkvz`, grouped per key head) and b/a
 //! (`in_proj_ba`); qwen3_5 keeps `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`, nests its
-//! text model in `text_config` (weights under `language_model.` / `model.language_model.`) and
-//! drops the vision tower. As mlx-lm's sanitize does for Hugging Face checkpoints (qwen3_next:
+//! text model in `text_config` (weights under `language_model.` / `model.language_model.`); its
+//! vision tower, when config.json has a `vision_config`, is `qwen_vision.rs` (the full-attention
+//! layers then take mlx-vlm's 3-D interleaved rope positions: `forward_embeddings_at`,
+//! `mrope.rs`). As mlx-lm's sanitize does for Hugging Face checkpoints (qwen3_next:
 //! per-expert tensors present; qwen3_5: conv1d weights stored `[C, 1, K]`): conv1d weights are
 //! moved to `[C, K, 1]`, the decoder's RMSNorm weights become `1 + w`, experts are stacked
 //! (qwen3_5_moe splits its fused `experts.gate_up_proj`) and `mtp.*` weights are dropped.
+use super::mrope::{rotate_grid, MropeStyle, RopePositions};
 use super::qwen3_moe::validate_experts;
 use super::stack::{FeedForwardPart, Layer, Mixer, PreNormBlock};
 use super::transformer::validate_heads;
@@ -121,9 +124,22 @@ struct Dims {
     rotary_dims: usize,
     rope: RopeConfig,
     max_pos: Option<usize>,
+    /// qwen3_5's `rope_parameters.mrope_section` (the multimodal rope's frequencies per axis).
+    mrope_section: Option<[usize; 3]>,
 }
 
 impl Config {
+    /// `rope_parameters.mrope_section` (qwen3_5 with a vision tower): three sizes.
+    fn mrope_section(&self) -> std::result::Result<Option<[usize; 3]>, String> {
+        let Some(v) = self.rope.rope_parameters.as_ref().and_then(|p| p.get("mrope_section")).filter(|v| !v.is_null()) else {
+            return Ok(None);
+        };
+        match v.as_array().map(|a| a.iter().map(|x| x.as_u64().filter(|&n| n <= 1 << 16)).collect::<Option<Vec<_>>>()) {
+            Some(Some(a)) if a.len() == 3 => Ok(Some([a[0] as usize, a[1] as usize, a[2] as usize])),
+            _ => Err(format!("field 'rope_parameters.mrope_section' = {v} is not three sizes")),
+        }
+    }
+
     /// qwen3_next (as opposed to qwen3_5 / qwen3_5_moe, whose fields have defaults).
     fn is_next(&self) -> bool {
         self.outer_model_type.is_none() && self.model_type == "qwen3_next"
@@ -216,6 +232,7 @@ impl Config {
             rotary_dims: (head_dim as f64 * partial as f64) as usize,
             rope,
             max_pos: self.max_position_embeddings,
+            mrope_section: self.mrope_section()?,
         };
         Ok(d)
     }
@@ -435,6 +452,8 @@ pub struct GatedAttention {
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
+    /// (rotary dims, base, mrope section) for 3-D positions; None without plain default rope.
+    mrope: Option<(usize, f32, [usize; 3])>,
 }
 
 impl GatedAttention {
@@ -463,10 +482,22 @@ impl GatedAttention {
             heads: d.heads,
             kv_heads: d.kv_heads,
             head_dim: d.head_dim,
+            mrope: match d.rope.scaling {
+                crate::loader::RopeScaling::Default => {
+                    Some((d.rotary_dims, d.rope.theta, d.mrope_section.unwrap_or([11, 11, 10])))
+                }
+                _ => None,
+            },
         })
     }
 
     fn forward(&self, x: &Array, cache: &mut dyn Cache) -> Result<Array> {
+        let offset = cache.offset();
+        self.forward_at(x, cache, &RopePositions::Start(offset))
+    }
+
+    /// [`Self::forward`] with the tokens at `pos` (multimodal rope: [`super::mrope`]).
+    fn forward_at(&self, x: &Array, cache: &mut dyn Cache, pos: &RopePositions) -> Result<Array> {
         let sh = x.shape();
         let (b, l) = (sh[0], sh[1]);
         let (h, hkv, hd) = (self.heads as i32, self.kv_heads as i32, self.head_dim as i32);
@@ -477,9 +508,18 @@ impl GatedAttention {
         let q = self.q_norm.forward(&qg.pop().unwrap())?.transpose(&[0, 2, 1, 3])?;
         let k = self.k_norm.forward(&k.reshape(&[b, l, hkv, hd])?)?.transpose(&[0, 2, 1, 3])?;
         let v = v.reshape(&[b, l, hkv, hd])?.transpose(&[0, 2, 1, 3])?;
-        let offset = cache.offset();
-        let q = self.rope.forward(&q, offset)?;
-        let k = self.rope.forward(&k, offset)?;
+        let (q, k) = match pos {
+            RopePositions::Start(start) => (self.rope.forward(&q, *start)?, self.rope.forward(&k, *start)?),
+            RopePositions::Grid(p) => {
+                let Some((dims, base, section)) = self.mrope else {
+                    return Err(Error::InvalidArgument("multimodal rope positions need the default rope (no scaling)".into()));
+                };
+                if p.iter().any(|a| a.len() != l as usize) {
+                    return Err(Error::InvalidArgument(format!("{l} tokens with {} rope positions", p[0].len())));
+                }
+                (rotate_grid(&q, p, dims, base, section, MropeStyle::Interleaved)?, rotate_grid(&k, p, dims, base, section, MropeStyle::Interleaved)?)
+            }
+        };
         let (k, v, mask) = cache.update_and_fetch(&k, &v)?;
         let scale = (self.head_dim as f64).powf(-0.5) as f32;
         let o = fast::scaled_dot_product_attention(&q, &k, &v, scale, mask.as_attention()?)?;
@@ -560,6 +600,18 @@ impl CausalLm for Qwen3Next {
 
     fn forward_embeddings(&self, h: Array, caches: &mut LayerCaches) -> Result<Array> {
         let h = run_layers(h, &self.layers, caches, |l, _, x, c| l.forward(x, c))?;
+        self.lm_head.forward(&self.norm.forward(&h)?, &self.embed_tokens)
+    }
+
+    /// The full-attention layers rotate by `positions` (qwen3_5 behind its vision tower).
+    fn forward_embeddings_at(&self, h: Array, positions: &RopePositions, caches: &mut LayerCaches) -> Result<Array> {
+        let h = run_layers(h, &self.layers, caches, |l, _, x, c| match &l.self_attn {
+            HybridMixer::Full(a) => {
+                let h = x.add(&a.forward_at(&l.input_layernorm.forward(x)?, c, positions)?)?;
+                l.mlp.forward_add(&l.post_attention_layernorm.forward(&h)?, &h)
+            }
+            HybridMixer::Linear(_) => l.forward(x, c),
+        })?;
         self.lm_head.forward(&self.norm.forward(&h)?, &self.embed_tokens)
     }
 
@@ -716,8 +768,20 @@ impl Loadable for Qwen3Next {
 }
 
 pub const ARCH: Architecture = Architecture::new::<Qwen3Next>("qwen3_next", &[]);
-pub const ARCH_QWEN3_5: Architecture = Architecture::new::<Qwen3Next>("qwen3_5", &["qwen3_5_text"]);
-pub const ARCH_QWEN3_5_MOE: Architecture = Architecture::new::<Qwen3Next>("qwen3_5_moe", &["qwen3_5_moe_text"]);
+/// qwen3_5 and qwen3_5_moe: with a `vision_config`, behind their vision tower
+/// ([`super::qwen_vision::load_with_vision`]).
+pub const ARCH_QWEN3_5: Architecture = Architecture {
+    model_type: "qwen3_5",
+    aliases: &["qwen3_5_text"],
+    check: super::check_as::<Qwen3Next>,
+    load: super::qwen_vision::load_with_vision,
+};
+pub const ARCH_QWEN3_5_MOE: Architecture = Architecture {
+    model_type: "qwen3_5_moe",
+    aliases: &["qwen3_5_moe_text"],
+    check: super::check_as::<Qwen3Next>,
+    load: super::qwen_vision::load_with_vision,
+};
 
 #[cfg(test)]
 mod tests {

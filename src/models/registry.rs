@@ -8,6 +8,7 @@ use crate::loader::{ModelConfig, Vb};
 pub const ARCHITECTURES: &[Architecture] = &[
     super::llama::ARCH,
     super::qwen2::ARCH,
+    super::qwen2_5_vl::ARCH,
     super::qwen3::ARCH,
     super::qwen3_moe::ARCH,
     super::qwen3_next::ARCH,

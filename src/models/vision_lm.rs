@@ -16,12 +16,19 @@
 //! the same bytes as an image; the chat template's video marker becomes each kept frame's
 //! timestamp and a run of one video token ([`VideoPrompt`]).
 //!
+//! Qwen3.5 and Qwen2.5-VL (`qwen_vision.rs`, `qwen2_5_vision.rs`): the template's `<|image_pad|>`
+//! is one token standing for the image's merged patches, and their text models place tokens on a
+//! 3-D rope (`mrope.rs`): [`VisionLm::with_mrope`] (in `vision_lm/mrope_prompt.rs`) gives each
+//! prompt chunk its positions from its ids and keeps each image's shift in a cache of its own.
+//!
 //! The last [`KEPT_IMAGES`] images (at most [`KEPT_BYTES`] of their bytes) are kept with their
 //! features (an image's tokens are embedded while its prompt is prefilled, right after
 //! `bind_images`). An image seen again after it was dropped gets new ids: a prompt-cache miss,
 //! never another image's rows; an id whose features were dropped is an error.
 use std::collections::VecDeque;
 use std::sync::Mutex;
+
+mod mrope_prompt;
 
 pub use crate::chat::ImageData;
 
@@ -126,6 +133,13 @@ pub trait ImageEncoder: Params {
     }
 
     fn row_scale(&self) -> RowScale;
+
+    /// An image's merged patch grid (rows, cols) on the text model's 3-D rope, from its decoded
+    /// size (width, height), for towers whose text model takes multimodal rope positions
+    /// (Qwen: [`super::mrope`]); None for the others.
+    fn mrope_grid(&self, _size: (u32, u32)) -> Option<(usize, usize)> {
+        None
+    }
 }
 
 /// Gemma 3's SigLIP tower and projector with its processor (a fixed 256 tokens per image, rows
@@ -229,11 +243,13 @@ pub struct VisionLm {
     encoder: Box<dyn ImageEncoder>,
     prompt: ImagePrompt,
     slots: Mutex<Slots>,
+    /// The text model takes 3-D rope positions (Qwen: see `vision_lm/mrope_prompt.rs`).
+    mrope: bool,
 }
 
 impl VisionLm {
     pub fn new(text: Box<dyn CausalLm>, encoder: Box<dyn ImageEncoder>, prompt: ImagePrompt) -> Self {
-        VisionLm { text, encoder, prompt, slots: Mutex::new(Slots::default()) }
+        VisionLm { text, encoder, prompt, slots: Mutex::new(Slots::default()), mrope: false }
     }
 
     /// Gemma 3. `processor`: the checkpoint's preprocessing (pan and scan must be off: its crops
@@ -351,6 +367,9 @@ impl CausalLm for VisionLm {
     /// A prompt chunk: runs of text ids through the text embedding, runs of image ids from their
     /// images' rows.
     fn forward_prompt(&self, ids: &[u32], caches: &mut LayerCaches) -> Result<Array> {
+        if self.mrope {
+            return self.forward_prompt_mrope(ids, caches);
+        }
         if !ids.iter().any(|&t| is_media_token(t)) {
             return self.text.forward_prompt(ids, caches);
         }
@@ -384,6 +403,9 @@ impl CausalLm for VisionLm {
     }
 
     fn forward_embeddings(&self, h: Array, caches: &mut LayerCaches) -> Result<Array> {
+        if self.mrope {
+            return self.forward_mrope(None, h, caches);
+        }
         self.text.forward_embeddings(h, caches)
     }
 
@@ -410,7 +432,11 @@ impl CausalLm for VisionLm {
     }
 
     fn make_caches(&self) -> LayerCaches {
-        self.text.make_caches()
+        let mut caches = self.text.make_caches();
+        if self.mrope {
+            caches.0.push(Box::new(super::mrope::PositionCache::new()));
+        }
+        caches
     }
 
     fn batchable(&self) -> bool {

@@ -94,6 +94,12 @@ pub trait Cache {
         None
     }
 
+    /// This cache as `Any`, for the kinds a model reaches past the trait (a vision model's
+    /// multimodal rope positions: `models::mrope`); None for the others.
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        None
+    }
+
     /// A copy sharing the arrays (MLX arrays are immutable values: writes to the copy never
     /// reach the original; see `generate::prompt_cache`).
     fn boxed_clone(&self) -> Box<dyn Cache>;

@@ -1,0 +1,252 @@
+//! Qwen3-VL / Qwen3.5's image preprocessing (issue 15), as mlx-vlm 0.7.10's numpy
+//! `Qwen3VLImageProcessor` (`models/qwen3_vl/processing_qwen3_vl.py`, a port of transformers'
+//! Qwen2-VL processor) computes it:
+//! - `smart_resize`: each side rounded (Python's `round`, ties to even) to a multiple of
+//!   `factor = patch_size · merge_size`; if the area exceeds `max_pixels`, both sides scaled by
+//!   `β = √(h·w / max_pixels)` and floored to the factor (at least one factor), if it falls below
+//!   `min_pixels`, scaled by `β = √(min_pixels / (h·w))` and ceiled; aspect ratios over 200 refused;
+//! - PIL's BICUBIC on the 8-bit image to that size (none when it is the image's own);
+//! - `× rescale_factor`, then `(x − mean) / std` per channel, in float32;
+//! - the image repeated `temporal_patch_size` times and cut into patches of
+//!   `temporal × patch × patch`, ordered by merge block (row, col), then inside the block (row,
+//!   col), each patch flattened (channel, t, y, x): `[grid_h · grid_w, 3 · T · p · p]`.
+//!
+//! Settings as mlx-vlm's `_qwen_vl_image_kwargs` reads them: `preprocessor_config.json` with
+//! `processor_config.json`'s `image_processor` over it; `size.shortest_edge` / `longest_edge` are
+//! `min_pixels` / `max_pixels` unless those keys are given; the patch size defaults to 16
+//! (Qwen3-VL, Qwen3.5) or 14 (Qwen2.5-VL).
+use super::image::{decode_image, resize_with, RgbImage, BICUBIC};
+use crate::error::{Error, Result};
+
+/// Qwen's image processor settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QwenImageProcessor {
+    pub patch_size: usize,
+    pub temporal_patch_size: usize,
+    pub merge_size: usize,
+    pub min_pixels: usize,
+    pub max_pixels: usize,
+    pub rescale_factor: f64,
+    /// `(mean, std)` per channel when `do_normalize` is on.
+    pub normalize: Option<([f32; 3], [f32; 3])>,
+}
+
+impl Default for QwenImageProcessor {
+    /// mlx-vlm's `Qwen3VLImageProcessor` defaults.
+    fn default() -> Self {
+        QwenImageProcessor {
+            patch_size: 16,
+            temporal_patch_size: 2,
+            merge_size: 2,
+            min_pixels: 56 * 56,
+            max_pixels: 14 * 14 * 4 * 1280,
+            rescale_factor: 1.0 / 255.0,
+            normalize: Some(([0.5; 3], [0.5; 3])),
+        }
+    }
+}
+
+/// A preprocessed image: `data` `[patches, patch_dim]` (f32, row-major) and its patch grid.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QwenPixels {
+    pub data: Vec<f32>,
+    pub patches: usize,
+    pub patch_dim: usize,
+    /// (grid_t, grid_h, grid_w) in patches.
+    pub grid: (usize, usize, usize),
+}
+
+fn invalid(what: impl std::fmt::Display) -> Error {
+    Error::InvalidArgument(what.to_string())
+}
+
+impl QwenImageProcessor {
+    /// From a parsed `preprocessor_config.json` (absent or null keys keep the defaults, the
+    /// patch size `default_patch`); settings not reproduced (rescale off) are InvalidArgument
+    /// rather than silently different.
+    pub fn from_config(cfg: &serde_json::Value, default_patch: usize) -> Result<Self> {
+        let cfg = cfg.get("image_processor").filter(|v| v.is_object()).unwrap_or(cfg);
+        let mut p = QwenImageProcessor { patch_size: default_patch, ..Default::default() };
+        let get = |k: &str| cfg.get(k).filter(|v| !v.is_null());
+        let bad = |k: &str, v: &serde_json::Value| invalid(format!("processor config: unsupported {k} {v}"));
+        let size = |k: &str, max: u64| -> Result<Option<usize>> {
+            match get(k) {
+                None => Ok(None),
+                Some(v) => v.as_u64().filter(|&n| n > 0 && n <= max).map(|n| Some(n as usize)).ok_or_else(|| bad(k, v)),
+            }
+        };
+        if let Some(n) = size("patch_size", 1024)? {
+            p.patch_size = n;
+        }
+        if let Some(n) = size("temporal_patch_size", 16)? {
+            p.temporal_patch_size = n;
+        }
+        if let Some(n) = size("merge_size", 16)? {
+            p.merge_size = n;
+        }
+        if let Some(sizes) = get("size") {
+            let edge = |k: &str| -> Result<Option<usize>> {
+                match sizes.get(k).filter(|v| !v.is_null()) {
+                    None => Ok(None),
+                    Some(v) => v.as_u64().filter(|&n| n > 0 && n <= 1 << 40).map(|n| Some(n as usize)).ok_or_else(|| bad(&format!("size.{k}"), v)),
+                }
+            };
+            if let Some(n) = edge("shortest_edge")? {
+                p.min_pixels = n;
+            }
+            if let Some(n) = edge("longest_edge")? {
+                p.max_pixels = n;
+            }
+        }
+        if let Some(n) = size("min_pixels", 1 << 40)? {
+            p.min_pixels = n;
+        }
+        if let Some(n) = size("max_pixels", 1 << 40)? {
+            p.max_pixels = n;
+        }
+        if p.min_pixels > p.max_pixels {
+            return Err(invalid(format!("processor config: min_pixels {} exceeds max_pixels {}", p.min_pixels, p.max_pixels)));
+        }
+        if let Some(v) = get("rescale_factor") {
+            p.rescale_factor = v.as_f64().filter(|f| f.is_finite() && *f > 0.0).ok_or_else(|| bad("rescale_factor", v))?;
+        }
+        if let Some(v) = get("do_rescale") {
+            if v.as_bool() != Some(true) {
+                return Err(bad("do_rescale", v));
+            }
+        }
+        let normalize = match get("do_normalize") {
+            None => true,
+            Some(v) => v.as_bool().ok_or_else(|| bad("do_normalize", v))?,
+        };
+        p.normalize = if normalize {
+            let triple = |k: &str| -> Result<[f32; 3]> {
+                match get(k) {
+                    None => Ok([0.5; 3]),
+                    Some(v) => match v.as_array().map(|a| a.iter().map(|x| x.as_f64()).collect::<Option<Vec<_>>>()) {
+                        Some(Some(a)) if a.len() == 3 => Ok([a[0] as f32, a[1] as f32, a[2] as f32]),
+                        _ => Err(bad(k, v)),
+                    },
+                }
+            };
+            let (mean, std) = (triple("image_mean")?, triple("image_std")?);
+            if std.contains(&0.0) {
+                return Err(bad("image_std", get("image_std").unwrap_or(&serde_json::Value::Null)));
+            }
+            Some((mean, std))
+        } else {
+            None
+        };
+        Ok(p)
+    }
+
+    /// `smart_resize`: the (height, width) an image of `height × width` is resized to.
+    pub fn target_size(&self, height: u32, width: u32) -> Result<(u32, u32)> {
+        let (h, w) = (height as f64, width as f64);
+        if h.max(w) / h.min(w) > 200.0 {
+            return Err(invalid(format!("a {width}x{height} image: the aspect ratio must be smaller than 200")));
+        }
+        let f = (self.patch_size * self.merge_size) as f64;
+        let mut hb = (h / f).round_ties_even() * f;
+        let mut wb = (w / f).round_ties_even() * f;
+        if hb * wb > self.max_pixels as f64 {
+            let beta = ((h * w) / self.max_pixels as f64).sqrt();
+            hb = f.max((h / beta / f).floor() * f);
+            wb = f.max((w / beta / f).floor() * f);
+        } else if hb * wb < self.min_pixels as f64 {
+            let beta = (self.min_pixels as f64 / (h * w)).sqrt();
+            hb = (h * beta / f).ceil() * f;
+            wb = (w * beta / f).ceil() * f;
+        }
+        if hb < f || wb < f || hb * wb > (super::MAX_IMAGE_PIXELS as f64) {
+            return Err(invalid(format!("a {width}x{height} image resizes to {wb}x{hb}, which is out of range")));
+        }
+        Ok((hb as u32, wb as u32))
+    }
+
+    /// The tokens an image of `height × width` pixels (decoded) becomes, and its merged grid
+    /// (rows, cols).
+    pub fn merged_grid(&self, height: u32, width: u32) -> Result<(usize, usize)> {
+        let (h, w) = self.target_size(height, width)?;
+        let f = (self.patch_size * self.merge_size) as u32;
+        Ok(((h / f) as usize, (w / f) as usize))
+    }
+
+    /// The resized 8-bit image.
+    pub fn resized(&self, img: &RgbImage) -> Result<RgbImage> {
+        let (th, tw) = self.target_size(img.height, img.width)?;
+        if (th, tw) == (img.height, img.width) {
+            return Ok(img.clone());
+        }
+        resize_with(img, tw, th, BICUBIC)
+    }
+
+    /// The patches of `img`.
+    pub fn preprocess(&self, img: &RgbImage) -> Result<QwenPixels> {
+        let r = self.resized(img)?;
+        let (hh, ww) = (r.height as usize, r.width as usize);
+        let (p, t, m) = (self.patch_size, self.temporal_patch_size, self.merge_size);
+        let scale = self.rescale_factor as f32;
+        // Channel planes, as float32 `(x · scale − mean) / std`.
+        let mut planes = vec![vec![0f32; hh * ww]; 3];
+        for (i, px) in r.data.chunks_exact(3).enumerate() {
+            for c in 0..3 {
+                let v = px[c] as f32 * scale;
+                planes[c][i] = match self.normalize {
+                    Some((mean, std)) => (v - mean[c]) / std[c],
+                    None => v,
+                };
+            }
+        }
+        let (gh, gw) = (hh / p, ww / p);
+        let patch_dim = 3 * t * p * p;
+        let mut data = Vec::with_capacity(gh * gw * patch_dim);
+        for bh in 0..gh / m {
+            for bw in 0..gw / m {
+                for mh in 0..m {
+                    for mw in 0..m {
+                        let (y0, x0) = ((bh * m + mh) * p, (bw * m + mw) * p);
+                        for plane in &planes {
+                            for _ in 0..t {
+                                for y in 0..p {
+                                    let row = (y0 + y) * ww + x0;
+                                    data.extend_from_slice(&plane[row..row + p]);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(QwenPixels { data, patches: gh * gw, patch_dim, grid: (1, gh, gw) })
+    }
+
+    /// [`Self::preprocess`] of encoded image bytes.
+    pub fn preprocess_bytes(&self, bytes: &[u8]) -> Result<QwenPixels> {
+        self.preprocess(&decode_image(bytes)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smart_resize_rounds_scales_and_refuses() {
+        let p = QwenImageProcessor { patch_size: 4, min_pixels: 256, max_pixels: 1920, ..Default::default() };
+        assert_eq!(p.target_size(23, 37).unwrap(), (24, 40));
+        assert_eq!(p.target_size(50, 16).unwrap(), (48, 16));
+        // 12 / 8 = 1.5 rounds to 2 (ties to even), 20 / 8 = 2.5 to 2.
+        assert_eq!(p.target_size(12, 20).unwrap(), (16, 16));
+        let (h, w) = p.target_size(101, 67).unwrap();
+        assert!(h * w <= 1920 && h % 8 == 0 && w % 8 == 0);
+        let (h, w) = p.target_size(9, 13).unwrap();
+        assert!(h * w >= 256);
+        assert!(p.target_size(1, 300).is_err());
+        let cfg = serde_json::json!({"patch_size": 4, "min_pixels": 2000, "max_pixels": 1000});
+        assert!(QwenImageProcessor::from_config(&cfg, 16).unwrap_err().to_string().contains("min_pixels"));
+        let sized = serde_json::json!({"size": {"shortest_edge": 65536, "longest_edge": 16777216}});
+        let p = QwenImageProcessor::from_config(&sized, 14).unwrap();
+        assert_eq!((p.patch_size, p.min_pixels, p.max_pixels), (14, 65536, 16777216));
+    }
+}

@@ -1,0 +1,457 @@
+//! Qwen3.5's vision side (issue 15): the Qwen3-VL vision tower that turns an image, at its own
+//! resolution, into one row per 2 × 2 block of patches at the text model's width, and the
+//! [`ImageEncoder`] that runs the processor ([`QwenImageProcessor`]) in front of it. Follows
+//! mlx-vlm 0.7.10 `models/qwen3_vl/vision.py` (`VisionModel`, which `qwen3_5/vision.py` reuses;
+//! Qwen3.5 has no deepstack mergers), checked against it by tests/vision_qwen.rs:
+//! - patch embedding: a Conv3d with kernel = stride = (temporal, patch, patch), with bias, here
+//!   the equivalent matrix over each processed patch flattened (channel, t, y, x);
+//! - a learned position table of `num_position_embeddings` (an n × n grid) bilinearly
+//!   interpolated to the image's patch grid (`fast_pos_embed_interpolate`: `linspace(0, n − 1,
+//!   side)` in float32, the four neighbours weighted and summed), in the patches' merge-block order;
+//! - `depth` blocks: LayerNorm (eps 1e-6) → attention (fused qkv with bias, a 2-D rope over the
+//!   whole head: the first half of the angles from the patch's row, the second from its column,
+//!   `inv_freq = 1 / 10000^(2i / (head_dim / 2))`, each angle used twice as `rotate_half` pairs
+//!   them; softmax scale `head_dim^-½`, every patch of the image sees every other) → residual,
+//!   LayerNorm → fc1 → GELU (tanh form) → fc2 → residual;
+//! - the merger: LayerNorm (eps 1e-6) per patch, each merge block's `merge²` patches concatenated,
+//!   fc1 → GELU (erf form) → fc2 to `out_hidden_size` (the text model's width).
+//!
+//! Weights sit under `vision_tower.` (mlx-vlm) or `model.visual.` (Hugging Face); the Conv3d
+//! weight as `[out, T, p, p, C]` (MLX) or `[out, C, T, p, p]` (PyTorch).
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::vision_lm::{ImageEncoder, RowScale};
+use crate::error::{Error, Result};
+use crate::loader::Vb;
+use crate::media::{QwenImageProcessor, RgbImage};
+use crate::mlx::fast::{self, AttentionMask};
+use crate::mlx::{Array, Dtype};
+use crate::nn::{Embedding, LayerNorm, Linear, Params};
+
+/// `vision_config` of a qwen3_5 config.json, with mlx-vlm's defaults.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct VisionConfig {
+    pub depth: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub out_hidden_size: usize,
+    pub num_heads: usize,
+    pub patch_size: usize,
+    pub in_channels: usize,
+    pub spatial_merge_size: usize,
+    pub temporal_patch_size: usize,
+    pub num_position_embeddings: usize,
+    pub deepstack_visual_indexes: Vec<usize>,
+}
+
+impl Default for VisionConfig {
+    fn default() -> Self {
+        VisionConfig {
+            depth: 32,
+            hidden_size: 1280,
+            intermediate_size: 3420,
+            out_hidden_size: 1536,
+            num_heads: 16,
+            patch_size: 14,
+            in_channels: 3,
+            spatial_merge_size: 2,
+            temporal_patch_size: 2,
+            num_position_embeddings: 2304,
+            deepstack_visual_indexes: vec![],
+        }
+    }
+}
+
+impl VisionConfig {
+    fn validate(&self) -> std::result::Result<(), String> {
+        super::vision_lm::check_sizes(&[
+            ("depth", self.depth),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("out_hidden_size", self.out_hidden_size),
+            ("num_heads", self.num_heads),
+            ("patch_size", self.patch_size),
+            ("spatial_merge_size", self.spatial_merge_size),
+            ("temporal_patch_size", self.temporal_patch_size),
+            ("num_position_embeddings", self.num_position_embeddings),
+        ])?;
+        if self.in_channels != 3 {
+            return Err(format!("vision_config.in_channels {} is not 3 (RGB)", self.in_channels));
+        }
+        if self.hidden_size % self.num_heads != 0 || (self.hidden_size / self.num_heads) % 4 != 0 {
+            return Err("vision_config.hidden_size / num_heads must be a multiple of 4 (the 2-D rope)".into());
+        }
+        let side = (self.num_position_embeddings as f64).sqrt() as usize;
+        if side * side != self.num_position_embeddings {
+            return Err(format!("vision_config.num_position_embeddings {} is not a square", self.num_position_embeddings));
+        }
+        if !self.deepstack_visual_indexes.is_empty() {
+            // mlx-vlm's qwen3_5 refuses them too ("deepstack is disabled for qwen3.5").
+            return Err("vision_config.deepstack_visual_indexes must be empty for qwen3_5".into());
+        }
+        Ok(())
+    }
+
+    fn head_dim(&self) -> usize {
+        self.hidden_size / self.num_heads
+    }
+}
+
+/// MLX's `gelu_approx` (`nn.GELU(approx="tanh")`), in the same order.
+fn gelu_tanh(x: &Array) -> Result<Array> {
+    let dt = x.dtype();
+    let c = |v: f32| Array::scalar_f32(v, dt);
+    let inner = x.add(&c(0.044715)?.multiply(&x.power(&c(3.0)?)?)?)?;
+    let t = c((2.0 / std::f64::consts::PI).sqrt() as f32)?.multiply(&inner)?.tanh()?;
+    c(0.5)?.multiply(x)?.multiply(&c(1.0)?.add(&t)?)
+}
+
+/// MLX's `gelu` (`nn.GELU()`): `x · (1 + erf(x / √2)) / 2`.
+pub(crate) fn gelu_erf(x: &Array) -> Result<Array> {
+    let dt = x.dtype();
+    let c = |v: f32| Array::scalar_f32(v, dt);
+    let e = x.divide(&c(std::f64::consts::SQRT_2 as f32)?)?.erf()?;
+    x.multiply(&c(1.0)?.add(&e)?)?.divide(&c(2.0)?)
+}
+
+struct Block {
+    norm1: LayerNorm,
+    norm2: LayerNorm,
+    qkv: Linear,
+    proj: Linear,
+    fc1: Linear,
+    fc2: Linear,
+}
+
+impl Block {
+    fn load(vb: &Vb, c: &VisionConfig) -> Result<Self> {
+        let d = c.hidden_size;
+        Ok(Block {
+            norm1: LayerNorm::load(&vb.pp("norm1"), d, 1e-6)?,
+            norm2: LayerNorm::load(&vb.pp("norm2"), d, 1e-6)?,
+            qkv: Linear::load(&vb.pp("attn").pp("qkv"), d, 3 * d, true)?,
+            proj: Linear::load(&vb.pp("attn").pp("proj"), d, d, true)?,
+            fc1: Linear::load(&vb.pp("mlp").pp("linear_fc1"), d, c.intermediate_size, true)?,
+            fc2: Linear::load(&vb.pp("mlp").pp("linear_fc2"), c.intermediate_size, d, true)?,
+        })
+    }
+
+    /// `x` `[L, hidden]`; `rope`: (cos, sin) `[1, L, 1, head_dim]`.
+    fn forward(&self, x: &Array, rope: &(Array, Array), heads: i32) -> Result<Array> {
+        let l = x.shape()[0];
+        let h = self.norm1.forward(x)?;
+        let qkv = self.qkv.forward(&h)?.reshape(&[l, 3, heads, -1])?;
+        let hd = qkv.shape()[3];
+        let part = |i: i32| -> Result<Array> { qkv.slice_axis(1, i, i + 1)?.reshape(&[1, l, heads, hd]) };
+        let (q, k, v) = (apply_rope(&part(0)?, rope)?, apply_rope(&part(1)?, rope)?, part(2)?);
+        let t = |a: &Array| a.transpose(&[0, 2, 1, 3]);
+        let scale = (hd as f64).powf(-0.5) as f32;
+        let o = fast::scaled_dot_product_attention(&t(&q)?, &t(&k)?, &t(&v)?, scale, AttentionMask::None)?;
+        let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[l, -1])?;
+        let x = x.add(&self.proj.forward(&o)?)?;
+        let m = self.fc2.forward(&gelu_tanh(&self.fc1.forward(&self.norm2.forward(&x)?)?)?)?;
+        x.add(&m)
+    }
+}
+
+impl Params for Block {
+    fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
+        crate::params!(out; self.norm1, self.norm2, self.qkv, self.proj, self.fc1, self.fc2);
+    }
+}
+
+/// `x·cos + rotate_half(x)·sin` over the whole head (`x` `[1, L, H, D]`).
+pub(crate) fn apply_rope(x: &Array, (cos, sin): &(Array, Array)) -> Result<Array> {
+    let d = x.shape()[3];
+    let rotated = Array::concatenate(&[&x.slice_axis(3, d / 2, d)?.negative()?, &x.slice_axis(3, 0, d / 2)?], 3)?;
+    x.multiply(cos)?.add(&rotated.multiply(sin)?)?.astype(x.dtype())
+}
+
+/// The Qwen3-VL vision tower (Qwen3.5's).
+pub struct QwenVision {
+    config: VisionConfig,
+    /// `[C·T·p·p, hidden]`: the Conv3d as a matrix over (channel, t, y, x).
+    patch_weight_t: Array,
+    patch_bias: Array,
+    /// The learned position table (quantized in some mlx-community conversions).
+    pos_embed: Embedding,
+    blocks: Vec<Block>,
+    merger_norm: LayerNorm,
+    merger_fc1: Linear,
+    merger_fc2: Linear,
+}
+
+impl QwenVision {
+    /// The vision side of a qwen3_5 checkpoint (`raw`: its config.json as `ModelConfig::raw`
+    /// holds it), or `None` when it has no `vision_config`.
+    pub fn load(raw: &Value, vb: &Vb) -> Result<Option<Self>> {
+        let Some(vc) = raw.get("vision_config").filter(|v| !v.is_null()) else { return Ok(None) };
+        let config: VisionConfig = serde_path_to_error::deserialize(vc.clone())
+            .map_err(|e| Error::InvalidArgument(format!("config.json: vision_config.{e}")))?;
+        config.validate().map_err(|e| Error::InvalidArgument(format!("config.json: {e}")))?;
+        let text_hidden = raw.get("hidden_size").and_then(Value::as_u64).unwrap_or(0) as usize;
+        if text_hidden != config.out_hidden_size {
+            return Err(Error::InvalidArgument(format!(
+                "config.json: vision_config.out_hidden_size {} differs from the text model's hidden_size {text_hidden}",
+                config.out_hidden_size
+            )));
+        }
+        let has = |root: &Vb| root.pp("patch_embed").pp("proj").contains("weight");
+        let root = if has(&vb.pp("model").pp("visual")) {
+            vb.pp("model").pp("visual")
+        } else if has(&vb.pp("vision_tower")) {
+            vb.pp("vision_tower")
+        } else if !vb.pp("vision_tower").holds_any() && !vb.pp("model").pp("visual").holds_any() {
+            // A text-only conversion that kept the config's vision_config (mlx-lm drops the tower).
+            return Ok(None);
+        } else {
+            vb.pp("vision_tower")
+        };
+        let (d, c, t, p) = (config.hidden_size, config.in_channels, config.temporal_patch_size, config.patch_size);
+        let pe = root.pp("patch_embed").pp("proj");
+        let mlx_shape = [d, t, p, p, c];
+        let torch_shape = [d, c, t, p, p];
+        let w = match pe.stored_shape("weight") {
+            Some(s) if s == torch_shape && s != mlx_shape => pe.get("weight", &torch_shape)?,
+            _ => pe.get("weight", &mlx_shape)?.transpose(&[0, 4, 1, 2, 3])?,
+        };
+        let patch_weight_t = w.reshape(&[d as i32, -1])?.transpose(&[1, 0])?.contiguous()?;
+        let blocks = (0..config.depth).map(|i| Block::load(&root.pp("blocks").pp(i), &config)).collect::<Result<Vec<_>>>()?;
+        let merged = d * config.spatial_merge_size * config.spatial_merge_size;
+        let merger = root.pp("merger");
+        Ok(Some(QwenVision {
+            patch_bias: pe.get("bias", &[d])?,
+            pos_embed: Embedding::load(&root.pp("pos_embed"), config.num_position_embeddings, d)?,
+            blocks,
+            merger_norm: LayerNorm::load(&merger.pp("norm"), d, 1e-6)?,
+            merger_fc1: Linear::load(&merger.pp("linear_fc1"), merged, merged, true)?,
+            merger_fc2: Linear::load(&merger.pp("linear_fc2"), merged, config.out_hidden_size, true)?,
+            patch_weight_t,
+            config,
+        }))
+    }
+
+    pub fn config(&self) -> &VisionConfig {
+        &self.config
+    }
+
+    /// The interpolated position table rows for a `gh × gw` patch grid, in merge-block order.
+    fn positions(&self, gh: usize, gw: usize) -> Result<Array> {
+        let n = (self.config.num_position_embeddings as f64).sqrt() as usize;
+        // mlx's linspace(0, n − 1, k): t = i / (k − 1), then t · (n − 1), in float32.
+        let lin = |k: usize| -> Vec<f32> {
+            (0..k).map(|i| if k == 1 { 0.0 } else { (i as f32 / (k - 1) as f32) * (n - 1) as f32 }).collect()
+        };
+        let (hs, ws) = (lin(gh), lin(gw));
+        let m = self.config.spatial_merge_size;
+        let count = gh * gw;
+        let mut idx = vec![vec![0i32; count]; 4];
+        let mut wts = vec![vec![0f32; count]; 4];
+        let mut j = 0;
+        for bh in 0..gh / m {
+            for bw in 0..gw / m {
+                for mh in 0..m {
+                    for mw in 0..m {
+                        let (r, c) = (bh * m + mh, bw * m + mw);
+                        let (hf, wf) = (hs[r] as i32, ws[c] as i32);
+                        let (hc, wc) = ((hf + 1).min(n as i32 - 1), (wf + 1).min(n as i32 - 1));
+                        let (dh, dw) = (hs[r] - hf as f32, ws[c] - wf as f32);
+                        let (bf, bc) = (hf * n as i32, hc * n as i32);
+                        let corners = [
+                            (bf + wf, (1.0 - dh) * (1.0 - dw)),
+                            (bf + wc, (1.0 - dh) * dw),
+                            (bc + wf, dh * (1.0 - dw)),
+                            (bc + wc, dh * dw),
+                        ];
+                        for (q, (i, w)) in corners.into_iter().enumerate() {
+                            idx[q][j] = i;
+                            wts[q][j] = w;
+                        }
+                        j += 1;
+                    }
+                }
+            }
+        }
+        let mut sum: Option<Array> = None;
+        for q in 0..4 {
+            let rows = self.pos_embed.forward(&Array::from_slice(&idx[q], &[count as i32])?)?;
+            // The weights in the rows' dtype (mlx-vlm: a quantized table's packed dtype would
+            // truncate them).
+            let w = Array::from_slice(&wts[q], &[count as i32, 1])?.astype(rows.dtype())?;
+            let term = rows.multiply(&w)?;
+            sum = Some(match sum {
+                None => term,
+                Some(s) => s.add(&term)?,
+            });
+        }
+        Ok(sum.expect("four corners"))
+    }
+
+    /// The tower (`VisionModel.__call__` for one image): processed patches `[gh·gw, C·T·p·p]`
+    /// (merge-block order) to rows `[gh·gw / merge², out_hidden_size]`.
+    pub fn forward(&self, patches: &Array, gh: usize, gw: usize) -> Result<Array> {
+        let c = &self.config;
+        let m = c.spatial_merge_size;
+        let dim = c.in_channels * c.temporal_patch_size * c.patch_size * c.patch_size;
+        if gh == 0 || gw == 0 || gh % m != 0 || gw % m != 0 || patches.shape() != [(gh * gw) as i32, dim as i32] {
+            return Err(Error::InvalidArgument(format!(
+                "image patches must be [{gh}·{gw}, {dim}] with the grid a multiple of {m}, got {:?}",
+                patches.shape()
+            )));
+        }
+        let dt = self.patch_weight_t.dtype();
+        let x = patches.astype(dt)?.matmul(&self.patch_weight_t)?.add(&self.patch_bias)?;
+        let mut x = x.add(&self.positions(gh, gw)?)?;
+        let rope = vision_rope(c.head_dim(), m, gh, gw)?;
+        for b in &self.blocks {
+            x = b.forward(&x, &rope, c.num_heads as i32)?;
+        }
+        let merged = (c.hidden_size * m * m) as i32;
+        let x = self.merger_norm.forward(&x)?.reshape(&[-1, merged])?;
+        self.merger_fc2.forward(&gelu_erf(&self.merger_fc1.forward(&x)?)?)
+    }
+}
+
+impl Params for QwenVision {
+    fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
+        out.extend([&self.patch_weight_t, &self.patch_bias]);
+        self.pos_embed.params(out);
+        for b in &self.blocks {
+            b.params(out);
+        }
+        crate::params!(out; self.merger_norm, self.merger_fc1, self.merger_fc2);
+    }
+}
+
+/// The tower with its processor: an image's rows, and where they sit on the rope grid.
+pub struct QwenImages {
+    pub vision: QwenVision,
+    pub processor: QwenImageProcessor,
+}
+
+impl ImageEncoder for QwenImages {
+    fn encode(&self, image: &RgbImage) -> Result<Array> {
+        let pv = self.processor.preprocess(image)?;
+        let (_, gh, gw) = pv.grid;
+        let patches = Array::from_slice(&pv.data, &[pv.patches as i32, pv.patch_dim as i32])?;
+        self.vision.forward(&patches, gh, gw)
+    }
+
+    fn row_scale(&self) -> RowScale {
+        RowScale::Embedding
+    }
+
+    fn mrope_grid(&self, size: (u32, u32)) -> Option<(usize, usize)> {
+        self.processor.merged_grid(size.1, size.0).ok()
+    }
+}
+
+impl Params for QwenImages {
+    fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
+        self.vision.params(out);
+    }
+}
+
+/// A qwen3_5 (or qwen3_5_moe) checkpoint: with a `vision_config`, its text model behind the
+/// vision tower as a [`super::vision_lm::VisionLm`] with multimodal rope; without, the text model
+/// alone. The tower's tensors are taken first (the text model drops what is left of them).
+pub fn load_with_vision(c: &crate::loader::ModelConfig, vb: &Vb) -> Result<Box<dyn super::CausalLm>> {
+    let vision = QwenVision::load(&c.raw, vb).map_err(|e| match e {
+        Error::InvalidArgument(m) => c.error(m),
+        other => other,
+    })?;
+    let text = super::load_as::<super::qwen3_next::Qwen3Next>(c, vb)?;
+    let Some(vision) = vision else { return Ok(text) };
+    let image_token = match c.raw.get("image_token_id").filter(|v| !v.is_null()) {
+        None => 248_056,
+        Some(v) => v.as_u64().filter(|&t| t < u32::MAX as u64).ok_or_else(|| c.error(format!("image_token_id {v} is not a token id")))? as u32,
+    };
+    if image_token as usize >= text.vocab_size() {
+        return Err(c.error(format!("image_token_id {image_token} is outside the vocabulary ({})", text.vocab_size())));
+    }
+    let processor = processor_for(c, 16)?;
+    let vc = vision.config();
+    if (processor.patch_size, processor.merge_size, processor.temporal_patch_size)
+        != (vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size)
+    {
+        return Err(c.error(format!(
+            "the image processor's patch_size {} / merge_size {} / temporal_patch_size {} differ from vision_config's {} / {} / {}",
+            processor.patch_size,
+            processor.merge_size,
+            processor.temporal_patch_size,
+            vc.patch_size,
+            vc.spatial_merge_size,
+            vc.temporal_patch_size
+        )));
+    }
+    let prompt = super::vision_lm::ImagePrompt {
+        marker: "<|image_pad|>".into(),
+        expansion: "<|image_pad|>".into(),
+        image_token,
+        placeholder_tokens: 1,
+        video: None,
+    };
+    let encoder = Box::new(QwenImages { vision, processor });
+    Ok(Box::new(super::vision_lm::VisionLm::new(text, encoder, prompt).with_mrope()))
+}
+
+/// The image processor of the checkpoint beside `c` (mlx-vlm's `_qwen_vl_image_kwargs`:
+/// preprocessor_config.json, processor_config.json's `image_processor` over it), the patch size
+/// `default_patch` unless they say.
+pub(crate) fn processor_for(c: &crate::loader::ModelConfig, default_patch: usize) -> Result<QwenImageProcessor> {
+    let dir = c.path.parent().map(std::path::Path::to_path_buf).unwrap_or_default();
+    let read = |name: &str| -> Result<Option<Value>> {
+        let path = dir.join(name);
+        if !path.is_file() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+        let json: Value = serde_json::from_str(&text).map_err(|e| Error::checkpoint(&path, format!("not JSON: {e}")))?;
+        if !json.is_object() {
+            return Err(Error::checkpoint(&path, "not a JSON object"));
+        }
+        Ok(Some(json))
+    };
+    let mut merged = read("preprocessor_config.json")?.unwrap_or_else(|| serde_json::json!({}));
+    if let Some(Value::Object(over)) = read("processor_config.json")?.and_then(|p| p.get("image_processor").cloned()) {
+        let m = merged.as_object_mut().expect("an object");
+        for (k, v) in over {
+            m.insert(k, v);
+        }
+    }
+    QwenImageProcessor::from_config(&merged, default_patch)
+        .map_err(|e| Error::checkpoint(dir.join("preprocessor_config.json"), format!("(with processor_config.json's image_processor) {e}")))
+}
+
+/// The vision 2-D rope's (cos, sin) `[1, L, 1, head_dim]` for a `gh × gw` patch grid in
+/// merge-block order (`m × m` blocks): the first half of the angles from each patch's row, the
+/// second from its column.
+pub(crate) fn vision_rope(head_dim: usize, m: usize, gh: usize, gw: usize) -> Result<(Array, Array)> {
+    let dim = head_dim / 2;
+    let (mut rows, mut cols) = (Vec::with_capacity(gh * gw), Vec::with_capacity(gh * gw));
+    for bh in 0..gh / m {
+        for bw in 0..gw / m {
+            for mh in 0..m {
+                for mw in 0..m {
+                    rows.push((bh * m + mh) as f32);
+                    cols.push((bw * m + mw) as f32);
+                }
+            }
+        }
+    }
+    let l = rows.len() as i32;
+    // inv_freq = 1 / 10000^(arange(0, dim, 2) / dim), float32.
+    let exps = Array::arange(0.0, dim as f64, 2.0, Dtype::Float32)?.divide(&Array::scalar_f32(dim as f32, Dtype::Float32)?)?;
+    let inv = Array::scalar_f32(1.0, Dtype::Float32)?
+        .divide(&Array::scalar_f32(10000.0, Dtype::Float32)?.power(&exps)?)?
+        .reshape(&[1, -1])?;
+    let fr = Array::from_slice(&rows, &[l, 1])?.multiply(&inv)?;
+    let fc = Array::from_slice(&cols, &[l, 1])?.multiply(&inv)?;
+    let freqs = Array::concatenate(&[&fr, &fc], 1)?;
+    let emb = Array::concatenate(&[&freqs, &freqs], 1)?.reshape(&[1, l, 1, -1])?;
+    // float32, as mlx-vlm's (the rotated head is cast back to its dtype).
+    Ok((emb.cos()?, emb.sin()?))
+}
+

@@ -1,0 +1,554 @@
+//! Qwen3.5 vision against mlx-vlm 0.7.10 (issue 15).
+//!
+//! tests/oracle/qwen3_5_vlm.py builds mlx-vlm's whole qwen3_5 Model (the Qwen3-VL vision tower
+//! and the hybrid Qwen3.5 text model with interleaved multimodal rope) on tiny random weights:
+//! - the tower's output for two images (15 and 12 merged tokens) must match within 1e-4;
+//! - mlx-vlm's Qwen3VLImageProcessor on images of odd sizes (kept, downscaled by max_pixels,
+//!   upscaled by min_pixels) must give our pixels exactly, with the same grid;
+//! - for a prompt holding a PNG (and with `--two-images` two PNGs), mlex loads the same
+//!   checkpoint (a VisionLm with 3-D rope positions), binds the PNGs and must give the same first
+//!   logits (1e-4) and the same 32 greedy tokens, directly and through a Session with a chat
+//!   template (whole and in prefill chunks of 10), and a second turn resumes from the first
+//!   prompt's cached prefix with the tokens of a fresh session;
+//! - the same greedy tokens for qwen3_5_moe (`--moe`), for a 4-bit quantized model
+//!   (`--quantize`: the tower's linears and position table too), and for the checkpoint rewritten
+//!   in Hugging Face's layout; bad checkpoints and bad images are errors naming the problem.
+//!
+//! tests/oracle/qwen2_5_vl_vlm.py does the same for Qwen2.5-VL (the window-attention tower, the
+//! Qwen2 decoder with chunked multimodal rope, a flat config.json): tower within 1e-4, first
+//! logits 1e-4, 32 greedy tokens for a two-image prompt, directly and through a Session.
+//!
+//! Without `MLEX_ORACLE_VENV` (the venv holding mlx-vlm) the oracle tests skip, saying so.
+mod common;
+
+use common::{read_tensors, repo_root, require_oracle, RawTensor};
+use mlex::loader::{ModelConfig, Vb, WeightStore};
+use mlex::media::{QwenImageProcessor, RgbImage};
+use mlex::mlx::{Array, Dtype};
+use mlex::models::qwen_vision::QwenVision;
+use mlex::models::vision_lm::{ImageData, MEDIA_TOKEN_BASE};
+use std::cell::RefCell;
+use std::path::Path;
+use std::process::Command;
+
+const IMAGE_PAD: u32 = 300;
+
+fn f32_array(t: &RawTensor) -> Array {
+    assert_eq!(t.dtype, "F32", "{}", t.name);
+    let values: Vec<f32> = t.data.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    let shape: Vec<i32> = t.shape.iter().map(|&d| d as i32).collect();
+    Array::from_slice(&values, &shape).unwrap()
+}
+
+fn f32_values(t: &RawTensor) -> Vec<f32> {
+    assert_eq!(t.dtype, "F32", "{}", t.name);
+    t.data.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+}
+
+fn i32_values(t: &RawTensor) -> Vec<i32> {
+    assert_eq!(t.dtype, "I32", "{}", t.name);
+    t.data.chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap())).collect()
+}
+
+fn max_abs_diff(a: &Array, b: &Array) -> f32 {
+    assert_eq!(a.shape(), b.shape());
+    let (a, b) = (a.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap(), b.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap());
+    a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+const QWEN3_5: &str = "qwen3_5_vlm.py";
+const QWEN2_5_VL: &str = "qwen2_5_vl_vlm.py";
+
+fn run_oracle(args: &[&str], test: &str) -> Option<tempfile::TempDir> {
+    run_script(QWEN3_5, args, test)
+}
+
+fn run_script(script: &str, args: &[&str], test: &str) -> Option<tempfile::TempDir> {
+    let python = require_oracle(test)?;
+    let out = tempfile::tempdir().unwrap();
+    let status = Command::new(&python)
+        .arg(repo_root().join("tests/oracle").join(script))
+        .arg(out.path())
+        .args(args)
+        .status()
+        .unwrap();
+    assert!(status.success(), "the oracle {script} failed");
+    Some(out)
+}
+
+/// A checkpoint directory holding `files` of the oracle's output (its io.safetensors stays out).
+fn model_dir(out: &Path, files: &[&str]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for f in files {
+        std::fs::copy(out.join(f), dir.path().join(f)).unwrap();
+    }
+    dir
+}
+
+const CHECKPOINT: [&str; 3] = ["config.json", "preprocessor_config.json", "model.safetensors"];
+
+fn processor() -> QwenImageProcessor {
+    QwenImageProcessor { patch_size: 4, min_pixels: 256, max_pixels: 1920, ..Default::default() }
+}
+
+#[test]
+fn qwen3_5_vision_tower_and_preprocessing_match_mlx_vlm() {
+    let Some(out) = run_oracle(&[], "qwen3_5_vision_tower_and_preprocessing_match_mlx_vlm") else { return };
+    let io = read_tensors(&out.path().join("io.safetensors"));
+    let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
+    let dir = model_dir(out.path(), &CHECKPOINT);
+    let path = dir.path().join("config.json");
+    let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+    let store = RefCell::new(WeightStore::open(dir.path()).unwrap());
+    let vb = Vb::new(&store, None);
+    let vision = QwenVision::load(&cfg.raw, &vb).unwrap().expect("a vision_config");
+    vb.pp("language_model").discard_all();
+    store.into_inner().finish().expect("the tower takes every vision tensor");
+    for (tag, tokens) in [("a", 15), ("b", 12)] {
+        let grid = i32_values(get(&format!("grid_{tag}")));
+        let (gh, gw) = (grid[1] as usize, grid[2] as usize);
+        let rows = vision.forward(&f32_array(get(&format!("pixels_{tag}"))), gh, gw).unwrap();
+        assert_eq!(rows.shape(), [tokens, 64]);
+        let d = max_abs_diff(&rows, &f32_array(get(&format!("tower_{tag}"))));
+        assert!(d <= 1e-4, "image {tag}: the tower differs from mlx-vlm's by {d}");
+        eprintln!("image {tag} ({gh}x{gw} patches, {tokens} rows): max |Δ| {d:e}");
+    }
+    let err = vision.forward(&Array::zeros(&[6, 96], Dtype::Float32).unwrap(), 2, 3).unwrap_err().to_string();
+    assert!(err.contains("multiple of 2"), "{err}");
+
+    // Preprocessing: the processor's patches for images of odd sizes, exactly.
+    let p = processor();
+    let mut k = 0;
+    while let Some(img) = io.iter().find(|t| t.name == format!("image_{k}")) {
+        let (h, w) = (img.shape[0] as u32, img.shape[1] as u32);
+        let ours = p.preprocess(&RgbImage::from_raw(w, h, img.data.clone()).unwrap()).unwrap();
+        let grid = i32_values(get(&format!("grid_{k}")));
+        assert_eq!([ours.grid.0, ours.grid.1, ours.grid.2].map(|v| v as i32).to_vec(), grid, "image {k} ({w}x{h}): grid");
+        let want = f32_values(get(&format!("processed_{k}")));
+        assert_eq!(ours.data.len(), want.len(), "image {k}");
+        let d = ours.data.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+        assert_eq!(d, 0.0, "image {k} ({w}x{h}, grid {grid:?}): pixels differ from mlx-vlm's by {d}");
+        k += 1;
+    }
+    assert_eq!(k, 12);
+}
+
+/// The oracle's images (image.png, and image2.png with --two-images).
+fn oracle_images(out: &Path, two: bool) -> Vec<Vec<u8>> {
+    let names: &[&str] = if two { &["image.png", "image2.png"] } else { &["image.png"] };
+    names.iter().map(|f| std::fs::read(out.join(f)).unwrap()).collect()
+}
+
+/// Runs of the image token collapsed to one (what the chat template writes).
+fn collapsed(ids: &[u32]) -> Vec<u32> {
+    let mut out: Vec<u32> = vec![];
+    for &t in ids {
+        if t == IMAGE_PAD && out.last() == Some(&IMAGE_PAD) {
+            continue;
+        }
+        out.push(t);
+    }
+    out
+}
+
+#[test]
+fn qwen3_5_image_prompt_matches_mlx_vlm_greedy() {
+    image_prompt_matches(QWEN3_5, "qwen3_5_image_prompt_matches_mlx_vlm_greedy", &[]);
+}
+
+#[test]
+fn qwen3_5_two_image_prompt_matches_mlx_vlm_greedy() {
+    image_prompt_matches(QWEN3_5, "qwen3_5_two_image_prompt_matches_mlx_vlm_greedy", &["--two-images"]);
+}
+
+/// qwen3_5_moe: the same tower in front of the mixture-of-experts text model.
+#[test]
+fn qwen3_5_moe_image_prompt_matches_mlx_vlm_greedy() {
+    image_prompt_matches(QWEN3_5, "qwen3_5_moe_image_prompt_matches_mlx_vlm_greedy", &["--two-images", "--moe"]);
+}
+
+/// Quantized as mlx-vlm's convert does (4 bits, groups of 32: the tower's linears and its
+/// position table too).
+#[test]
+fn qwen3_5_quantized_image_prompt_matches_mlx_vlm_greedy() {
+    image_prompt_matches(QWEN3_5, "qwen3_5_quantized_image_prompt_matches_mlx_vlm_greedy", &["--two-images", "--quantize"]);
+}
+
+fn image_prompt_matches(script: &str, test: &str, args: &[&str]) {
+    let two = args.contains(&"--two-images");
+    let Some(out) = run_script(script, args, test) else { return };
+    let io = read_tensors(&out.path().join("io.safetensors"));
+    let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
+    let ids: Vec<u32> = i32_values(get("input_ids")).into_iter().map(|t| t as u32).collect();
+    let want: Vec<u32> = i32_values(get("tokens")).into_iter().map(|t| t as u32).collect();
+
+    let dir = model_dir(out.path(), &CHECKPOINT);
+    let path = dir.path().join("config.json");
+    let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+    let store = RefCell::new(WeightStore::open(dir.path()).unwrap());
+    let model = mlex::models::build_model(&cfg, &Vb::new(&store, None)).unwrap();
+    store.into_inner().finish().expect("every tensor of the checkpoint is used");
+    let prompt = model.image_prompt().expect("a checkpoint with vision_config takes images");
+    assert_eq!((prompt.marker.as_str(), prompt.image_token, prompt.placeholder_tokens), ("<|image_pad|>", IMAGE_PAD, 1));
+
+    let images: Vec<ImageData> = oracle_images(out.path(), two).into_iter().map(ImageData::new).collect();
+    let refs: Vec<&ImageData> = images.iter().collect();
+    let bound = model.bind_images(collapsed(&ids), &refs).unwrap();
+    assert_eq!(bound.len(), ids.len(), "the images take 15 (and 12) tokens");
+    for (i, (&b, &t)) in bound.iter().zip(&ids).enumerate() {
+        assert_eq!(b >= MEDIA_TOKEN_BASE, t == IMAGE_PAD, "position {i}");
+    }
+
+    let mut caches = model.make_caches();
+    let logits = model.forward_prompt(&bound, &mut caches).unwrap();
+    let l = bound.len() as i32;
+    let last = logits.slice_axis(1, l - 1, l).unwrap().reshape(&[-1]).unwrap();
+    let d = max_abs_diff(&last, &f32_array(get("logits0")));
+    assert!(d <= 1e-4, "first logits differ from mlx-vlm's by {d}");
+    eprintln!("first logits: max |Δ| {d:e}");
+    let argmax = |a: &Array| a.argmax(0, false).unwrap().astype(Dtype::Uint32).unwrap().to_vec::<u32>().unwrap()[0];
+    let mut next = argmax(&last);
+    let mut got = vec![next];
+    while got.len() < want.len() {
+        let logits = model.forward(&Array::from_slice(&[next], &[1, 1]).unwrap(), &mut caches).unwrap();
+        next = argmax(&logits.reshape(&[-1]).unwrap());
+        got.push(next);
+    }
+    assert_eq!(got, want, "greedy tokens differ from mlx-vlm's");
+
+    // In two chunks (the text before the first image, the rest): the same logits.
+    let start = bound.iter().position(|&t| t >= MEDIA_TOKEN_BASE).unwrap();
+    assert_eq!(model.prefill_chunk_len(&bound, start + 3), start, "a chunk never splits an image");
+    let mut caches = model.make_caches();
+    model.forward_prompt(&bound[..start], &mut caches).unwrap();
+    let logits = model.forward_prompt(&bound[start..], &mut caches).unwrap();
+    let n = (bound.len() - start) as i32;
+    let d2 = max_abs_diff(&logits.slice_axis(1, n - 1, n).unwrap().reshape(&[-1]).unwrap(), &last);
+    assert!(d2 <= 1e-5, "chunked prefill differs by {d2}");
+}
+
+/// A byte-level tokenizer over the oracle model's 320 ids: bytes as themselves, Qwen's vision
+/// tokens at 300..=303, `<|im_end|>` 304; the template writes the oracle's prompt text.
+fn write_qwen_tokenizer(dir: &Path) {
+    let mut tok = common::tiny_tokenizer_json();
+    let specials = [(300, "<|image_pad|>"), (301, "<|vision_start|>"), (302, "<|vision_end|>"), (303, "<|video_pad|>"), (304, "<|im_end|>")];
+    let vocab = tok["model"]["vocab"].as_object_mut().unwrap();
+    vocab.retain(|_, id| id.as_u64().unwrap() < 256);
+    let mut added = vec![];
+    for id in 256..320u64 {
+        let content = specials.iter().find(|(i, _)| *i == id).map_or(format!("<unused_{id}>"), |(_, s)| s.to_string());
+        vocab.insert(content.clone(), id.into());
+        added.push(serde_json::json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+                                      "rstrip": false, "normalized": false, "special": true}));
+    }
+    tok["added_tokens"] = added.into();
+    std::fs::write(dir.join("tokenizer.json"), tok.to_string()).unwrap();
+    let template = "{% for message in messages %}{% if message['content'] is string %}{{ message['content'] }}\
+        {% else %}{% for item in message['content'] %}\
+        {% if item['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>\
+        {% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}\
+        {% endfor %}{% endif %}{% endfor %}";
+    let config = serde_json::json!({"eos_token": "<|im_end|>", "chat_template": template, "tokenizer_class": "PreTrainedTokenizerFast"});
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+}
+
+/// The whole path: a Session reports images, expands the template's image marker, decodes and
+/// preprocesses the PNG, and gives mlx-vlm's 32 greedy tokens; a second turn resumes from the
+/// first prompt's cached prefix (the image's shift carried) with a fresh session's tokens.
+#[test]
+fn qwen3_5_images_through_a_session() {
+    images_through_a_session(QWEN3_5, "qwen3_5_images_through_a_session");
+}
+
+fn images_through_a_session(script: &str, test: &str) {
+    use mlex::chat::ContentPart;
+    use mlex::{ChatMessage, GenerateOptions, Session};
+
+    let Some(out) = run_script(script, &["--two-images"], test) else { return };
+    let io = read_tensors(&out.path().join("io.safetensors"));
+    let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
+    let ids: Vec<u32> = i32_values(get("input_ids")).into_iter().map(|t| t as u32).collect();
+    let want: Vec<u32> = i32_values(get("tokens")).into_iter().map(|t| t as u32).collect();
+    let dir = model_dir(out.path(), &CHECKPOINT);
+    write_qwen_tokenizer(dir.path());
+    let images = oracle_images(out.path(), true);
+    let parts = vec![
+        ContentPart::Text("look: ".into()),
+        ContentPart::Image(ImageData::new(images[0].clone())),
+        ContentPart::Text(" and ".into()),
+        ContentPart::Image(ImageData::new(images[1].clone())),
+        ContentPart::Text(" what is it?".into()),
+    ];
+    let ask = vec![ChatMessage::user_with_images(parts)];
+    for step in [512, 10] {
+        let session = Session::load(dir.path()).unwrap();
+        assert!(session.info().supports_images);
+        let opts = GenerateOptions { max_tokens: want.len(), ignore_eos: true, prefill_step_size: step, ..Default::default() };
+        let reply = session.generate(&ask, opts).unwrap();
+        assert_eq!(reply.usage.prompt_tokens, ids.len(), "the prompt as mlx-vlm's processor expands it");
+        assert_eq!(reply.tokens, want, "prefill chunks of {step}: greedy tokens through the session differ from mlx-vlm's");
+    }
+
+    // A truncated PNG is INVALID_ARGUMENT naming the image, never a crash.
+    let session = Session::load(dir.path()).unwrap();
+    let bad = vec![ChatMessage::user_with_images(vec![
+        ContentPart::Text("look: ".into()),
+        ContentPart::Image(ImageData::new(images[0][..images[0].len() / 2].to_vec())),
+        ContentPart::Text(" what is it?".into()),
+    ])];
+    let err = session.generate(&bad, GenerateOptions { max_tokens: 2, ..Default::default() }).unwrap_err();
+    assert_eq!(err.code(), "INVALID_ARGUMENT", "{err}");
+    assert!(err.to_string().contains("image 1"), "{err}");
+
+    // A second turn: its prompt extends the first's; the warm session resumes from the first
+    // prompt's snapshot and must give what a fresh session gives.
+    let mut turn2 = ask.clone();
+    turn2.push(ChatMessage::assistant("ok."));
+    turn2.push(ChatMessage::user(" and now?"));
+    let opts = || GenerateOptions { max_tokens: 16, ignore_eos: true, ..Default::default() };
+    let warm = Session::load(dir.path()).unwrap();
+    warm.generate(&ask, opts()).unwrap();
+    let second = warm.generate(&turn2, opts()).unwrap();
+    assert!(second.usage.cached_tokens >= ids.len() - 1, "the second turn reused {} cached tokens", second.usage.cached_tokens);
+    let fresh = Session::load(dir.path()).unwrap().generate(&turn2, opts()).unwrap();
+    assert_eq!(fresh.usage.cached_tokens, 0);
+    assert_eq!(second.tokens, fresh.tokens, "the second turn over the cached prefix differs from a fresh session's");
+}
+
+/// Bad checkpoints are errors naming the problem: a missing tower tensor, a bad vision field.
+#[test]
+fn qwen3_5_vision_bad_checkpoints_name_the_problem() {
+    let Some(out) = run_oracle(&[], "qwen3_5_vision_bad_checkpoints_name_the_problem") else { return };
+    let load = |dir: &Path| -> String {
+        let path = dir.join("config.json");
+        let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+        let store = RefCell::new(WeightStore::open(dir).unwrap());
+        match mlex::models::build_model(&cfg, &Vb::new(&store, None)) {
+            Ok(_) => panic!("loaded"),
+            Err(e) => e.to_string(),
+        }
+    };
+    // A missing tensor of the tower.
+    let dir = model_dir(out.path(), &CHECKPOINT);
+    let st = dir.path().join("model.safetensors");
+    let tensors: Vec<RawTensor> = read_tensors(&st).into_iter().filter(|t| t.name != "vision_tower.blocks.1.attn.qkv.bias").collect();
+    common::write_safetensors(&st, &tensors);
+    let err = load(dir.path());
+    assert!(err.contains("vision_tower.blocks.1.attn.qkv.bias"), "{err}");
+    // Bad vision_config fields.
+    for (field, value, says) in [
+        ("num_heads", serde_json::json!(0), "num_heads"),
+        ("num_position_embeddings", serde_json::json!(60), "not a square"),
+        ("deepstack_visual_indexes", serde_json::json!([1]), "deepstack"),
+        ("out_hidden_size", serde_json::json!(32), "out_hidden_size"),
+        ("patch_size", serde_json::json!("big"), "patch_size"),
+    ] {
+        let dir = model_dir(out.path(), &CHECKPOINT);
+        common::edit_json(&dir.path().join("config.json"), |c| c["vision_config"][field] = value.clone());
+        let err = load(dir.path());
+        assert!(err.contains(says) && err.contains("config.json"), "{field}: {err}");
+    }
+    // A processor whose patches do not fit the tower.
+    let dir = model_dir(out.path(), &CHECKPOINT);
+    common::edit_json(&dir.path().join("preprocessor_config.json"), |c| c["patch_size"] = 8.into());
+    let err = load(dir.path());
+    assert!(err.contains("patch_size 8"), "{err}");
+    // Bad images are INVALID_ARGUMENT, never a crash.
+    let p = processor();
+    let strip = RgbImage::from_raw(300, 1, vec![0; 900]).unwrap();
+    assert!(p.preprocess(&strip).unwrap_err().to_string().contains("aspect ratio"));
+    assert!(p.preprocess_bytes(b"not an image").is_err());
+}
+
+// ---- Qwen2.5-VL ----------------------------------------------------------------------------
+
+/// tests/oracle/qwen2_5_vl_vlm.py: mlx-vlm's qwen2_5_vl Model (window-attention tower, Qwen2
+/// decoder with chunked multimodal rope); its 16-pixel windows put the images' merged grids
+/// (3 x 5 and 6 x 2) into partial windows, one block of three attends to the whole image.
+#[test]
+fn qwen2_5_vl_tower_matches_mlx_vlm() {
+    use mlex::models::qwen2_5_vision::Qwen25Vision;
+    let Some(out) = run_script(QWEN2_5_VL, &[], "qwen2_5_vl_tower_matches_mlx_vlm") else { return };
+    let io = read_tensors(&out.path().join("io.safetensors"));
+    let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
+    let dir = model_dir(out.path(), &CHECKPOINT);
+    let path = dir.path().join("config.json");
+    let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+    let store = RefCell::new(WeightStore::open(dir.path()).unwrap());
+    let vb = Vb::new(&store, None);
+    let vision = Qwen25Vision::load(&cfg.raw, &vb).unwrap().expect("a vision_config");
+    vb.pp("language_model").discard_all();
+    store.into_inner().finish().expect("the tower takes every vision tensor");
+    for (tag, tokens) in [("a", 15), ("b", 12)] {
+        let grid = i32_values(get(&format!("grid_{tag}")));
+        let (gh, gw) = (grid[1] as usize, grid[2] as usize);
+        let rows = vision.forward(&f32_array(get(&format!("pixels_{tag}"))), gh, gw).unwrap();
+        assert_eq!(rows.shape(), [tokens, 64]);
+        let d = max_abs_diff(&rows, &f32_array(get(&format!("tower_{tag}"))));
+        assert!(d <= 1e-4, "image {tag}: the tower differs from mlx-vlm's by {d}");
+        eprintln!("qwen2.5-vl image {tag} ({gh}x{gw} patches, {tokens} rows): max |Δ| {d:e}");
+    }
+}
+
+#[test]
+fn qwen2_5_vl_two_image_prompt_matches_mlx_vlm_greedy() {
+    image_prompt_matches(QWEN2_5_VL, "qwen2_5_vl_two_image_prompt_matches_mlx_vlm_greedy", &["--two-images"]);
+}
+
+#[test]
+fn qwen2_5_vl_images_through_a_session() {
+    images_through_a_session(QWEN2_5_VL, "qwen2_5_vl_images_through_a_session");
+}
+
+#[test]
+fn qwen2_5_vl_bad_checkpoints_name_the_problem() {
+    let Some(out) = run_script(QWEN2_5_VL, &[], "qwen2_5_vl_bad_checkpoints_name_the_problem") else { return };
+    let load = |dir: &Path| -> String {
+        let path = dir.join("config.json");
+        let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+        let store = RefCell::new(WeightStore::open(dir).unwrap());
+        match mlex::models::build_model(&cfg, &Vb::new(&store, None)) {
+            Ok(_) => panic!("loaded"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let dir = model_dir(out.path(), &CHECKPOINT);
+    let st = dir.path().join("model.safetensors");
+    let tensors: Vec<RawTensor> = read_tensors(&st).into_iter().filter(|t| t.name != "vision_tower.merger.mlp.2.bias").collect();
+    common::write_safetensors(&st, &tensors);
+    let err = load(dir.path());
+    assert!(err.contains("vision_tower.merger.mlp.2.bias"), "{err}");
+    let dir = model_dir(out.path(), &CHECKPOINT);
+    common::edit_json(&dir.path().join("config.json"), |c| c["vision_config"]["window_size"] = 4.into());
+    let err = load(dir.path());
+    assert!(err.contains("window_size") && err.contains("config.json"), "{err}");
+    let dir = model_dir(out.path(), &CHECKPOINT);
+    common::edit_json(&dir.path().join("config.json"), |c| c["rope_scaling"]["type"] = "yarn".into());
+    let err = load(dir.path());
+    assert!(err.contains("rope_scaling.type"), "{err}");
+}
+
+/// The oracle's checkpoint rewritten as Hugging Face stores Qwen3.5 (`model.language_model.*`,
+/// `model.visual.*`, `lm_head`; conv1d `[C, 1, K]`, the Conv3d patch weight `[out, C, T, p, p]`,
+/// the decoder's RMSNorm weights as w in `1 + w`, as mlx-vlm's sanitize reads them) loads to the
+/// same model: the same 32 greedy tokens.
+#[test]
+fn qwen3_5_hugging_face_layout_gives_the_same_tokens() {
+    let Some(out) = run_oracle(&[], "qwen3_5_hugging_face_layout_gives_the_same_tokens") else { return };
+    let io = read_tensors(&out.path().join("io.safetensors"));
+    let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
+    let ids: Vec<u32> = i32_values(get("input_ids")).into_iter().map(|t| t as u32).collect();
+    let want: Vec<u32> = i32_values(get("tokens")).into_iter().map(|t| t as u32).collect();
+    let dir = model_dir(out.path(), &CHECKPOINT);
+    let st = dir.path().join("model.safetensors");
+    let shifted = [".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight", ".q_norm.weight", ".k_norm.weight"];
+    let tensors: Vec<RawTensor> = read_tensors(&st)
+        .into_iter()
+        .map(|t| {
+            let mut values = f32_values(&t);
+            let mut shape = t.shape.clone();
+            let name = if let Some(rest) = t.name.strip_prefix("language_model.model.") {
+                format!("model.language_model.{rest}")
+            } else if let Some(rest) = t.name.strip_prefix("language_model.") {
+                rest.to_string()
+            } else {
+                t.name.replacen("vision_tower.", "model.visual.", 1)
+            };
+            // mlx-vlm's sanitize shifts these (named as it renames them) when reading this layout.
+            if t.name.starts_with("language_model.") && shifted.iter().any(|s| t.name.ends_with(s)) {
+                values.iter_mut().for_each(|v| *v -= 1.0);
+            }
+            if name.ends_with("conv1d.weight") {
+                shape = vec![shape[0], 1, shape[1]];
+            }
+            if name.ends_with("patch_embed.proj.weight") {
+                // [O, T, p, p, C] → [O, C, T, p, p]
+                let (o, tt, p, c) = (shape[0], shape[1], shape[2], shape[4]);
+                let mut moved = vec![0f32; values.len()];
+                for oi in 0..o {
+                    for ti in 0..tt {
+                        for y in 0..p {
+                            for x in 0..p {
+                                for ci in 0..c {
+                                    let from = (((oi * tt + ti) * p + y) * p + x) * c + ci;
+                                    let to = (((oi * c + ci) * tt + ti) * p + y) * p + x;
+                                    moved[to] = values[from];
+                                }
+                            }
+                        }
+                    }
+                }
+                values = moved;
+                shape = vec![o, c, tt, p, p];
+            }
+            RawTensor::f32(&name, &shape, &values)
+        })
+        .collect();
+    common::write_safetensors(&st, &tensors);
+    let path = dir.path().join("config.json");
+    let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+    let store = RefCell::new(WeightStore::open(dir.path()).unwrap());
+    let model = mlex::models::build_model(&cfg, &Vb::new(&store, None)).unwrap();
+    store.into_inner().finish().expect("every tensor of the checkpoint is used");
+    let image = ImageData::new(std::fs::read(out.path().join("image.png")).unwrap());
+    let bound = model.bind_images(collapsed(&ids), &[&image]).unwrap();
+    let mut caches = model.make_caches();
+    let logits = model.forward_prompt(&bound, &mut caches).unwrap();
+    let l = bound.len() as i32;
+    let argmax = |a: &Array| a.argmax(0, false).unwrap().astype(Dtype::Uint32).unwrap().to_vec::<u32>().unwrap()[0];
+    let mut next = argmax(&logits.slice_axis(1, l - 1, l).unwrap().reshape(&[-1]).unwrap());
+    let mut got = vec![next];
+    while got.len() < want.len() {
+        let logits = model.forward(&Array::from_slice(&[next], &[1, 1]).unwrap(), &mut caches).unwrap();
+        next = argmax(&logits.reshape(&[-1]).unwrap());
+        got.push(next);
+    }
+    assert_eq!(got, want, "the Hugging Face layout gives other tokens");
+}
+
+/// The Qwen3.5 tower's time on one image against mlx-vlm's (`MLEX_BENCH_SIZE` pixels a side,
+/// default 448: 196 tokens; Qwen3-VL-2B's tower widths with `MLEX_BENCH_DEPTH` blocks, default
+/// 4 (the real 24 take minutes a run on a small CPU), float32, random weights). On the CPU the
+/// ratio mostly measures matmuls: mlex's own CPU GEMM (src/mlx/cpu_gemm.cpp) against the pip
+/// wheel's bundled reference BLAS; compare on the GPU for the towers themselves.
+#[test]
+#[ignore]
+fn bench_qwen3_5_tower_against_mlx_vlm() {
+    let Some(python) = require_oracle("bench_qwen3_5_tower_against_mlx_vlm") else { return };
+    let size = std::env::var("MLEX_BENCH_SIZE").unwrap_or_else(|_| "448".into());
+    let depth = std::env::var("MLEX_BENCH_DEPTH").unwrap_or_else(|_| "4".into());
+    let out = tempfile::tempdir().unwrap();
+    let status = Command::new(&python)
+        .arg(repo_root().join("tests/oracle/qwen3_5_vision_bench.py"))
+        .arg(out.path())
+        .args(["--size", &size, "--runs", "3", "--depth", &depth])
+        .status()
+        .unwrap();
+    assert!(status.success(), "the oracle failed");
+    let bench: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.path().join("bench.json")).unwrap()).unwrap();
+    let theirs: Vec<f64> = bench["ms"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let io = read_tensors(&out.path().join("pixels.safetensors"));
+    let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
+    let (pixels, grid) = (f32_array(get("pixels")), i32_values(get("grid")));
+    let dir = model_dir(out.path(), &["config.json", "model.safetensors"]);
+    let path = dir.path().join("config.json");
+    let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+    let store = RefCell::new(WeightStore::open(dir.path()).unwrap());
+    let vision = QwenVision::load(&cfg.raw, &Vb::new(&store, None)).unwrap().unwrap();
+    let (gh, gw) = (grid[1] as usize, grid[2] as usize);
+    let encode = || {
+        let t0 = std::time::Instant::now();
+        vision.forward(&pixels, gh, gw).unwrap().eval().unwrap();
+        t0.elapsed().as_secs_f64() * 1e3
+    };
+    encode();
+    let ours: Vec<f64> = (0..3).map(|_| encode()).collect();
+    let best = |v: &[f64]| v.iter().cloned().fold(f64::INFINITY, f64::min);
+    println!(
+        "qwen3_5 tower ({depth} blocks), {size} px ({} tokens), one image: mlex {ours:.1?} ms, mlx-vlm {theirs:.1?} ms: best {:.1} vs {:.1} ms, {:.2}x",
+        bench["tokens"],
+        best(&ours),
+        best(&theirs),
+        best(&theirs) / best(&ours)
+    );
+}
