@@ -99,6 +99,14 @@ impl ChatMessage {
             let url = |bytes: &[u8]| {
                 format!("data:application/octet-stream;base64,{}", base64::engine::general_purpose::STANDARD.encode(bytes))
             };
+            if img.audio {
+                parts.push(if with_data {
+                    serde_json::json!({"type": "audio", "audio": url(&img.image.bytes)})
+                } else {
+                    serde_json::json!({"type": "audio"})
+                });
+                continue;
+            }
             if let Some(frames) = &img.video {
                 parts.push(if with_data {
                     serde_json::json!({"type": "video", "video": frames.iter().map(|f| url(&f.bytes)).collect::<Vec<_>>()})
@@ -159,6 +167,7 @@ impl ChatMessage {
                 ContentPart::Image(image) => m.images.push(MessageImage::image(m.content.len(), image)),
                 ContentPart::Video(frames) if !frames.is_empty() => m.images.push(MessageImage::video(m.content.len(), frames)),
                 ContentPart::Video(_) => {}
+                ContentPart::Audio(clip) => m.images.push(MessageImage::audio(m.content.len(), clip)),
             }
         }
         m
@@ -232,6 +241,8 @@ pub enum ContentPart {
     Image(super::media::ImageData),
     /// A video as its frames (each an image), in order; an empty one is left out.
     Video(Vec<super::media::ImageData>),
+    /// An audio clip's encoded bytes (WAV, FLAC or MP3).
+    Audio(super::media::ImageData),
 }
 
 /// Parses `--messages FILE.json`: a bare array of messages or `{"messages": [...]}`. Image parts
@@ -409,9 +420,14 @@ fn content_from_value(v: Value, access: MediaAccess) -> Result<(String, Vec<Mess
                                     .map_err(|e| invalid(format!("content part {i} (video): {}", strip_prefix(&e))))?;
                                 images.push(MessageImage::video(text.len(), frames));
                             }
+                            kind if super::audio_part::is_audio_part(kind) => {
+                                let clip = super::audio_part::audio_from_part(&p, access)
+                                    .map_err(|e| invalid(format!("content part {i} (audio): {}", strip_prefix(&e))))?;
+                                images.push(MessageImage::audio(text.len(), clip));
+                            }
                             other => {
                                 return Err(invalid(format!(
-                                    "unsupported content part type {other:?} (text, image and video parts are)"
+                                    "unsupported content part type {other:?} (text, image, video and audio parts are)"
                                 )))
                             }
                         }

@@ -16,6 +16,10 @@
 //! the same bytes as an image; the chat template's video marker becomes each kept frame's
 //! timestamp and a run of one video token ([`VideoPrompt`]).
 //!
+//! An audio clip (Gemma 4 checkpoints with an audio tower: [`VisionLm::with_audio`]) is bound
+//! the same way: the prompt's one audio token per clip becomes as many ids as the clip takes
+//! (its duration), keyed on the clip's bytes ([`super::audio_input`]).
+//!
 //! The last [`KEPT_IMAGES`] images (at most [`KEPT_BYTES`] of their bytes) are kept with their
 //! features (an image's tokens are embedded while its prompt is prefilled, right after
 //! `bind_images`). An image seen again after it was dropped gets new ids: a prompt-cache miss,
@@ -25,6 +29,7 @@ use std::sync::Mutex;
 
 pub use crate::chat::ImageData;
 
+use super::audio_input::{AudioInput, AudioPrompt};
 use super::gemma3_vision::Gemma3Vision;
 use super::gemma4_vision::Gemma4Vision;
 use super::CausalLm;
@@ -213,6 +218,8 @@ struct Kept {
     /// The decoded size (width, height).
     size: (u32, u32),
     rows: Array,
+    /// An audio clip (its bytes in `image`).
+    audio: bool,
 }
 
 #[derive(Default)]
@@ -229,11 +236,19 @@ pub struct VisionLm {
     encoder: Box<dyn ImageEncoder>,
     prompt: ImagePrompt,
     slots: Mutex<Slots>,
+    /// The audio tower and how the prompt marks a clip, for checkpoints that take audio.
+    audio: Option<(AudioPrompt, AudioInput)>,
 }
 
 impl VisionLm {
     pub fn new(text: Box<dyn CausalLm>, encoder: Box<dyn ImageEncoder>, prompt: ImagePrompt) -> Self {
-        VisionLm { text, encoder, prompt, slots: Mutex::new(Slots::default()) }
+        VisionLm { text, encoder, prompt, slots: Mutex::new(Slots::default()), audio: None }
+    }
+
+    /// The same model taking audio clips too (Gemma 4 with an `audio_config`).
+    pub fn with_audio(mut self, prompt: AudioPrompt, input: AudioInput) -> Self {
+        self.audio = Some((prompt, input));
+        self
     }
 
     /// Gemma 3. `processor`: the checkpoint's preprocessing (pan and scan must be off: its crops
@@ -284,7 +299,7 @@ impl VisionLm {
     /// (as an image, or as a video `frame`) unless it is kept.
     fn image_ids(&self, image: &ImageData, frame: bool) -> Result<(u32, u32, (u32, u32))> {
         let mut slots = self.slots.lock().map_err(|_| Error::Mlx("image slots poisoned by a panic".into()))?;
-        if let Some(at) = slots.kept.iter().position(|k| k.frame == frame && k.image == *image) {
+        if let Some(at) = slots.kept.iter().position(|k| !k.audio && k.frame == frame && k.image == *image) {
             let k = slots.kept.remove(at).expect("found above");
             let ids = (k.first, k.len, k.size);
             slots.kept.push_back(k);
@@ -293,6 +308,36 @@ impl VisionLm {
         let decoded = decode_image(&image.bytes)?;
         let size = (decoded.width, decoded.height);
         let rows = if frame { self.encoder.encode_frame(&decoded)? } else { self.encoder.encode(&decoded)? };
+        self.keep(slots, image, frame, false, size, rows)
+    }
+
+    /// An audio clip's ids (first offset, count), encoding it unless it is kept.
+    fn audio_ids(&self, clip: &ImageData) -> Result<(u32, u32)> {
+        let Some((_, input)) = &self.audio else {
+            return Err(Error::InvalidArgument("this model takes no audio (it has no audio tower)".into()));
+        };
+        let mut slots = self.slots.lock().map_err(|_| Error::Mlx("image slots poisoned by a panic".into()))?;
+        if let Some(at) = slots.kept.iter().position(|k| k.audio && k.image == *clip) {
+            let k = slots.kept.remove(at).expect("found above");
+            let ids = (k.first, k.len);
+            slots.kept.push_back(k);
+            return Ok(ids);
+        }
+        let rows = input.encode(&clip.bytes)?;
+        let (first, len, _) = self.keep(slots, clip, false, true, (0, 0), rows)?;
+        Ok((first, len))
+    }
+
+    /// Gives encoded `rows` the next free ids and keeps them (dropping the least recently used).
+    fn keep(
+        &self,
+        mut slots: std::sync::MutexGuard<'_, Slots>,
+        image: &ImageData,
+        frame: bool,
+        audio: bool,
+        size: (u32, u32),
+        rows: Array,
+    ) -> Result<(u32, u32, (u32, u32))> {
         let len = rows.shape()[0] as u32;
         let first = slots.next;
         if first as u64 + len as u64 > (u32::MAX - MEDIA_TOKEN_BASE) as u64 {
@@ -300,7 +345,7 @@ impl VisionLm {
         }
         rows.eval()?;
         slots.next += len;
-        slots.kept.push_back(Kept { first, len, image: image.clone(), frame, size, rows });
+        slots.kept.push_back(Kept { first, len, image: image.clone(), frame, size, rows, audio });
         while slots.kept.len() > 1
             && (slots.kept.len() > KEPT_IMAGES || slots.kept.iter().map(|k| k.image.bytes.len()).sum::<usize>() > KEPT_BYTES)
         {
@@ -338,6 +383,9 @@ impl Params for VisionLm {
     fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
         self.text.params(out);
         self.encoder.params(out);
+        if let Some((_, a)) = &self.audio {
+            a.params(out);
+        }
     }
 }
 
@@ -429,6 +477,10 @@ impl CausalLm for VisionLm {
         Some(&self.prompt)
     }
 
+    fn audio_prompt(&self) -> Option<&AudioPrompt> {
+        self.audio.as_ref().map(|(p, _)| p)
+    }
+
     fn bind_images(&self, ids: Vec<u32>, images: &[&ImageData]) -> Result<Vec<u32>> {
         let media: Vec<Media> = images.iter().map(|&i| Media::Image(i)).collect();
         self.bind_media(ids, &media)
@@ -453,6 +505,9 @@ impl CausalLm for VisionLm {
                     }
                 }
                 (Media::Video(_), None) => {}
+                (Media::Audio(a), _) => {
+                    distinct.insert((false, a.hash, a.bytes.len()));
+                }
             }
         }
         if distinct.len() > KEPT_IMAGES {
@@ -471,8 +526,36 @@ impl CausalLm for VisionLm {
         let mut next = media.iter().enumerate();
         // The video being bound: its number (1-based), its kept frames still to place, its frame size.
         let mut frames: (usize, std::collections::VecDeque<&ImageData>, Option<(u32, u32)>) = (0, Default::default(), None);
+        let audio_token = self.audio.as_ref().map(|(p, _)| p.audio_token);
         let mut i = 0;
         while i < ids.len() {
+            if Some(ids[i]) == audio_token {
+                let (n, part) = next.next().ok_or_else(|| {
+                    Error::InvalidArgument("the prompt has more audio places than the messages have audio clips".into())
+                })?;
+                let n = n + 1;
+                let Media::Audio(clip) = part else {
+                    return Err(Error::InvalidArgument(format!(
+                        "media part {n} of the conversation is not audio, and the prompt has an audio place there"
+                    )));
+                };
+                if !frames.1.is_empty() {
+                    return Err(Error::InvalidArgument(format!("the prompt has an audio place at position {i} inside a video's frames")));
+                }
+                let run = ids[i..].iter().take_while(|&&x| x == ids[i]).count();
+                if run != 1 {
+                    return Err(Error::InvalidArgument(format!(
+                        "the prompt holds a run of {run} audio tokens at position {i}; an audio clip takes 1"
+                    )));
+                }
+                let (first, len) = self.audio_ids(clip).map_err(|e| match e {
+                    Error::InvalidArgument(m) => Error::InvalidArgument(format!("the audio (media part {n} of the conversation): {m}")),
+                    other => other,
+                })?;
+                out.extend((0..len).map(|k| MEDIA_TOKEN_BASE + first + k));
+                i += 1;
+                continue;
+            }
             let is_video = video.is_some_and(|v| ids[i] == v.video_token);
             if ids[i] != self.prompt.image_token && !is_video {
                 out.push(ids[i]);
