@@ -347,3 +347,46 @@ fn stereo_44k_wav_is_mixed_down_and_resampled_as_scipy() {
     assert!(d <= 1e-5, "resampled samples differ from scipy's resample_poly by {d}");
     eprintln!("resample_poly 44.1 kHz -> 16 kHz: max |Δ| against scipy {d:e}");
 }
+
+/// FLAC decodes to its exact samples (channels averaged); MP3 to the 440 Hz tone it encodes; both
+/// resample to 16 kHz. The clips are committed (tests/fixtures/make_audio_fixtures.py made them).
+#[test]
+fn flac_and_mp3_clips_decode() {
+    let flac = std::fs::read(repo_root().join("tests/fixtures/audio_saw.flac")).unwrap();
+    let w = decode_audio(&flac, 30.0).unwrap();
+    assert_eq!((w.sample_rate, w.samples.len()), (22_050, 5513));
+    for (i, &s) in w.samples.iter().enumerate() {
+        let (l, r) = (((i * 37) % 2000) as f32 - 1000.0, ((i * 91) % 3000) as f32 - 1500.0);
+        assert_eq!(s, (l / 32768.0 + r / 32768.0) / 2.0, "FLAC sample {i}");
+    }
+    let y = mlex::media::load_audio(&flac, 16_000, 30.0).unwrap();
+    assert_eq!(y.len(), (5513 * 320usize).div_ceil(441));
+
+    let mp3 = std::fs::read(repo_root().join("tests/fixtures/audio_tone.mp3")).unwrap();
+    let w = decode_audio(&mp3, 30.0).unwrap();
+    assert_eq!(w.sample_rate, 44_100);
+    // 0.5 s, plus the encoder's delay and padding (under two 1152-sample frames).
+    assert!((22_050..22_050 + 2 * 1152 + 1).contains(&w.samples.len()), "{} samples", w.samples.len());
+    // The tone: its 440 Hz component holds nearly all of the energy (a DFT bin over 0.4 s).
+    let mid = &w.samples[2205..2205 + 17_640];
+    let power = |f: f64| {
+        let (mut re, mut im) = (0.0f64, 0.0f64);
+        for (i, &s) in mid.iter().enumerate() {
+            let a = 2.0 * std::f64::consts::PI * f * i as f64 / 44_100.0;
+            re += s as f64 * a.cos();
+            im += s as f64 * a.sin();
+        }
+        (re * re + im * im).sqrt() / mid.len() as f64
+    };
+    let (tone, off) = (power(440.0), power(1000.0));
+    assert!(tone > 0.2 && off < 0.01, "440 Hz amplitude {tone}, 1 kHz {off}");
+    let y = mlex::media::load_audio(&mp3, 16_000, 30.0).unwrap();
+    assert_eq!(y.len(), (w.samples.len() * 160).div_ceil(441));
+    // Truncated FLAC and MP3 still decode what they hold, or are INVALID_ARGUMENT; never a panic.
+    for bytes in [&flac[..flac.len() / 2], &flac[..50], &mp3[..mp3.len() / 2], &mp3[..10]] {
+        match decode_audio(bytes, 30.0) {
+            Ok(w) => assert!(!w.samples.is_empty()),
+            Err(e) => assert_eq!(e.code(), "INVALID_ARGUMENT", "{e}"),
+        }
+    }
+}
