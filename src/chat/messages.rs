@@ -652,8 +652,15 @@ mod tests {
         assert!(bad(plain, MediaAccess::LocalFiles).contains("must be base64"));
         let empty = json!({"type": "image_url"});
         assert!(bad(empty, MediaAccess::LocalFiles).contains("needs \"image_url\""));
-        let audio = json!({"type": "input_audio", "input_audio": {"data": "", "format": "wav"}});
-        assert!(bad(audio, MediaAccess::LocalFiles).contains("unsupported content part type \"input_audio\""));
+        // Audio parts are kept as audio (decoded by the model's side); a format it cannot take is refused.
+        let audio = json!([{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}]}]);
+        let m = &parse_messages_json_with(&audio.to_string(), MediaAccess::InlineOnly).unwrap()[0];
+        assert!(m.images.len() == 1 && m.images[0].audio && &m.images[0].image.bytes[..] == b"RIFF");
+        assert_eq!(m.content_parts_json(false), json!([{"type": "audio"}]));
+        let back: ChatMessage = serde_json::from_value(serde_json::to_value(m).unwrap()).unwrap();
+        assert_eq!(&back, m);
+        let ogg = json!({"type": "input_audio", "input_audio": {"data": "", "format": "ogg"}});
+        assert!(bad(ogg, MediaAccess::LocalFiles).contains("content part 0 (audio): input_audio format \"ogg\" is not taken"));
     }
 
     #[test]
