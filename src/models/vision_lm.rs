@@ -328,6 +328,17 @@ impl VisionLm {
         Ok((first, len))
     }
 
+    /// The id ranges (first offset, count) of the kept audio clips (none without an audio tower).
+    fn audio_ranges(&self) -> Vec<(u32, u32)> {
+        if self.audio.is_none() {
+            return vec![];
+        }
+        match self.slots.lock() {
+            Ok(slots) => slots.kept.iter().filter(|k| k.audio).map(|k| (k.first, k.len)).collect(),
+            Err(_) => vec![],
+        }
+    }
+
     /// Gives encoded `rows` the next free ids and keeps them (dropping the least recently used).
     fn keep(
         &self,
@@ -424,7 +435,11 @@ impl CausalLm for VisionLm {
         match scale {
             RowScale::Embedding => self.text.forward_embeddings(h, caches),
             RowScale::Input { pad_id, .. } => {
-                let media: Vec<bool> = ids.iter().map(|&t| is_media_token(t)).collect();
+                // Audio tokens are never attended both ways (mlx-vlm's overlay takes image and
+                // video tokens only): the mask marks the vision rows.
+                let audio = self.audio_ranges();
+                let in_audio = |t: u32| audio.iter().any(|&(a, n)| (a..a + n).contains(&(t - MEDIA_TOKEN_BASE)));
+                let media: Vec<bool> = ids.iter().map(|&t| is_media_token(t) && !in_audio(t)).collect();
                 let ids: Vec<u32> = ids.iter().map(|&t| if is_media_token(t) { pad_id } else { t }).collect();
                 self.text.forward_input_rows(h, &Array::from_slice(&ids, &[1, ids.len() as i32])?, &media, caches)
             }
