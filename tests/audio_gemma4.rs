@@ -11,6 +11,11 @@
 //!   the part; an audio part for a checkpoint without an audio tower is INVALID_ARGUMENT too.
 //! - FLAC and MP3 clips (tests/fixtures/audio, made by make_audio_fixtures.py) decode: FLAC to the
 //!   exact samples, MP3 to the tone it encodes.
+//! - The resampler equals scipy's `resample_poly(padtype="edge")` (mlx-vlm's loader's) within
+//!   1e-5 for five source rates (a committed reference), and a stereo 44.1 kHz WAV is averaged
+//!   to mono and resampled as scipy does (live, when a Python with scipy is at hand).
+//! - Through a Session: a second turn about the same clip resumes from the prompt cache, another
+//!   clip does not; the CLI's `--audio FILE` works, and fails on a model without an audio tower.
 //!
 //! Without `MLEX_ORACLE_VENV` (the venv holding mlx-vlm) the oracle tests skip, saying so.
 mod common;
@@ -273,6 +278,38 @@ fn gemma4_audio_through_a_session() {
     let opts = GenerateOptions { max_tokens: want.len(), ignore_eos: true, ..Default::default() };
     assert_eq!(session.generate(&msgs, opts).unwrap().tokens, want);
 
+    // A second turn about the same clip resumes after it (the prompt cache knows the clip by its
+    // bytes); a different clip of the same length never reuses the first one's cache.
+    let mut turn = ask(wav.clone());
+    turn.push(ChatMessage::assistant("ok"));
+    turn.push(ChatMessage::user("and then?"));
+    let reply = session.generate(&turn, GenerateOptions { max_tokens: 2, ..Default::default() }).unwrap();
+    assert!(reply.usage.cached_tokens >= ids.len() - 1, "cached {} of {}", reply.usage.cached_tokens, reply.usage.prompt_tokens);
+    let mut samples = vec![0.0f32; 16_000 * 13 / 10];
+    samples.iter_mut().enumerate().for_each(|(i, s)| *s = 0.3 * (i as f32 * 0.05).sin());
+    let reply = session.generate(&ask(wav_bytes(&samples, 16_000, 1)), GenerateOptions { max_tokens: 2, ..Default::default() }).unwrap();
+    assert!(reply.usage.cached_tokens <= 10, "another clip reused {} cached tokens", reply.usage.cached_tokens);
+
+    // The CLI: --audio FILE before the --prompt text (bos, boa, 33 audio tokens, eoa, the text).
+    let tokenizer_dir = dir.path().to_str().unwrap().to_string();
+    let clip_path = out.path().join("clip.wav");
+    let cli = |model: &str| {
+        Command::new(env!("CARGO_BIN_EXE_mlex"))
+            .args(["generate", "--model", model, "--prompt", " what is it?", "--audio", clip_path.to_str().unwrap()])
+            .args(["--max-tokens", "4", "--ignore-eos", "--json", "--device", "cpu"])
+            .output()
+            .unwrap()
+    };
+    let run = cli(&tokenizer_dir);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+    assert_eq!(v["usage"]["prompt_tokens"], 1 + 35 + 12);
+    assert_eq!(v["tokens"].as_array().unwrap().len(), 4);
+    let text_only = common::tiny_llama_dir();
+    let run = cli(text_only.path().to_str().unwrap());
+    assert!(!run.status.success());
+    assert!(String::from_utf8_lossy(&run.stderr).contains("takes no audio"), "{}", String::from_utf8_lossy(&run.stderr));
+
     // Bad clips: not audio, empty, a truncated header, longer than the 30 s the model takes.
     let long = wav_bytes(&vec![0.1; 16_000 * 31], 16_000, 1);
     let cases: Vec<(Vec<u8>, &str)> = vec![
@@ -389,4 +426,23 @@ fn flac_and_mp3_clips_decode() {
             Err(e) => assert_eq!(e.code(), "INVALID_ARGUMENT", "{e}"),
         }
     }
+}
+
+/// The resampler against scipy's own `resample_poly(..., padtype="edge")` output for five source
+/// rates, down and up (tests/fixtures/resample_poly_ref.f32, made by make_audio_fixtures.py).
+#[test]
+fn resample_poly_matches_scipy_reference() {
+    let bytes = std::fs::read(repo_root().join("tests/fixtures/resample_poly_ref.f32")).unwrap();
+    let want: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    let x: Vec<f32> = (0..1001usize).map(|i| ((i * 7919) % 4001) as f32 - 2000.0).map(|v| v / 4096.0).collect();
+    let mut at = 0;
+    for rate in [44_100u32, 48_000, 22_050, 8_000, 11_025] {
+        let y = mlex::media::resample_poly(&x, rate, 16_000);
+        let theirs = &want[at..at + y.len()];
+        let d = y.iter().zip(theirs).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+        assert!(d <= 1e-5, "{rate} Hz -> 16 kHz: differs from scipy's resample_poly by {d}");
+        eprintln!("{rate} Hz -> 16 kHz ({} samples): max |Δ| against scipy {d:e}", y.len());
+        at += y.len();
+    }
+    assert_eq!(at, want.len(), "the reference holds the five outputs exactly");
 }

@@ -37,9 +37,11 @@ import json
 import os
 import sys
 import types
+import warnings
 import wave
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+warnings.filterwarnings("ignore", message="At least one mel filter has all zero values")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
