@@ -446,3 +446,58 @@ fn resample_poly_matches_scipy_reference() {
     }
     assert_eq!(at, want.len(), "the reference holds the five outputs exactly");
 }
+
+/// Mangled clips (bytes flipped, cut, spliced, from WAV, FLAC and MP3) decode or are
+/// INVALID_ARGUMENT: never a panic, never an unbounded allocation.
+#[test]
+fn mangled_audio_never_panics() {
+    let wav = wav_bytes(&(0..4000).map(|i| ((i % 50) as f32 - 25.0) / 30.0).collect::<Vec<_>>(), 16_000, 2);
+    let flac = std::fs::read(repo_root().join("tests/fixtures/audio_saw.flac")).unwrap();
+    let mp3 = std::fs::read(repo_root().join("tests/fixtures/audio_tone.mp3")).unwrap();
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut outcomes = (0, 0);
+    for base in [&wav, &flac, &mp3] {
+        for round in 0..60 {
+            let mut b = base.clone();
+            match round % 4 {
+                0 => {
+                    for _ in 0..1 + next() % 8 {
+                        let at = (next() as usize) % b.len();
+                        b[at] ^= (next() % 255 + 1) as u8;
+                    }
+                }
+                1 => b.truncate((next() as usize) % b.len()),
+                2 => {
+                    // A header field (sizes, rates, channels) set to an extreme.
+                    let at = (next() as usize) % b.len().min(64);
+                    let v = [0u8, 0xff, 0x7f, 0x80][(next() % 4) as usize];
+                    let end = (at + 4).min(b.len());
+                    b[at..end].iter_mut().for_each(|x| *x = v);
+                }
+                _ => {
+                    let at = (next() as usize) % b.len();
+                    let other = [&wav, &flac, &mp3][(next() % 3) as usize];
+                    b.truncate(at);
+                    b.extend_from_slice(&other[(next() as usize) % other.len()..]);
+                }
+            }
+            match decode_audio(&b, 30.0) {
+                Ok(w) => {
+                    assert!(!w.samples.is_empty() && w.samples.len() <= 30 * w.sample_rate as usize);
+                    outcomes.0 += 1;
+                }
+                Err(e) => {
+                    assert_eq!(e.code(), "INVALID_ARGUMENT", "{e}");
+                    outcomes.1 += 1;
+                }
+            }
+        }
+    }
+    eprintln!("mangled clips: {} decoded, {} refused", outcomes.0, outcomes.1);
+}

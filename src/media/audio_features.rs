@@ -197,6 +197,14 @@ impl Gemma4AudioFeatureExtractor {
             .collect();
         let filters = self.mel_filters();
         let bins = nfft / 2 + 1;
+        // Each triangle's nonzero span (the products outside it are exact zeros in the sum).
+        let spans: Vec<(usize, usize)> = (0..self.feature_size)
+            .map(|j| {
+                let lo = (0..bins).find(|&b| filters[b][j] != 0.0).unwrap_or(0);
+                let hi = (0..bins).rev().find(|&b| filters[b][j] != 0.0).map_or(0, |b| b + 1);
+                (lo, hi.max(lo))
+            })
+            .collect();
         let n_mel = self.feature_size;
         let fft = Fft::new(nfft);
         let (mut re, mut im) = (vec![0.0f64; nfft], vec![0.0f64; nfft]);
@@ -232,7 +240,7 @@ impl Gemma4AudioFeatureExtractor {
             mask.push(valid);
             for j in 0..n_mel {
                 let mut s = 0.0;
-                for b in 0..bins {
+                for b in spans[j].0..spans[j].1 {
                     s += mag[b] * filters[b][j];
                 }
                 let mut v = (s + self.mel_floor).ln();

@@ -175,6 +175,12 @@ fn conv_weight(vb: &Vb, out: usize, spatial: &[usize], inp: usize) -> Result<Arr
     }
 }
 
+/// A clippable linear of a conformer block: mlx-vlm builds every one with clipping on, its
+/// bounds ±inf until the checkpoint's are loaded; a checkpoint without them clips nothing.
+fn clippable(vb: &Vb, inp: usize, out: usize) -> Result<ClippableLinear> {
+    ClippableLinear::load(vb, inp, out, vb.contains("input_min"))
+}
+
 struct ConvBlock {
     /// `[out, 3, 3, in]`, reshaped to `[out, 9·in]`.
     weight: Array,
@@ -222,8 +228,8 @@ impl FeedForward {
     fn load(vb: &Vb, d: usize) -> Result<Self> {
         Ok(FeedForward {
             pre: RmsNorm::load(&vb.pp("pre_layer_norm"), d, 1e-6)?,
-            ffw1: ClippableLinear::load(&vb.pp("ffw_layer_1"), d, 4 * d, true)?,
-            ffw2: ClippableLinear::load(&vb.pp("ffw_layer_2"), 4 * d, d, true)?,
+            ffw1: clippable(&vb.pp("ffw_layer_1"), d, 4 * d)?,
+            ffw2: clippable(&vb.pp("ffw_layer_2"), 4 * d, d)?,
             post: RmsNorm::load(&vb.pp("post_layer_norm"), d, 1e-6)?,
         })
     }
@@ -247,7 +253,7 @@ struct Attention {
 
 impl Attention {
     fn load(vb: &Vb, d: usize, head_dim: usize) -> Result<Self> {
-        let c = |n: &str| ClippableLinear::load(&vb.pp(n), d, d, true);
+        let c = |n: &str| clippable(&vb.pp(n), d, d);
         Ok(Attention {
             q_proj: c("q_proj")?,
             k_proj: c("k_proj")?,
@@ -334,10 +340,10 @@ impl LightConv {
         let d = c.hidden_size;
         Ok(LightConv {
             pre: RmsNorm::load(&vb.pp("pre_layer_norm"), d, c.rms_norm_eps)?,
-            linear_start: ClippableLinear::load(&vb.pp("linear_start"), d, 2 * d, true)?,
+            linear_start: clippable(&vb.pp("linear_start"), d, 2 * d)?,
             depthwise: conv_weight(&vb.pp("depthwise_conv1d"), d, &[c.conv_kernel_size], 1)?,
             conv_norm: RmsNorm::load(&vb.pp("conv_norm"), d, c.rms_norm_eps)?,
-            linear_end: ClippableLinear::load(&vb.pp("linear_end"), d, d, true)?,
+            linear_end: clippable(&vb.pp("linear_end"), d, d)?,
         })
     }
 
