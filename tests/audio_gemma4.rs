@@ -501,3 +501,32 @@ fn mangled_audio_never_panics() {
     }
     eprintln!("mangled clips: {} decoded, {} refused", outcomes.0, outcomes.1);
 }
+
+/// Bad audio checkpoints: a bad audio_config field and a missing tower tensor are named.
+#[test]
+fn gemma4_audio_bad_checkpoints_name_the_problem() {
+    let Some(out) = run_oracle("gemma4_audio_bad_checkpoints_name_the_problem") else { return };
+    let load = |edit: &dyn Fn(&mut serde_json::Value)| -> String {
+        let dir = model_dir(out.path());
+        let path = dir.path().join("config.json");
+        let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        edit(&mut config);
+        std::fs::write(&path, config.to_string()).unwrap();
+        let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+        let store = RefCell::new(WeightStore::open(dir.path()).unwrap());
+        match mlex::models::build_model(&cfg, &Vb::new(&store, None)) {
+            Ok(_) => panic!("loaded a bad checkpoint"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let err = load(&|c| c["audio_config"]["hidden_size"] = 0.into());
+    assert!(err.contains("audio_config.hidden_size must be between 1 and 2^20"), "{err}");
+    let err = load(&|c| c["audio_config"]["num_attention_heads"] = 3.into());
+    assert!(err.contains("audio_config.hidden_size must be even and a multiple of num_attention_heads"), "{err}");
+    let err = load(&|c| c["audio_config"]["subsampling_conv_channels"] = serde_json::json!([8]));
+    assert!(err.contains("audio_config.subsampling_conv_channels"), "{err}");
+    let err = load(&|c| c["audio_config"]["num_hidden_layers"] = 3.into());
+    assert!(err.contains("audio_tower.layers.2."), "{err}");
+    let err = load(&|c| c["audio_token_id"] = 999.into());
+    assert!(err.contains("audio_token_id 999 is outside the vocabulary"), "{err}");
+}
