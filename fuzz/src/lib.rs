@@ -11,6 +11,8 @@ pub mod error;
 
 #[path = "../../src/chat/media.rs"]
 pub mod chat_media;
+#[path = "../../src/chat/audio_part.rs"]
+pub mod audio_part;
 #[path = "../../src/chat/messages.rs"]
 mod messages;
 #[path = "../../src/chat/parse.rs"]
@@ -30,6 +32,7 @@ pub mod chat {
     pub use super::stream::{self, OutputClassifier, Part, Segment, SpanKind};
     pub use super::parse::{self, parse_tool_calls, parse_tool_calls_with_tools};
     pub use super::tools::ToolCallFormat;
+    pub use super::audio_part;
     pub use super::chat_media as media;
     pub use super::chat_media::{ImageData, MediaAccess, MessageImage};
     pub use super::{parse_messages_json, parse_messages_json_with, parse_tools_json, ChatMessage, ContentPart, Role, Tool, ToolCall};

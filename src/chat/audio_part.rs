@@ -11,7 +11,9 @@ use serde_json::{Map, Value};
 
 use super::media::{ImageData, MediaAccess};
 use crate::error::{Error, Result};
-use crate::media::MAX_AUDIO_BYTES;
+
+/// The largest encoded audio taken (a 30 s clip is ~5 MB as 16-bit stereo 44.1 kHz WAV).
+pub const MAX_AUDIO_BYTES: usize = 64 << 20;
 
 /// Whether a content part's `type` is audio.
 pub fn is_audio_part(kind: &str) -> bool {

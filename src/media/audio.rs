@@ -25,8 +25,7 @@ use symphonia::core::probe::Hint;
 
 use crate::error::{Error, Result};
 
-/// The largest encoded audio taken (a 30 s clip is ~5 MB as 16-bit stereo 44.1 kHz WAV).
-pub const MAX_AUDIO_BYTES: usize = 64 << 20;
+pub use crate::chat::audio_part::MAX_AUDIO_BYTES;
 
 /// A decoded clip: mono samples at `sample_rate`.
 #[derive(Debug, Clone, PartialEq)]
