@@ -36,8 +36,12 @@ pub struct Gemma4AudioFeatureExtractor {
     pub mel_floor: f64,
     pub per_bin_mean: Option<Vec<f64>>,
     pub per_bin_stddev: Option<Vec<f64>>,
-    /// The most samples taken (the processor's `max_length`: 30 s at 16 kHz).
+    /// The most samples taken (the processor's call default `max_length`: 30 s at 16 kHz) and
+    /// the padding multiple. mlx-vlm reads neither from the config (they are arguments of its
+    /// `__call__`), so neither is read here.
+    #[serde(skip)]
     pub max_length: usize,
+    #[serde(skip)]
     pub pad_to_multiple_of: usize,
 }
 
@@ -81,7 +85,8 @@ impl Gemma4AudioFeatureExtractor {
             Some(v) if v.is_object() => {
                 let mut v = v.clone();
                 v.as_object_mut().expect("object").remove("feature_extractor_type");
-                serde_json::from_value::<Self>(v).map_err(|e| format!("feature_extractor: {e}"))?
+                serde_path_to_error::deserialize::<_, Self>(v)
+                    .map_err(|e| format!("feature_extractor.{}: {}", e.path(), e.inner()))?
             }
             _ => Self::default(),
         };
@@ -334,6 +339,25 @@ mod tests {
                 i += v * a.sin();
             }
             assert!((re[k] - r).abs() < 1e-9 && (im[k] - i).abs() < 1e-9, "bin {k}");
+        }
+    }
+
+    #[test]
+    fn config_reads_the_feature_extractor_and_ignores_the_rest() {
+        let j = serde_json::json!({"feature_extractor": {"feature_extractor_type": "Gemma4AudioFeatureExtractor",
+            "feature_size": 128, "mel_floor": 0.01, "max_length": 5, "processor_class": "X"}});
+        let fe = Gemma4AudioFeatureExtractor::from_config(&j).unwrap();
+        assert_eq!((fe.mel_floor, fe.max_length, fe.pad_to_multiple_of), (0.01, 480_000, 128));
+        let none = Gemma4AudioFeatureExtractor::from_config(&serde_json::json!({"image_processor": {}})).unwrap();
+        assert_eq!(none, Gemma4AudioFeatureExtractor::default());
+        for (bad, field) in [
+            (serde_json::json!({"dither": 0.1}), "dither"),
+            (serde_json::json!({"per_bin_mean": [1.0]}), "per_bin_mean"),
+            (serde_json::json!({"mel_floor": 0.0}), "mel_floor"),
+            (serde_json::json!({"sampling_rate": "fast"}), "sampling_rate"),
+        ] {
+            let err = Gemma4AudioFeatureExtractor::from_config(&serde_json::json!({"feature_extractor": bad})).unwrap_err();
+            assert!(err.contains(field), "{err}");
         }
     }
 

@@ -596,7 +596,7 @@ impl CausalLm for VisionLm {
                     })?;
                     let Media::Video(all) = part else {
                         return Err(Error::InvalidArgument(format!(
-                            "media part {} of the conversation is an image, and the prompt has a video frame's place there",
+                            "media part {} of the conversation is not a video, and the prompt has a video frame's place there",
                             n + 1
                         )));
                     };
@@ -631,7 +631,7 @@ impl CausalLm for VisionLm {
             let n = n + 1;
             let Media::Image(image) = part else {
                 return Err(Error::InvalidArgument(format!(
-                    "media part {n} of the conversation is a video, and the prompt has an image place there"
+                    "media part {n} of the conversation is not an image, and the prompt has an image place there"
                 )));
             };
             let (first, len, _) = self.image_ids(image, false).map_err(|e| match e {
