@@ -71,7 +71,7 @@ pub struct ChatMessage {
     pub role: Role,
     /// The text; content parts are joined on input, `null` becomes "".
     pub content: String,
-    /// Image parts, each at its byte offset in `content` (in order).
+    /// Image, video and audio parts, each at its byte offset in `content` (in order).
     pub images: Vec<MessageImage>,
     /// The model's thinking, for templates that re-render it (`reasoning_content`).
     pub reasoning: Option<String>,
@@ -82,10 +82,11 @@ pub struct ChatMessage {
 }
 
 impl ChatMessage {
-    /// The content as parts, text, images and videos in order (empty text left out), as Hugging
-    /// Face chat templates read it: `{"type": "text", "text"}`, `{"type": "image"}` and
-    /// `{"type": "video"}` (with `with_data`, the image as an OpenAI `image_url` data URL instead,
-    /// the video with its frames as data URLs).
+    /// The content as parts, text, images, videos and audio in order (empty text left out), as
+    /// Hugging Face chat templates read it: `{"type": "text", "text"}`, `{"type": "image"}`,
+    /// `{"type": "video"}` and `{"type": "audio"}` (with `with_data`, the image as an OpenAI
+    /// `image_url` data URL instead, the video with its frames as data URLs, the audio clip as a
+    /// data URL in `audio`).
     pub fn content_parts_json(&self, with_data: bool) -> Value {
         use base64::Engine as _;
         let mut parts = vec![];
