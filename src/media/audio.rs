@@ -73,6 +73,7 @@ pub fn decode_audio(bytes: &[u8], max_seconds: f64) -> Result<Waveform> {
         .map_err(|e| invalid(format!("the audio's codec is not supported ({e})")))?;
     let mut samples: Vec<f32> = vec![];
     let mut buffer: Option<SampleBuffer<f32>> = None;
+    let mut bad_packet: Option<&'static str> = None;
     loop {
         let packet = match format.next_packet() {
             Ok(p) => p,
@@ -87,6 +88,12 @@ pub fn decode_audio(bytes: &[u8], max_seconds: f64) -> Result<Waveform> {
         let decoded = match decoder.decode(&packet) {
             Ok(d) => d,
             Err(SymphoniaError::IoError(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+            // A damaged packet is skipped, as symphonia's own players do (an MP3 frame with a bad
+            // header, say); a clip where none decodes is refused below with the last reason.
+            Err(SymphoniaError::DecodeError(e)) => {
+                bad_packet = Some(e);
+                continue;
+            }
             Err(e) => return Err(invalid(format!("the audio is corrupt ({e})"))),
         };
         let spec = *decoded.spec();
@@ -115,7 +122,10 @@ pub fn decode_audio(bytes: &[u8], max_seconds: f64) -> Result<Waveform> {
         }
     }
     if samples.is_empty() {
-        return Err(invalid("the audio holds no samples"));
+        return Err(invalid(match bad_packet {
+            Some(e) => format!("the audio is corrupt: no packet decodes ({e})"),
+            None => "the audio holds no samples".into(),
+        }));
     }
     if samples.iter().any(|s| !s.is_finite()) {
         return Err(invalid("the audio holds samples that are not finite numbers"));
