@@ -177,7 +177,7 @@ fn gemma4_audio_prompt_matches_mlx_vlm_greedy() {
     // An image where the prompt has the audio's place, and two audio tokens in a row, are refused.
     let png = ImageData::new(std::fs::read(repo_root().join("fuzz/corpus/media_image/seed-png-rgba")).unwrap());
     let err = model.bind_media(collapsed(&ids), &[Media::Image(&png)]).unwrap_err().to_string();
-    assert!(err.contains("media part 1 of the conversation is not audio"), "{err}");
+    assert!(err.contains("media part 1 of the conversation is an image, and the prompt has an audio place"), "{err}");
     let mut two = collapsed(&ids);
     let at = two.iter().position(|&t| t == AUDIO_TOKEN).unwrap();
     two.insert(at, AUDIO_TOKEN);

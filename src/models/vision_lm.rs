@@ -207,6 +207,15 @@ impl Params for Gemma4Images {
     }
 }
 
+/// What a media part is, for messages ("an image", "a video", "an audio clip").
+fn media_kind(m: &Media) -> &'static str {
+    match m {
+        Media::Image(_) => "an image",
+        Media::Video(_) => "a video",
+        Media::Audio(_) => "an audio clip",
+    }
+}
+
 /// An image kept: its ids' range (offsets from [`MEDIA_TOKEN_BASE`]), its bytes, its rows
 /// `[len, hidden]`.
 struct Kept {
@@ -551,7 +560,8 @@ impl CausalLm for VisionLm {
                 let n = n + 1;
                 let Media::Audio(clip) = part else {
                     return Err(Error::InvalidArgument(format!(
-                        "media part {n} of the conversation is not audio, and the prompt has an audio place there"
+                        "media part {n} of the conversation is {}, and the prompt has an audio place there",
+                        media_kind(part)
                     )));
                 };
                 if !frames.1.is_empty() {
@@ -596,8 +606,9 @@ impl CausalLm for VisionLm {
                     })?;
                     let Media::Video(all) = part else {
                         return Err(Error::InvalidArgument(format!(
-                            "media part {} of the conversation is not a video, and the prompt has a video frame's place there",
-                            n + 1
+                            "media part {} of the conversation is {}, and the prompt has a video frame's place there",
+                            n + 1,
+                            media_kind(part)
                         )));
                     };
                     let v = video.expect("is_video");
@@ -631,7 +642,8 @@ impl CausalLm for VisionLm {
             let n = n + 1;
             let Media::Image(image) = part else {
                 return Err(Error::InvalidArgument(format!(
-                    "media part {n} of the conversation is not an image, and the prompt has an image place there"
+                    "media part {n} of the conversation is {}, and the prompt has an image place there",
+                    media_kind(part)
                 )));
             };
             let (first, len, _) = self.image_ids(image, false).map_err(|e| match e {
