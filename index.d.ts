@@ -78,14 +78,16 @@ export interface ChatTemplateOptions {
  * One part of a multi-part message content: text, an image for models whose
  * `session.info.supportsImages` (PNG, JPEG, WebP or GIF bytes; remote URLs are not fetched), or
  * a video as its frames for models whose `session.info.supportsVideo` (a video file is refused:
- * pass its frames).
+ * pass its frames), or an audio clip (WAV, FLAC or MP3, at most 30 s) for models whose
+ * `session.info.supportsAudio`.
  */
 export interface ContentPart {
   /**
-   * `'text'`, an image: `'image'` (with `image`) or `'image_url'` (with `image_url`), or
-   * `'video'` (with `video`).
+   * `'text'`, an image: `'image'` (with `image`) or `'image_url'` (with `image_url`),
+   * `'video'` (with `video`), or audio: `'audio'` (with `audio`) or `'input_audio'` (with
+   * `input_audio`).
    */
-  type: 'text' | 'image' | 'image_url' | 'video' | (string & {})
+  type: 'text' | 'image' | 'image_url' | 'video' | 'audio' | 'input_audio' | (string & {})
   /** The text of a `'text'` part. */
   text?: string
   /** An `'image'` part's image: its bytes, a file path, or a `data:` / `file:` URL. */
@@ -94,6 +96,13 @@ export interface ContentPart {
   imageUrl?: { url: string }
   /** A `'video'` part's frames, in order, each an image as `image` takes it. */
   video?: Array<Uint8Array | string>
+  /** An `'audio'` part's clip (WAV, FLAC or MP3): its bytes, a file path, or a `data:` / `file:` URL. */
+  audio?: Uint8Array | string
+  /**
+   * `{ data, format }` of an `'input_audio'` part (OpenAI's shape): the clip in base64 and its
+   * format (`'wav'`, `'mp3'` or `'flac'`).
+   */
+  inputAudio?: { data: string; format?: string }
 }
 
 /** A function the model may call (OpenAI shape). */

@@ -6,7 +6,7 @@ import { join } from 'node:path'
 import { tmpdir } from 'node:os'
 
 /** GPT-2's byte → printable-unicode table (byte-level BPE vocabulary). */
-function byteToUnicode() {
+export function byteToUnicode() {
   const printable = []
   for (let b = 33; b <= 126; b++) printable.push(b)
   for (let b = 161; b <= 172; b++) printable.push(b)

@@ -160,6 +160,11 @@ test('errors come in OpenAI shape and the server keeps serving', async () => {
   await assert.rejects(withVideo(['data:image/png;base64,iVBORw0KGgo=']), (e) => e.status === 400 && /holds a video part, and this model takes no video/.test(e.message))
   await assert.rejects(withVideo(['/etc/hostname']), (e) => e.status === 400 && /frame 0: images must be sent inline here/.test(e.message))
   await assert.rejects(withVideo('clip.mp4'), (e) => e.status === 400 && /a video file is not decoded here/.test(e.message))
+  // Audio parts (OpenAI's input_audio): an inline clip reaches the model, which takes no audio;
+  // a server path is not read.
+  const withAudio = (part) => client.chat.completions.create({ model: 'tiny', max_tokens: 4, messages: [{ role: 'user', content: [{ type: 'text', text: 'what is it?' }, part] }] })
+  await assert.rejects(withAudio({ type: 'input_audio', input_audio: { data: 'UklGRg==', format: 'wav' } }), (e) => e.status === 400 && /holds an audio part, and this model takes no audio/.test(e.message))
+  await assert.rejects(withAudio({ type: 'audio', audio: '/etc/hostname' }), (e) => e.status === 400 && /audio must be sent inline here/.test(e.message))
   const raw = async (body, headers = {}) => {
     const r = await fetch(`${base}/v1/chat/completions`, { method: 'POST', headers: { authorization: `Bearer ${KEY}`, 'content-type': 'application/json', ...headers }, body })
     return { status: r.status, body: await r.json() }

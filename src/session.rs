@@ -282,7 +282,7 @@ impl Session {
             device: facts.device.as_str().to_string(),
             weights_bytes: facts.weights_bytes,
             supports_images: facts.images,
-            supports_audio: false,
+            supports_audio: facts.audio,
             supports_video: facts.videos,
         };
         Ok(Session {

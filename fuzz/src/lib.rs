@@ -1,5 +1,5 @@
 //! mlex's pure parsers (chat output, safetensors headers, GGUF, config.json, chat templates) and
-//! image decoding, compiled on their own for fuzzing (see Cargo.toml). The files keep their
+//! image and audio decoding, compiled on their own for fuzzing (see Cargo.toml). The files keep their
 //! `super::` and `crate::` paths: the chat files sit at the crate root, which stands in for
 //! `mlex::chat`, and the others sit in modules named as in mlex (`loader`, `gguf`, `tokenizer`,
 //! `mlx`, `media`).
@@ -11,6 +11,8 @@ pub mod error;
 
 #[path = "../../src/chat/media.rs"]
 pub mod chat_media;
+#[path = "../../src/chat/audio_part.rs"]
+pub mod audio_part;
 #[path = "../../src/chat/messages.rs"]
 mod messages;
 #[path = "../../src/chat/parse.rs"]
@@ -30,6 +32,7 @@ pub mod chat {
     pub use super::stream::{self, OutputClassifier, Part, Segment, SpanKind};
     pub use super::parse::{self, parse_tool_calls, parse_tool_calls_with_tools};
     pub use super::tools::ToolCallFormat;
+    pub use super::audio_part;
     pub use super::chat_media as media;
     pub use super::chat_media::{ImageData, MediaAccess, MessageImage};
     pub use super::{parse_messages_json, parse_messages_json_with, parse_tools_json, ChatMessage, ContentPart, Role, Tool, ToolCall};
@@ -82,6 +85,14 @@ pub mod template;
 #[doc(hidden)]
 pub mod media_image;
 
+/// mlex's audio decoding (symphonia: WAV, FLAC, MP3), resampling and Gemma 4's log-mel features.
+#[path = "../../src/media/audio.rs"]
+#[doc(hidden)]
+pub mod media_audio;
+#[path = "../../src/media/audio_features.rs"]
+#[doc(hidden)]
+pub mod media_audio_features;
+
 /// `mlex::gguf`: the reader, its block decoders and the writer (seeds).
 #[path = "../../src/gguf/mod.rs"]
 pub mod gguf;
@@ -103,6 +114,8 @@ pub mod media {
     pub use super::media_image::{
         decode_image, resize_bilinear, Gemma3ImageProcessor, PixelValues, RgbImage, MAX_IMAGE_PIXELS,
     };
+    pub use super::media_audio::{decode_audio, load_audio, resample_poly, Waveform, MAX_AUDIO_BYTES};
+    pub use super::media_audio_features::{AudioFeatures, Gemma4AudioFeatureExtractor};
     // (chat/messages.rs, at the crate root here, reads `super::media` as mlex's `chat::media`)
     pub use super::chat_media::*;
 }

@@ -396,6 +396,11 @@ struct GenerateArgs {
     /// video_token_id).
     #[arg(long, value_delimiter = ',', requires = "prompt")]
     video_frames: Vec<PathBuf>,
+    /// An audio file (WAV, FLAC, MP3; at most 30 s) heard with --prompt, after the images and
+    /// video, before its text; repeatable. Needs a model with an audio tower (a gemma4 checkpoint
+    /// with its audio_config).
+    #[arg(long, requires = "prompt")]
+    audio: Vec<PathBuf>,
     /// A JSON file with OpenAI-style tool definitions.
     #[arg(long)]
     tools: Option<PathBuf>,
@@ -660,8 +665,11 @@ fn generate(a: GenerateArgs) -> mlex::Result<()> {
     } else {
         let prompt = a.prompt.as_deref().unwrap_or_default();
         let templated = !a.raw && session.tokenizer()?.has_chat_template();
-        if (!a.image.is_empty() || !a.video_frames.is_empty()) && !templated {
-            return Err(mlex::Error::InvalidArgument("--image and --video-frames need the model's chat template (not --raw)".into()).into());
+        if (!a.image.is_empty() || !a.video_frames.is_empty() || !a.audio.is_empty()) && !templated {
+            return Err(mlex::Error::InvalidArgument(
+                "--image, --video-frames and --audio need the model's chat template (not --raw)".into(),
+            )
+            .into());
         }
         if templated {
             let mut parts = a
@@ -672,6 +680,9 @@ fn generate(a: GenerateArgs) -> mlex::Result<()> {
             if !a.video_frames.is_empty() {
                 let frames = a.video_frames.iter().map(|p| mlex::chat::media::read_file(p)).collect::<mlex::Result<Vec<_>>>()?;
                 parts.push(mlex::chat::ContentPart::Video(frames));
+            }
+            for p in &a.audio {
+                parts.push(mlex::chat::ContentPart::Audio(mlex::chat::audio_part::read_audio_file(p)?));
             }
             parts.push(mlex::chat::ContentPart::Text(prompt.to_string()));
             session.generate_cached(&[ChatMessage::user_with_images(parts)], tools.as_deref(), opts, stream)?

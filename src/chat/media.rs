@@ -45,32 +45,42 @@ pub struct MessageImage {
     pub image: ImageData,
     /// A video part's frames, in order, each an image (`None`: an image part).
     pub video: Option<Vec<ImageData>>,
+    /// An audio part: `image` holds the clip's encoded bytes (WAV, FLAC or MP3).
+    pub audio: bool,
 }
 
 impl MessageImage {
     pub fn image(at: usize, image: ImageData) -> Self {
-        MessageImage { at, image, video: None }
+        MessageImage { at, image, video: None, audio: false }
+    }
+
+    /// An audio part: the clip's encoded bytes.
+    pub fn audio(at: usize, clip: ImageData) -> Self {
+        MessageImage { at, image: clip, video: None, audio: true }
     }
 
     /// A video part of `frames` (at least one).
     pub fn video(at: usize, frames: Vec<ImageData>) -> Self {
-        MessageImage { at, image: frames[0].clone(), video: Some(frames) }
+        MessageImage { at, image: frames[0].clone(), video: Some(frames), audio: false }
     }
 
     /// The part as a model binds it.
     pub fn media(&self) -> Media<'_> {
         match &self.video {
+            None if self.audio => Media::Audio(&self.image),
             None => Media::Image(&self.image),
             Some(frames) => Media::Video(frames),
         }
     }
 }
 
-/// A media part as the model binds it: an image, or a video's frames.
+/// A media part as the model binds it: an image, a video's frames, or an audio clip (its
+/// encoded bytes).
 #[derive(Debug, Clone, Copy)]
 pub enum Media<'a> {
     Image(&'a ImageData),
     Video(&'a [ImageData]),
+    Audio(&'a ImageData),
 }
 
 /// The most frames a video part may hold (the models sample fewer: Gemma 4 keeps 32).

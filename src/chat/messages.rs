@@ -71,7 +71,7 @@ pub struct ChatMessage {
     pub role: Role,
     /// The text; content parts are joined on input, `null` becomes "".
     pub content: String,
-    /// Image parts, each at its byte offset in `content` (in order).
+    /// Image, video and audio parts, each at its byte offset in `content` (in order).
     pub images: Vec<MessageImage>,
     /// The model's thinking, for templates that re-render it (`reasoning_content`).
     pub reasoning: Option<String>,
@@ -82,10 +82,11 @@ pub struct ChatMessage {
 }
 
 impl ChatMessage {
-    /// The content as parts, text, images and videos in order (empty text left out), as Hugging
-    /// Face chat templates read it: `{"type": "text", "text"}`, `{"type": "image"}` and
-    /// `{"type": "video"}` (with `with_data`, the image as an OpenAI `image_url` data URL instead,
-    /// the video with its frames as data URLs).
+    /// The content as parts, text, images, videos and audio in order (empty text left out), as
+    /// Hugging Face chat templates read it: `{"type": "text", "text"}`, `{"type": "image"}`,
+    /// `{"type": "video"}` and `{"type": "audio"}` (with `with_data`, the image as an OpenAI
+    /// `image_url` data URL instead, the video with its frames as data URLs, the audio clip as a
+    /// data URL in `audio`).
     pub fn content_parts_json(&self, with_data: bool) -> Value {
         use base64::Engine as _;
         let mut parts = vec![];
@@ -99,6 +100,14 @@ impl ChatMessage {
             let url = |bytes: &[u8]| {
                 format!("data:application/octet-stream;base64,{}", base64::engine::general_purpose::STANDARD.encode(bytes))
             };
+            if img.audio {
+                parts.push(if with_data {
+                    serde_json::json!({"type": "audio", "audio": url(&img.image.bytes)})
+                } else {
+                    serde_json::json!({"type": "audio"})
+                });
+                continue;
+            }
             if let Some(frames) = &img.video {
                 parts.push(if with_data {
                     serde_json::json!({"type": "video", "video": frames.iter().map(|f| url(&f.bytes)).collect::<Vec<_>>()})
@@ -159,6 +168,7 @@ impl ChatMessage {
                 ContentPart::Image(image) => m.images.push(MessageImage::image(m.content.len(), image)),
                 ContentPart::Video(frames) if !frames.is_empty() => m.images.push(MessageImage::video(m.content.len(), frames)),
                 ContentPart::Video(_) => {}
+                ContentPart::Audio(clip) => m.images.push(MessageImage::audio(m.content.len(), clip)),
             }
         }
         m
@@ -232,6 +242,8 @@ pub enum ContentPart {
     Image(super::media::ImageData),
     /// A video as its frames (each an image), in order; an empty one is left out.
     Video(Vec<super::media::ImageData>),
+    /// An audio clip's encoded bytes (WAV, FLAC or MP3).
+    Audio(super::media::ImageData),
 }
 
 /// Parses `--messages FILE.json`: a bare array of messages or `{"messages": [...]}`. Image parts
@@ -409,9 +421,14 @@ fn content_from_value(v: Value, access: MediaAccess) -> Result<(String, Vec<Mess
                                     .map_err(|e| invalid(format!("content part {i} (video): {}", strip_prefix(&e))))?;
                                 images.push(MessageImage::video(text.len(), frames));
                             }
+                            kind if super::audio_part::is_audio_part(kind) => {
+                                let clip = super::audio_part::audio_from_part(&p, access)
+                                    .map_err(|e| invalid(format!("content part {i} (audio): {}", strip_prefix(&e))))?;
+                                images.push(MessageImage::audio(text.len(), clip));
+                            }
                             other => {
                                 return Err(invalid(format!(
-                                    "unsupported content part type {other:?} (text, image and video parts are)"
+                                    "unsupported content part type {other:?} (text, image, video and audio parts are)"
                                 )))
                             }
                         }
@@ -636,8 +653,15 @@ mod tests {
         assert!(bad(plain, MediaAccess::LocalFiles).contains("must be base64"));
         let empty = json!({"type": "image_url"});
         assert!(bad(empty, MediaAccess::LocalFiles).contains("needs \"image_url\""));
-        let audio = json!({"type": "input_audio", "input_audio": {"data": "", "format": "wav"}});
-        assert!(bad(audio, MediaAccess::LocalFiles).contains("unsupported content part type \"input_audio\""));
+        // Audio parts are kept as audio (decoded by the model's side); a format it cannot take is refused.
+        let audio = json!([{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}]}]);
+        let m = &parse_messages_json_with(&audio.to_string(), MediaAccess::InlineOnly).unwrap()[0];
+        assert!(m.images.len() == 1 && m.images[0].audio && &m.images[0].image.bytes[..] == b"RIFF");
+        assert_eq!(m.content_parts_json(false), json!([{"type": "audio"}]));
+        let back: ChatMessage = serde_json::from_value(serde_json::to_value(m).unwrap()).unwrap();
+        assert_eq!(&back, m);
+        let ogg = json!({"type": "input_audio", "input_audio": {"data": "", "format": "ogg"}});
+        assert!(bad(ogg, MediaAccess::LocalFiles).contains("content part 0 (audio): input_audio format \"ogg\" is not taken"));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! generated text as text, reasoning or tool call (`stream`, over `reasoning` and `tools`), and
 //! whole-reply parsing through that classifier (`parse`).
 mod call_grammar;
+pub mod audio_part;
 pub mod generic;
 pub mod media;
 mod messages;

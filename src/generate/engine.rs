@@ -116,6 +116,8 @@ pub struct LoadedFacts {
     pub images: bool,
     /// Its vision tower takes video (as frames).
     pub videos: bool,
+    /// The model has an audio tower (audio parts are taken).
+    pub audio: bool,
 }
 
 pub(super) struct Engine {
@@ -308,6 +310,7 @@ fn load(spec: &EngineSpec) -> Result<(Engine, LoadedFacts)> {
     drop(params);
     let facts = LoadedFacts { dtype, device: spec.device, weights_bytes, images: model.image_prompt().is_some(),
         videos: model.image_prompt().is_some_and(|p| p.video.is_some()),
+        audio: model.audio_prompt().is_some(),
     };
     // Measured here, while the session may still be loading the tokenizer on its thread.
     let kv_per_token = if model.batchable() { kv_bytes_per_token(model.as_ref()).ok() } else { None };
@@ -410,7 +413,14 @@ impl Engine {
                         "message {i} holds a video part, and this model takes no video (it has no vision tower)"
                     )));
                 }
-                if let (Some(i), None) = (messages.iter().position(|m| !m.images.is_empty()), self.model.image_prompt()) {
+                let audio_at = messages.iter().position(|m| m.images.iter().any(|i| i.audio));
+                if let (Some(i), None) = (audio_at, self.model.audio_prompt()) {
+                    return Err(Error::InvalidArgument(format!(
+                        "message {i} holds an audio part, and this model takes no audio (it has no audio tower)"
+                    )));
+                }
+                let image_at = messages.iter().position(|m| m.images.iter().any(|i| !i.audio));
+                if let (Some(i), None) = (image_at, self.model.image_prompt()) {
                     return Err(Error::InvalidArgument(format!(
                         "message {i} holds an image, and this model takes no images (it has no vision tower)"
                     )));
@@ -422,7 +432,13 @@ impl Engine {
                         )));
                     }
                 }
-                let ids = tok.encode_chat_with_images(messages, job.tools.as_deref(), *enable_thinking, self.model.image_prompt())?;
+                let ids = tok.encode_chat_with_media(
+                    messages,
+                    job.tools.as_deref(),
+                    *enable_thinking,
+                    self.model.image_prompt(),
+                    self.model.audio_prompt(),
+                )?;
                 self.model.bind_media(ids, &media)?
             }
         };

@@ -3,10 +3,14 @@
 //! computed exactly as the model's Hugging Face processor computes it. Nothing here touches MLX:
 //! the output is plain `Vec<f32>` plus a shape, so it is tested against the reference processor
 //! without a device (tests/image_preprocess.rs).
+pub mod audio;
+pub mod audio_features;
 pub mod gemma4;
 pub mod image;
 pub mod qwen;
 
+pub use audio::{decode_audio, load_audio, resample_poly, Waveform, MAX_AUDIO_BYTES};
+pub use audio_features::{AudioFeatures, Gemma4AudioFeatureExtractor};
 pub use gemma4::{Gemma4ImageProcessor, Gemma4VideoProcessor};
 pub use qwen::{QwenImageProcessor, QwenPixels};
 pub use image::{decode_image, Gemma3ImageProcessor, PixelValues, RgbImage, MAX_IMAGE_PIXELS};

@@ -1030,11 +1030,13 @@ pub const ARCH: Architecture = Architecture {
 };
 
 /// A gemma4 checkpoint with a `vision_config` gets its vision tower too
-/// ([`super::vision_lm::VisionLm`]); the tower's tensors are taken first (the text model drops
-/// whatever is left of the non-text parts: the audio tower, for now).
+/// ([`super::vision_lm::VisionLm`]), and with an `audio_config` its audio tower
+/// ([`super::audio_input`]); the towers' tensors are taken first (the text model drops whatever
+/// is left of the non-text parts).
 fn load_with_vision(c: &ModelConfig, vb: &Vb) -> Result<Box<dyn CausalLm>> {
     let wrapped = c.raw.get("outer_model_type").and_then(Value::as_str) == Some("gemma4") || c.model_type == "gemma4";
     let vision = if wrapped { super::gemma4_vision::Gemma4Vision::load(&c.raw, vb)? } else { None };
+    let audio = if wrapped && vision.is_some() { super::gemma4_audio::Gemma4Audio::load(&c.raw, vb)? } else { None };
     let text = super::load_as::<Gemma4Text>(c, vb)?;
     let Some(vision) = vision else { return Ok(text) };
     let image_token = c.raw.get("image_token_id").and_then(Value::as_u64).unwrap_or(258_880) as u32;
@@ -1044,14 +1046,17 @@ fn load_with_vision(c: &ModelConfig, vb: &Vb) -> Result<Box<dyn CausalLm>> {
     // mlx-vlm's Gemma4Processor.from_pretrained: processor_config.json, else preprocessor_config.json.
     let dir = c.path.parent().map(std::path::Path::to_path_buf).unwrap_or_default();
     let file = ["processor_config.json", "preprocessor_config.json"].into_iter().map(|f| dir.join(f)).find(|p| p.is_file());
+    let mut processor_json = None;
     let (processor, video_processor) = match file {
         Some(path) => {
             let text = std::fs::read_to_string(&path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
             let json: Value = serde_json::from_str(&text).map_err(|e| Error::checkpoint(&path, format!("not JSON: {e}")))?;
-            (
+            let p = (
                 crate::media::Gemma4ImageProcessor::from_config(&json).map_err(|e| Error::checkpoint(&path, e.to_string()))?,
                 crate::media::Gemma4VideoProcessor::from_config(&json).map_err(|e| Error::checkpoint(&path, e.to_string()))?,
-            )
+            );
+            processor_json = Some((path, json));
+            p
         }
         None => (crate::media::Gemma4ImageProcessor::default(), crate::media::Gemma4VideoProcessor::default()),
     };
@@ -1076,7 +1081,59 @@ fn load_with_vision(c: &ModelConfig, vb: &Vb) -> Result<Box<dyn CausalLm>> {
             (f.patch_size == vc.patch_size && f.pooling_kernel_size == vc.pooling_kernel_size).then_some((id, video_processor))
         }
     };
-    Ok(Box::new(super::vision_lm::VisionLm::gemma4(text, vision, image_token, processor, video)))
+    let lm = super::vision_lm::VisionLm::gemma4(text, vision, image_token, processor, video);
+    Ok(Box::new(match audio {
+        Some(tower) => with_audio(c, lm, tower, processor_json.as_ref())?,
+        None => lm,
+    }))
+}
+
+/// The audio side: its token (`audio_token_id`), the feature extractor (processor_config.json's
+/// `feature_extractor`, else mlx-vlm's defaults: every Gemma 4 checkpoint's USM settings) and the
+/// token budget (`audio_seq_length`, `audio_ms_per_token`), as mlx-vlm's Gemma4Processor reads them.
+fn with_audio(
+    c: &ModelConfig,
+    lm: super::vision_lm::VisionLm,
+    tower: super::gemma4_audio::Gemma4Audio,
+    processor: Option<&(std::path::PathBuf, Value)>,
+) -> Result<super::vision_lm::VisionLm> {
+    use super::audio_input::{AudioInput, AudioPrompt};
+    let vocab = lm.vocab_size();
+    let audio_token = c.raw.get("audio_token_id").and_then(Value::as_u64).unwrap_or(258_881);
+    if audio_token as usize >= vocab {
+        return Err(c.error(format!("audio_token_id {audio_token} is outside the vocabulary ({vocab})")));
+    }
+    let extractor = match processor {
+        Some((path, json)) => {
+            crate::media::Gemma4AudioFeatureExtractor::from_config(json).map_err(|e| Error::checkpoint(path, e))?
+        }
+        None => crate::media::Gemma4AudioFeatureExtractor::default(),
+    };
+    if extractor.feature_size != super::gemma4_audio::INPUT_FEAT_SIZE {
+        return Err(c.error(format!(
+            "the audio feature extractor's feature_size {} differs from the audio tower's {} mel bins",
+            extractor.feature_size,
+            super::gemma4_audio::INPUT_FEAT_SIZE
+        )));
+    }
+    let field = |name: &str, default: u64| -> Result<usize> {
+        match processor.and_then(|(_, j)| j.get(name)).filter(|v| !v.is_null()) {
+            None => Ok(default as usize),
+            Some(v) => v.as_u64().filter(|&n| (1..=1 << 20).contains(&n)).map(|n| n as usize).ok_or_else(|| {
+                let path = processor.map(|(p, _)| p.as_path()).unwrap_or(c.path.as_path());
+                Error::checkpoint(path, format!("{name} must be between 1 and 2^20"))
+            }),
+        }
+    };
+    let input = AudioInput {
+        tower,
+        extractor,
+        audio_seq_length: field("audio_seq_length", 750)?,
+        audio_ms_per_token: field("audio_ms_per_token", 40)?,
+    };
+    let prompt =
+        AudioPrompt { marker: "<|audio|>".into(), expansion: "<|audio><|audio|><audio|>".into(), audio_token: audio_token as u32 };
+    Ok(lm.with_audio(prompt, input))
 }
 
 #[cfg(test)]

@@ -108,15 +108,16 @@ impl VisionConfig {
     }
 }
 
-/// A linear layer that, with clipping on, clamps its input and output to stored scalar bounds.
-struct ClippableLinear {
+/// A linear layer that, with clipping on, clamps its input and output to stored scalar bounds
+/// (Gemma 4's audio tower uses it too).
+pub(crate) struct ClippableLinear {
     linear: Linear,
     /// (input_min, input_max, output_min, output_max).
     bounds: Option<[Array; 4]>,
 }
 
 impl ClippableLinear {
-    fn load(vb: &Vb, inp: usize, out: usize, clip: bool) -> Result<Self> {
+    pub(crate) fn load(vb: &Vb, inp: usize, out: usize, clip: bool) -> Result<Self> {
         let names = ["input_min", "input_max", "output_min", "output_max"];
         let bounds = if clip {
             let get = |n: &str| vb.get(n, &[]);
@@ -130,7 +131,7 @@ impl ClippableLinear {
         Ok(ClippableLinear { linear: Linear::load(&vb.pp("linear"), inp, out, false)?, bounds })
     }
 
-    fn forward(&self, x: &Array) -> Result<Array> {
+    pub(crate) fn forward(&self, x: &Array) -> Result<Array> {
         match &self.bounds {
             None => self.linear.forward(x),
             Some([imin, imax, omin, omax]) => {

@@ -6,10 +6,12 @@
 //! and `pub const ARCH: Architecture = Architecture::new::<Config, Model>("<model_type>", &[aliases])`;
 //! then add `pub mod <name>;` below and `<name>::ARCH` to `registry::ARCHITECTURES`. Shared layers
 //! live in `crate::nn`; [`run_layers`] and [`LmHead`] cover what every decoder does.
+pub mod audio_input;
 pub mod deepseek;
 pub mod gemma3_text;
 pub mod gemma3_vision;
 pub mod gemma4_text;
+pub mod gemma4_audio;
 pub mod gemma4_vision;
 pub mod gpt_oss;
 pub mod llama;
@@ -106,6 +108,11 @@ pub trait CausalLm: Params {
         None
     }
 
+    /// How the prompt marks an audio clip, for models with an audio tower ([`audio_input`]).
+    fn audio_prompt(&self) -> Option<&audio_input::AudioPrompt> {
+        None
+    }
+
     /// The prompt `ids` with each image's run of image tokens replaced by ids standing for that
     /// image (`images` in prompt order), the images encoded: see [`vision_lm`].
     fn bind_images(&self, ids: Vec<u32>, images: &[&vision_lm::ImageData]) -> Result<Vec<u32>> {
@@ -120,6 +127,9 @@ pub trait CausalLm: Params {
     fn bind_media(&self, ids: Vec<u32>, media: &[crate::chat::Media]) -> Result<Vec<u32>> {
         if media.iter().any(|m| matches!(m, crate::chat::Media::Video(_))) {
             return Err(crate::error::Error::InvalidArgument("this model takes no video".into()));
+        }
+        if media.iter().any(|m| matches!(m, crate::chat::Media::Audio(_))) {
+            return Err(crate::error::Error::InvalidArgument("this model takes no audio (it has no audio tower)".into()));
         }
         let images: Vec<&vision_lm::ImageData> =
             media.iter().filter_map(|m| if let crate::chat::Media::Image(i) = m { Some(*i) } else { None }).collect();

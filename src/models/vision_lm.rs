@@ -21,6 +21,10 @@
 //! 3-D rope (`mrope.rs`): [`VisionLm::with_mrope`] (in `vision_lm/mrope_prompt.rs`) gives each
 //! prompt chunk its positions from its ids and keeps each image's shift in a cache of its own.
 //!
+//! An audio clip (Gemma 4 checkpoints with an audio tower: [`VisionLm::with_audio`]) is bound
+//! the same way: the prompt's one audio token per clip becomes as many ids as the clip takes
+//! (its duration), keyed on the clip's bytes ([`super::audio_input`]).
+//!
 //! The last [`KEPT_IMAGES`] images (at most [`KEPT_BYTES`] of their bytes) are kept with their
 //! features (an image's tokens are embedded while its prompt is prefilled, right after
 //! `bind_images`). An image seen again after it was dropped gets new ids: a prompt-cache miss,
@@ -32,6 +36,7 @@ mod mrope_prompt;
 
 pub use crate::chat::ImageData;
 
+use super::audio_input::{AudioInput, AudioPrompt};
 use super::gemma3_vision::Gemma3Vision;
 use super::gemma4_vision::Gemma4Vision;
 use super::CausalLm;
@@ -216,6 +221,15 @@ impl Params for Gemma4Images {
     }
 }
 
+/// What a media part is, for messages ("an image", "a video", "an audio clip").
+fn media_kind(m: &Media) -> &'static str {
+    match m {
+        Media::Image(_) => "an image",
+        Media::Video(_) => "a video",
+        Media::Audio(_) => "an audio clip",
+    }
+}
+
 /// An image kept: its ids' range (offsets from [`MEDIA_TOKEN_BASE`]), its bytes, its rows
 /// `[len, hidden]`.
 struct Kept {
@@ -227,6 +241,8 @@ struct Kept {
     /// The decoded size (width, height).
     size: (u32, u32),
     rows: Array,
+    /// An audio clip (its bytes in `image`).
+    audio: bool,
 }
 
 #[derive(Default)]
@@ -245,11 +261,19 @@ pub struct VisionLm {
     slots: Mutex<Slots>,
     /// The text model takes 3-D rope positions (Qwen: see `vision_lm/mrope_prompt.rs`).
     mrope: bool,
+    /// The audio tower and how the prompt marks a clip, for checkpoints that take audio.
+    audio: Option<(AudioPrompt, AudioInput)>,
 }
 
 impl VisionLm {
     pub fn new(text: Box<dyn CausalLm>, encoder: Box<dyn ImageEncoder>, prompt: ImagePrompt) -> Self {
-        VisionLm { text, encoder, prompt, slots: Mutex::new(Slots::default()), mrope: false }
+        VisionLm { text, encoder, prompt, slots: Mutex::new(Slots::default()), mrope: false, audio: None }
+    }
+
+    /// The same model taking audio clips too (Gemma 4 with an `audio_config`).
+    pub fn with_audio(mut self, prompt: AudioPrompt, input: AudioInput) -> Self {
+        self.audio = Some((prompt, input));
+        self
     }
 
     /// Gemma 3. `processor`: the checkpoint's preprocessing (pan and scan must be off: its crops
@@ -300,7 +324,7 @@ impl VisionLm {
     /// (as an image, or as a video `frame`) unless it is kept.
     fn image_ids(&self, image: &ImageData, frame: bool) -> Result<(u32, u32, (u32, u32))> {
         let mut slots = self.slots.lock().map_err(|_| Error::Mlx("image slots poisoned by a panic".into()))?;
-        if let Some(at) = slots.kept.iter().position(|k| k.frame == frame && k.image == *image) {
+        if let Some(at) = slots.kept.iter().position(|k| !k.audio && k.frame == frame && k.image == *image) {
             let k = slots.kept.remove(at).expect("found above");
             let ids = (k.first, k.len, k.size);
             slots.kept.push_back(k);
@@ -309,6 +333,47 @@ impl VisionLm {
         let decoded = decode_image(&image.bytes)?;
         let size = (decoded.width, decoded.height);
         let rows = if frame { self.encoder.encode_frame(&decoded)? } else { self.encoder.encode(&decoded)? };
+        self.keep(slots, image, frame, false, size, rows)
+    }
+
+    /// An audio clip's ids (first offset, count), encoding it unless it is kept.
+    fn audio_ids(&self, clip: &ImageData) -> Result<(u32, u32)> {
+        let Some((_, input)) = &self.audio else {
+            return Err(Error::InvalidArgument("this model takes no audio (it has no audio tower)".into()));
+        };
+        let mut slots = self.slots.lock().map_err(|_| Error::Mlx("image slots poisoned by a panic".into()))?;
+        if let Some(at) = slots.kept.iter().position(|k| k.audio && k.image == *clip) {
+            let k = slots.kept.remove(at).expect("found above");
+            let ids = (k.first, k.len);
+            slots.kept.push_back(k);
+            return Ok(ids);
+        }
+        let rows = input.encode(&clip.bytes)?;
+        let (first, len, _) = self.keep(slots, clip, false, true, (0, 0), rows)?;
+        Ok((first, len))
+    }
+
+    /// The id ranges (first offset, count) of the kept audio clips (none without an audio tower).
+    fn audio_ranges(&self) -> Vec<(u32, u32)> {
+        if self.audio.is_none() {
+            return vec![];
+        }
+        match self.slots.lock() {
+            Ok(slots) => slots.kept.iter().filter(|k| k.audio).map(|k| (k.first, k.len)).collect(),
+            Err(_) => vec![],
+        }
+    }
+
+    /// Gives encoded `rows` the next free ids and keeps them (dropping the least recently used).
+    fn keep(
+        &self,
+        mut slots: std::sync::MutexGuard<'_, Slots>,
+        image: &ImageData,
+        frame: bool,
+        audio: bool,
+        size: (u32, u32),
+        rows: Array,
+    ) -> Result<(u32, u32, (u32, u32))> {
         let len = rows.shape()[0] as u32;
         let first = slots.next;
         if first as u64 + len as u64 > (u32::MAX - MEDIA_TOKEN_BASE) as u64 {
@@ -316,7 +381,7 @@ impl VisionLm {
         }
         rows.eval()?;
         slots.next += len;
-        slots.kept.push_back(Kept { first, len, image: image.clone(), frame, size, rows });
+        slots.kept.push_back(Kept { first, len, image: image.clone(), frame, size, rows, audio });
         while slots.kept.len() > 1
             && (slots.kept.len() > KEPT_IMAGES || slots.kept.iter().map(|k| k.image.bytes.len()).sum::<usize>() > KEPT_BYTES)
         {
@@ -354,6 +419,9 @@ impl Params for VisionLm {
     fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
         self.text.params(out);
         self.encoder.params(out);
+        if let Some((_, a)) = &self.audio {
+            a.params(out);
+        }
     }
 }
 
@@ -395,7 +463,11 @@ impl CausalLm for VisionLm {
         match scale {
             RowScale::Embedding => self.text.forward_embeddings(h, caches),
             RowScale::Input { pad_id, .. } => {
-                let media: Vec<bool> = ids.iter().map(|&t| is_media_token(t)).collect();
+                // Audio tokens are never attended both ways (mlx-vlm's overlay takes image and
+                // video tokens only): the mask marks the vision rows.
+                let audio = self.audio_ranges();
+                let in_audio = |t: u32| audio.iter().any(|&(a, n)| (a..a + n).contains(&(t - MEDIA_TOKEN_BASE)));
+                let media: Vec<bool> = ids.iter().map(|&t| is_media_token(t) && !in_audio(t)).collect();
                 let ids: Vec<u32> = ids.iter().map(|&t| if is_media_token(t) { pad_id } else { t }).collect();
                 self.text.forward_input_rows(h, &Array::from_slice(&ids, &[1, ids.len() as i32])?, &media, caches)
             }
@@ -455,6 +527,10 @@ impl CausalLm for VisionLm {
         Some(&self.prompt)
     }
 
+    fn audio_prompt(&self) -> Option<&AudioPrompt> {
+        self.audio.as_ref().map(|(p, _)| p)
+    }
+
     fn bind_images(&self, ids: Vec<u32>, images: &[&ImageData]) -> Result<Vec<u32>> {
         let media: Vec<Media> = images.iter().map(|&i| Media::Image(i)).collect();
         self.bind_media(ids, &media)
@@ -479,6 +555,9 @@ impl CausalLm for VisionLm {
                     }
                 }
                 (Media::Video(_), None) => {}
+                (Media::Audio(a), _) => {
+                    distinct.insert((false, a.hash, a.bytes.len()));
+                }
             }
         }
         if distinct.len() > KEPT_IMAGES {
@@ -497,8 +576,37 @@ impl CausalLm for VisionLm {
         let mut next = media.iter().enumerate();
         // The video being bound: its number (1-based), its kept frames still to place, its frame size.
         let mut frames: (usize, std::collections::VecDeque<&ImageData>, Option<(u32, u32)>) = (0, Default::default(), None);
+        let audio_token = self.audio.as_ref().map(|(p, _)| p.audio_token);
         let mut i = 0;
         while i < ids.len() {
+            if Some(ids[i]) == audio_token {
+                let (n, part) = next.next().ok_or_else(|| {
+                    Error::InvalidArgument("the prompt has more audio places than the messages have audio clips".into())
+                })?;
+                let n = n + 1;
+                let Media::Audio(clip) = part else {
+                    return Err(Error::InvalidArgument(format!(
+                        "media part {n} of the conversation is {}, and the prompt has an audio place there",
+                        media_kind(part)
+                    )));
+                };
+                if !frames.1.is_empty() {
+                    return Err(Error::InvalidArgument(format!("the prompt has an audio place at position {i} inside a video's frames")));
+                }
+                let run = ids[i..].iter().take_while(|&&x| x == ids[i]).count();
+                if run != 1 {
+                    return Err(Error::InvalidArgument(format!(
+                        "the prompt holds a run of {run} audio tokens at position {i}; an audio clip takes 1"
+                    )));
+                }
+                let (first, len) = self.audio_ids(clip).map_err(|e| match e {
+                    Error::InvalidArgument(m) => Error::InvalidArgument(format!("the audio (media part {n} of the conversation): {m}")),
+                    other => other,
+                })?;
+                out.extend((0..len).map(|k| MEDIA_TOKEN_BASE + first + k));
+                i += 1;
+                continue;
+            }
             let is_video = video.is_some_and(|v| ids[i] == v.video_token);
             if ids[i] != self.prompt.image_token && !is_video {
                 out.push(ids[i]);
@@ -524,8 +632,9 @@ impl CausalLm for VisionLm {
                     })?;
                     let Media::Video(all) = part else {
                         return Err(Error::InvalidArgument(format!(
-                            "media part {} of the conversation is an image, and the prompt has a video frame's place there",
-                            n + 1
+                            "media part {} of the conversation is {}, and the prompt has a video frame's place there",
+                            n + 1,
+                            media_kind(part)
                         )));
                     };
                     let v = video.expect("is_video");
@@ -559,7 +668,8 @@ impl CausalLm for VisionLm {
             let n = n + 1;
             let Media::Image(image) = part else {
                 return Err(Error::InvalidArgument(format!(
-                    "media part {n} of the conversation is a video, and the prompt has an image place there"
+                    "media part {n} of the conversation is {}, and the prompt has an image place there",
+                    media_kind(part)
                 )));
             };
             let (first, len, _) = self.image_ids(image, false).map_err(|e| match e {

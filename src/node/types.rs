@@ -140,12 +140,14 @@ pub struct ToolCall {
 /// One part of a multi-part message content: text, an image for models whose
 /// `session.info.supportsImages` (PNG, JPEG, WebP or GIF bytes; remote URLs are not fetched), or
 /// a video as its frames for models whose `session.info.supportsVideo` (a video file is refused:
-/// pass its frames).
+/// pass its frames), or an audio clip (WAV, FLAC or MP3, at most 30 s) for models whose
+/// `session.info.supportsAudio`.
 #[napi(object, object_to_js = false)]
 pub struct ContentPart {
-    /// `'text'`, an image: `'image'` (with `image`) or `'image_url'` (with `image_url`), or
-    /// `'video'` (with `video`).
-    #[napi(js_name = "type", ts_type = "'text' | 'image' | 'image_url' | 'video' | (string & {})")]
+    /// `'text'`, an image: `'image'` (with `image`) or `'image_url'` (with `image_url`),
+    /// `'video'` (with `video`), or audio: `'audio'` (with `audio`) or `'input_audio'` (with
+    /// `input_audio`).
+    #[napi(js_name = "type", ts_type = "'text' | 'image' | 'image_url' | 'video' | 'audio' | 'input_audio' | (string & {})")]
     pub kind: String,
     /// The text of a `'text'` part.
     pub text: Option<String>,
@@ -158,6 +160,13 @@ pub struct ContentPart {
     /// A `'video'` part's frames, in order, each an image as `image` takes it.
     #[napi(ts_type = "Array<Uint8Array | string>")]
     pub video: Option<Value>,
+    /// An `'audio'` part's clip (WAV, FLAC or MP3): its bytes, a file path, or a `data:` / `file:` URL.
+    #[napi(ts_type = "Uint8Array | string")]
+    pub audio: Option<Value>,
+    /// `{ data, format }` of an `'input_audio'` part (OpenAI's shape): the clip in base64 and its
+    /// format (`'wav'`, `'mp3'` or `'flac'`).
+    #[napi(ts_type = "{ data: string; format?: string }")]
+    pub input_audio: Option<Value>,
 }
 
 /// A chat message (OpenAI shape; `toolCalls`/`toolCallId` may also be spelled `tool_calls`/`tool_call_id`).

@@ -511,7 +511,7 @@ pub(crate) fn input_items(items: &[Value]) -> Result<Vec<ChatMessage>, ApiError>
 fn content_text(v: &Value) -> Result<String, String> {
     match content_parts(v)? {
         (text, images) if images.is_empty() => Ok(text),
-        _ => Err("input_image parts are only taken in a message's content".into()),
+        _ => Err("input_image and input_audio parts are only taken in a message's content".into()),
     }
 }
 
@@ -530,7 +530,12 @@ fn content_parts(v: &Value) -> Result<(String, Vec<crate::chat::MessageImage>), 
                         let image = crate::chat::media::image_from_part(&obj, MediaAccess::InlineOnly).map_err(|e| e.to_string())?;
                         images.push(crate::chat::MessageImage::image(text.len(), image));
                     }
-                    (Some(k @ ("input_file" | "input_audio")), _) => return Err(format!("{k} parts are not supported")),
+                    (Some("input_audio"), _) => {
+                        let obj = p.as_object().cloned().unwrap_or_default();
+                        let clip = crate::chat::audio_part::audio_from_part(&obj, MediaAccess::InlineOnly).map_err(|e| e.to_string())?;
+                        images.push(crate::chat::MessageImage::audio(text.len(), clip));
+                    }
+                    (Some(k @ "input_file"), _) => return Err(format!("{k} parts are not supported")),
                     _ => return Err(format!("unsupported content part {p}")),
                 }
             }

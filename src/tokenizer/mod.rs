@@ -215,33 +215,66 @@ impl Tokenizer {
         enable_thinking: Option<bool>,
         prompt: Option<&crate::models::vision_lm::ImagePrompt>,
     ) -> Result<Vec<u32>> {
-        let images = messages.iter().flat_map(|m| &m.images).filter(|i| i.video.is_none()).count();
+        self.encode_chat_with_media(messages, tools, enable_thinking, prompt, None)
+    }
+
+    /// [`Tokenizer::encode_chat_with_images`] for messages that may hold audio clips too: the
+    /// template's audio markers become what stands for each clip (`audio`), one marker per clip.
+    pub fn encode_chat_with_media(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[Tool]>,
+        enable_thinking: Option<bool>,
+        prompt: Option<&crate::models::vision_lm::ImagePrompt>,
+        audio: Option<&crate::models::audio_input::AudioPrompt>,
+    ) -> Result<Vec<u32>> {
+        let images = messages.iter().flat_map(|m| &m.images).filter(|i| i.video.is_none() && !i.audio).count();
+        let clips = messages.iter().flat_map(|m| &m.images).filter(|i| i.audio).count();
         let videos: Vec<usize> =
             messages.iter().flat_map(|m| &m.images).filter_map(|i| i.video.as_ref().map(Vec::len)).collect();
-        if images == 0 && videos.is_empty() {
+        if images == 0 && videos.is_empty() && clips == 0 {
             return self.encode_chat(messages, tools, enable_thinking);
         }
-        let Some(prompt) = prompt else {
-            return Err(Error::InvalidArgument("this model takes no images (it has no vision tower)".into()));
+        let audio = match (audio, clips) {
+            (_, 0) => None,
+            (Some(a), _) => Some(a),
+            (None, _) => return Err(Error::InvalidArgument("this model takes no audio (it has no audio tower)".into())),
         };
-        let video = match (&prompt.video, videos.is_empty()) {
+        let prompt = match prompt {
+            Some(p) => Some(p),
+            None if images == 0 && videos.is_empty() => None,
+            None => return Err(Error::InvalidArgument("this model takes no images (it has no vision tower)".into())),
+        };
+        let video = match (prompt.and_then(|p| p.video.as_ref()), videos.is_empty()) {
             (_, true) => None,
             (Some(v), false) => Some(v),
             (None, false) => return Err(Error::InvalidArgument("this model takes no video".into())),
         };
         if !self.has_chat_template() {
-            return Err(Error::InvalidArgument("images need the model's chat template, and it has none".into()));
+            return Err(Error::InvalidArgument("images and audio need the model's chat template, and it has none".into()));
         }
         let opts = TemplateOptions { add_generation_prompt: true, tools, enable_thinking, extra: Default::default() };
-        let text = self.apply_chat_template(messages, &opts)?;
-        let markers = text.matches(prompt.marker.as_str()).count();
-        if markers != images {
-            return Err(Error::InvalidArgument(format!(
-                "the chat template placed {markers} image marker(s) ({}) for {images} image(s)",
-                prompt.marker
-            )));
+        let mut text = self.apply_chat_template(messages, &opts)?;
+        if let Some(a) = audio {
+            let markers = text.matches(a.marker.as_str()).count();
+            if markers != clips {
+                return Err(Error::InvalidArgument(format!(
+                    "the chat template placed {markers} audio marker(s) ({}) for {clips} audio clip(s)",
+                    a.marker
+                )));
+            }
+            text = text.replace(a.marker.as_str(), &a.expansion);
         }
-        let mut text = text.replace(prompt.marker.as_str(), &prompt.expansion);
+        if let Some(prompt) = prompt {
+            let markers = text.matches(prompt.marker.as_str()).count();
+            if markers != images {
+                return Err(Error::InvalidArgument(format!(
+                    "the chat template placed {markers} image marker(s) ({}) for {images} image(s)",
+                    prompt.marker
+                )));
+            }
+            text = text.replace(prompt.marker.as_str(), &prompt.expansion);
+        }
         if let Some(v) = video {
             // After the images' expansion (which holds no video marker); each video's own.
             let pieces: Vec<&str> = text.split(v.marker.as_str()).collect();
