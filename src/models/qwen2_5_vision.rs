@@ -17,10 +17,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::qwen_vision::{apply_rope, gelu_erf, vision_rope};
-use super::vision_lm::{ImageEncoder, RowScale};
 use crate::error::{Error, Result};
 use crate::loader::Vb;
-use crate::media::{QwenImageProcessor, RgbImage};
 use crate::mlx::fast::{self, AttentionMask};
 use crate::mlx::Array;
 use crate::nn::{Linear, Params, RmsNorm};
@@ -287,31 +285,8 @@ impl Params for Qwen25Vision {
     }
 }
 
-/// The tower with its processor.
-pub struct Qwen25Images {
-    pub vision: Qwen25Vision,
-    pub processor: QwenImageProcessor,
-}
-
-impl ImageEncoder for Qwen25Images {
-    fn encode(&self, image: &RgbImage) -> Result<Array> {
-        let pv = self.processor.preprocess(image)?;
-        let (_, gh, gw) = pv.grid;
-        let patches = Array::from_slice(&pv.data, &[pv.patches as i32, pv.patch_dim as i32])?;
-        self.vision.forward(&patches, gh, gw)
-    }
-
-    fn row_scale(&self) -> RowScale {
-        RowScale::Embedding
-    }
-
-    fn mrope_grid(&self, size: (u32, u32)) -> Option<(usize, usize)> {
-        self.processor.merged_grid(size.1, size.0).ok()
-    }
-}
-
-impl Params for Qwen25Images {
-    fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
-        self.vision.params(out);
+impl super::qwen_vision::QwenTower for Qwen25Vision {
+    fn forward(&self, patches: &Array, gh: usize, gw: usize) -> Result<Array> {
+        Qwen25Vision::forward(self, patches, gh, gw)
     }
 }

@@ -309,7 +309,7 @@ fn load_with_vision(c: &ModelConfig, vb: &Vb) -> Result<Box<dyn CausalLm>> {
         placeholder_tokens: 1,
         video: None,
     };
-    let encoder = Box::new(super::qwen2_5_vision::Qwen25Images { vision, processor });
+    let encoder = Box::new(super::qwen_vision::QwenImages { vision, processor });
     Ok(Box::new(super::vision_lm::VisionLm::new(text, encoder, prompt).with_mrope()))
 }
 

@@ -325,13 +325,25 @@ impl Params for QwenVision {
     }
 }
 
-/// The tower with its processor: an image's rows, and where they sit on the rope grid.
-pub struct QwenImages {
-    pub vision: QwenVision,
+/// A Qwen vision tower (Qwen3-VL's here, Qwen2.5-VL's windowed one in `qwen2_5_vision.rs`): an
+/// image's merged rows from its patches on a `gh × gw` grid.
+pub trait QwenTower: Params {
+    fn forward(&self, patches: &Array, gh: usize, gw: usize) -> Result<Array>;
+}
+
+impl QwenTower for QwenVision {
+    fn forward(&self, patches: &Array, gh: usize, gw: usize) -> Result<Array> {
+        QwenVision::forward(self, patches, gh, gw)
+    }
+}
+
+/// A tower with Qwen's processor: an image's rows, and where they sit on the rope grid.
+pub struct QwenImages<V> {
+    pub vision: V,
     pub processor: QwenImageProcessor,
 }
 
-impl ImageEncoder for QwenImages {
+impl<V: QwenTower> ImageEncoder for QwenImages<V> {
     fn encode(&self, image: &RgbImage) -> Result<Array> {
         let pv = self.processor.preprocess(image)?;
         let (_, gh, gw) = pv.grid;
@@ -348,7 +360,7 @@ impl ImageEncoder for QwenImages {
     }
 }
 
-impl Params for QwenImages {
+impl<V: QwenTower> Params for QwenImages<V> {
     fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
         self.vision.params(out);
     }
