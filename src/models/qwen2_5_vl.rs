@@ -280,37 +280,9 @@ fn load_with_vision(c: &ModelConfig, vb: &Vb) -> Result<Box<dyn CausalLm>> {
     })?;
     let text = super::load_as::<Qwen2_5VlText>(c, vb)?;
     let Some(vision) = vision else { return Ok(text) };
-    let image_token = match c.raw.get("image_token_id").filter(|v| !v.is_null()) {
-        None => 151_655,
-        Some(v) => v.as_u64().filter(|&t| t < u32::MAX as u64).ok_or_else(|| c.error(format!("image_token_id {v} is not a token id")))? as u32,
-    };
-    if image_token as usize >= text.vocab_size() {
-        return Err(c.error(format!("image_token_id {image_token} is outside the vocabulary ({})", text.vocab_size())));
-    }
-    let processor = super::qwen_vision::processor_for(c, 14)?;
     let vc = vision.config();
-    if (processor.patch_size, processor.merge_size, processor.temporal_patch_size)
-        != (vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size)
-    {
-        return Err(c.error(format!(
-            "the image processor's patch_size {} / merge_size {} / temporal_patch_size {} differ from vision_config's {} / {} / {}",
-            processor.patch_size,
-            processor.merge_size,
-            processor.temporal_patch_size,
-            vc.patch_size,
-            vc.spatial_merge_size,
-            vc.temporal_patch_size
-        )));
-    }
-    let prompt = super::vision_lm::ImagePrompt {
-        marker: "<|image_pad|>".into(),
-        expansion: "<|image_pad|>".into(),
-        image_token,
-        placeholder_tokens: 1,
-        video: None,
-    };
-    let encoder = Box::new(super::qwen_vision::QwenImages { vision, processor });
-    Ok(Box::new(super::vision_lm::VisionLm::new(text, encoder, prompt).with_mrope()))
+    let patching = (vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size);
+    super::qwen_vision::with_tower(c, text, vision, patching, 151_655, 14)
 }
 
 pub const ARCH: Architecture = Architecture {

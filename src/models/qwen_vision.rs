@@ -376,26 +376,36 @@ pub fn load_with_vision(c: &crate::loader::ModelConfig, vb: &Vb) -> Result<Box<d
     })?;
     let text = super::load_as::<super::qwen3_next::Qwen3Next>(c, vb)?;
     let Some(vision) = vision else { return Ok(text) };
+    let vc = vision.config();
+    let patching = (vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size);
+    with_tower(c, text, vision, patching, 248_056, 16)
+}
+
+/// `text` with a Qwen tower in front: the image token (`image_token_id`, else
+/// `default_image_token`), the checkpoint's processor (patch size `default_patch` unless it says),
+/// which must patch as the tower does (`patching`: patch size, merge size, temporal patch size
+/// from `vision_config`), and 3-D rope positions.
+pub(crate) fn with_tower<V: QwenTower + 'static>(
+    c: &crate::loader::ModelConfig,
+    text: Box<dyn super::CausalLm>,
+    vision: V,
+    patching: (usize, usize, usize),
+    default_image_token: u32,
+    default_patch: usize,
+) -> Result<Box<dyn super::CausalLm>> {
     let image_token = match c.raw.get("image_token_id").filter(|v| !v.is_null()) {
-        None => 248_056,
+        None => default_image_token,
         Some(v) => v.as_u64().filter(|&t| t < u32::MAX as u64).ok_or_else(|| c.error(format!("image_token_id {v} is not a token id")))? as u32,
     };
     if image_token as usize >= text.vocab_size() {
         return Err(c.error(format!("image_token_id {image_token} is outside the vocabulary ({})", text.vocab_size())));
     }
-    let processor = processor_for(c, 16)?;
-    let vc = vision.config();
-    if (processor.patch_size, processor.merge_size, processor.temporal_patch_size)
-        != (vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size)
-    {
+    let processor = processor_for(c, default_patch)?;
+    let (patch_size, merge_size, temporal_patch_size) = patching;
+    if (processor.patch_size, processor.merge_size, processor.temporal_patch_size) != patching {
         return Err(c.error(format!(
-            "the image processor's patch_size {} / merge_size {} / temporal_patch_size {} differ from vision_config's {} / {} / {}",
-            processor.patch_size,
-            processor.merge_size,
-            processor.temporal_patch_size,
-            vc.patch_size,
-            vc.spatial_merge_size,
-            vc.temporal_patch_size
+            "the image processor's patch_size {} / merge_size {} / temporal_patch_size {} differ from vision_config's {patch_size} / {merge_size} / {temporal_patch_size}",
+            processor.patch_size, processor.merge_size, processor.temporal_patch_size,
         )));
     }
     let prompt = super::vision_lm::ImagePrompt {
