@@ -21,7 +21,8 @@
 //! Without `MLEX_ORACLE_VENV` (the venv holding mlx-vlm) the oracle tests skip, saying so.
 mod common;
 
-use common::{read_tensors, repo_root, require_oracle, RawTensor};
+use common::oracle_arrays::{f32_values, f32_array, i32_values, max_abs_diff};
+use common::{read_tensors, repo_root, require_oracle};
 use mlex::chat::{ContentPart, Media};
 use mlex::loader::{ModelConfig, Vb, WeightStore};
 use mlex::media::{decode_audio, Gemma4AudioFeatureExtractor};
@@ -34,27 +35,6 @@ use std::path::Path;
 use std::process::Command;
 
 const AUDIO_TOKEN: u32 = 303;
-
-fn f32_values(t: &RawTensor) -> Vec<f32> {
-    assert_eq!(t.dtype, "F32", "{}", t.name);
-    t.data.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
-}
-
-fn f32_array(t: &RawTensor) -> Array {
-    let shape: Vec<i32> = t.shape.iter().map(|&d| d as i32).collect();
-    Array::from_slice(&f32_values(t), &shape).unwrap()
-}
-
-fn i32_values(t: &RawTensor) -> Vec<i32> {
-    assert_eq!(t.dtype, "I32", "{}", t.name);
-    t.data.chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap())).collect()
-}
-
-fn max_abs_diff(a: &Array, b: &Array) -> f32 {
-    assert_eq!(a.shape(), b.shape());
-    let (a, b) = (a.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap(), b.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap());
-    a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
-}
 
 fn run_oracle(test: &str) -> Option<tempfile::TempDir> {
     let python = require_oracle(test)?;

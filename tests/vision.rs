@@ -6,6 +6,7 @@
 //! the same checkpoint (both convolution layouts) and must give the same features.
 mod common;
 
+use common::oracle_arrays::{f32_array, i32_values, max_abs_diff};
 use common::{read_tensors, repo_root, require_oracle};
 use mlex::loader::{ModelConfig, Vb, WeightStore};
 use mlex::mlx::{Array, Dtype};
@@ -13,19 +14,6 @@ use mlex::models::gemma3_vision::Gemma3Vision;
 use std::cell::RefCell;
 use std::path::Path;
 use std::process::Command;
-
-fn f32_array(t: &common::RawTensor) -> Array {
-    assert_eq!(t.dtype, "F32", "{}", t.name);
-    let values: Vec<f32> = t.data.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
-    let shape: Vec<i32> = t.shape.iter().map(|&d| d as i32).collect();
-    Array::from_slice(&values, &shape).unwrap()
-}
-
-fn max_abs_diff(a: &Array, b: &Array) -> f32 {
-    assert_eq!(a.shape(), b.shape());
-    let (a, b) = (a.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
-    a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
-}
 
 /// Runs `tests/oracle/<script>` into a new directory (None, with a skip, without the oracle venv).
 fn run_oracle(script: &str, test: &str) -> Option<tempfile::TempDir> {
@@ -102,11 +90,6 @@ fn gemma3_vision_rejects_bad_configs_and_pixels() {
     bad["mm_tokens_per_image"] = 16.into();
     let err = Gemma3Vision::load(&bad, &Vb::new(&store, None)).err().expect("no weights");
     assert!(err.to_string().contains("vision_tower.vision_model.embeddings.patch_embedding.weight"), "{err}");
-}
-
-fn i32_values(t: &common::RawTensor) -> Vec<i32> {
-    assert_eq!(t.dtype, "I32", "{}", t.name);
-    t.data.chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap())).collect()
 }
 
 /// The whole gemma3 model on an image prompt: mlx-vlm's (tests/oracle/gemma3_vlm.py: vision

@@ -21,6 +21,7 @@
 //! Without `MLEX_ORACLE_VENV` (the venv holding mlx-vlm) the oracle tests skip, saying so.
 mod common;
 
+use common::oracle_arrays::{f32_values, f32_array, i32_values, max_abs_diff};
 use common::{read_tensors, repo_root, require_oracle, RawTensor};
 use mlex::loader::{ModelConfig, Vb, WeightStore};
 use mlex::media::{QwenImageProcessor, RgbImage};
@@ -32,29 +33,6 @@ use std::path::Path;
 use std::process::Command;
 
 const IMAGE_PAD: u32 = 300;
-
-fn f32_array(t: &RawTensor) -> Array {
-    assert_eq!(t.dtype, "F32", "{}", t.name);
-    let values: Vec<f32> = t.data.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
-    let shape: Vec<i32> = t.shape.iter().map(|&d| d as i32).collect();
-    Array::from_slice(&values, &shape).unwrap()
-}
-
-fn f32_values(t: &RawTensor) -> Vec<f32> {
-    assert_eq!(t.dtype, "F32", "{}", t.name);
-    t.data.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
-}
-
-fn i32_values(t: &RawTensor) -> Vec<i32> {
-    assert_eq!(t.dtype, "I32", "{}", t.name);
-    t.data.chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap())).collect()
-}
-
-fn max_abs_diff(a: &Array, b: &Array) -> f32 {
-    assert_eq!(a.shape(), b.shape());
-    let (a, b) = (a.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap(), b.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap());
-    a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
-}
 
 const QWEN3_5: &str = "qwen3_5_vlm.py";
 const QWEN2_5_VL: &str = "qwen2_5_vl_vlm.py";

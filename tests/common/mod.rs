@@ -8,6 +8,8 @@
 //!   and of bad input need no Python at all.
 #![allow(dead_code)]
 
+pub mod oracle_arrays;
+
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
