@@ -65,7 +65,8 @@ def gemma3():
 
     text = {"model_type": "gemma3_text", "hidden_size": 1024, "intermediate_size": 2048, "num_hidden_layers": 8,
             "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": VOCAB,
-            "rms_norm_eps": 1e-6, "query_pre_attn_scalar": 128, "sliding_window": 512, "sliding_window_pattern": 6,
+            "rms_norm_eps": 1e-6, "query_pre_attn_scalar": 2,  # sharp attention (real: 256): at 128 greedy decoding repeats
+            "sliding_window": 512, "sliding_window_pattern": 6,
             "layer_types": ["sliding_attention"] * 5 + ["full_attention"] + ["sliding_attention"] * 2,
             "rope_local_base_freq": 10000.0, "rope_global_base_freq": 1000000.0, "rope_theta": 1000000.0,
             "rope_scaling": None, "max_position_embeddings": 4096, "hidden_activation": "gelu_pytorch_tanh",
