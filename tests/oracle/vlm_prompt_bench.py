@@ -5,8 +5,9 @@ Why: issue 15 asks for image-prompt TTFT and decode side by side with mlx-vlm; t
 (*_vision_bench.py) time only the vision part.
 
 Builds mlx-vlm's whole model for --arch gemma3 | gemma4 | qwen3_5 (imported with the stubs of the
-*_vlm.py oracles) at the "cpu" shape below (text: hidden 1024, 8 layers, MLP 2048, vocab 2048; tower: the
-real model's widths, patch size and pooling, 2 blocks, and a smaller image than the real one),
+*_vlm.py oracles) at a CPU-sized shape (text: hidden 1024, 8 layers, MLP 2048, vocab 2048; tower: the
+real model's widths, patch size and pooling, 2 blocks, and a smaller image than the real one;
+BENCHMARKS.md tabulates them),
 random float32 weights, and one 320 x 240 PNG. One run, timed as mlx-vlm's generate does the work:
   TTFT    PIL open + convert, the arch's image processor (Gemma 3: transformers'
           Gemma3ImageProcessorPil, which mlx-vlm's processor wraps; Gemma 4 / Qwen: mlx-vlm's own),
