@@ -29,6 +29,7 @@ fn main() {
     println!("cargo:rerun-if-changed=src/mlx/cuda_jit.h");
     println!("cargo:rerun-if-changed=src/mlx/cpu_gemm.h");
     println!("cargo:rerun-if-changed=src/mlx/cpu_bitstream.h");
+    println!("cargo:rerun-if-changed=src/mlx/cpu_scales.h");
     println!("cargo:rerun-if-changed=src/mlx/cpu_dense_matmul.h");
     println!("cargo:rerun-if-changed=src/mlx/cpu_dense_matmul.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cpu_gemm.cpp");

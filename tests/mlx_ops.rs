@@ -267,6 +267,79 @@ fn check_cpu_quantized_matmul(n: i32, k: i32) {
     }
 }
 
+/// 16-bit quantization scales and biases (float16, bfloat16: kept so on the CPU in a float32
+/// model, `loader::weights::keeps_16bit_scales`) run our kernel (`CpuQuantizedMatmul`: the row
+/// kernels for 1 and 3 rows, the packed GEMM for 40) and give the float32-scales result, since the
+/// kernels widen the same values exactly. MLX's own kernel (ours declines a weight that is not
+/// evaluated) accepts them too, with a float32 result; and an embedding lookup matches.
+#[test]
+fn cpu_quantized_matmul_reads_16bit_scales() {
+    let (n, k) = (70i32, 320i32);
+    let wa = arr(&rand_vec((n * k) as usize, 41), &[n, k]);
+    for (bits, group) in [(4, 32), (4, 64), (8, 32), (3, 32)] {
+        let q = quant::quantize(&wa, group, bits, QuantMode::Affine).unwrap();
+        for dtype in [Dtype::Float16, Dtype::Bfloat16] {
+            let s16 = q.scales.astype(dtype).unwrap();
+            let b16 = q.biases.as_ref().unwrap().astype(dtype).unwrap();
+            let s32 = s16.astype(Dtype::Float32).unwrap();
+            let b32 = b16.astype(Dtype::Float32).unwrap();
+            mlex::mlx::eval(&[&q.weight, &s16, &b16, &s32, &b32]).unwrap();
+            for rows in [1, 3, 40] {
+                let x = arr(&rand_vec((rows * k) as usize, 42 + rows as u64), &[rows, k]);
+                let qmm = |s: &Array, b: &Array| {
+                    quant::quantized_matmul(&x, &q.weight, s, Some(b), true, group, bits, QuantMode::Affine).unwrap()
+                };
+                let got = qmm(&s16, &b16);
+                let census = mlex::mlx::graph_census(&[&got]).unwrap();
+                assert!(census.iter().any(|(name, _)| name == "CpuQuantizedMatmul"), "{dtype:?} bits {bits}: {census:?}");
+                assert_eq!(got.dtype(), Dtype::Float32);
+                let want = qmm(&s32, &b32).to_vec::<f32>().unwrap();
+                let got = got.to_vec::<f32>().unwrap();
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!((g - w).abs() <= 1e-6 * w.abs(), "{dtype:?} bits {bits} rows {rows} [{i}]: {g} vs {w}");
+                }
+            }
+            // MLX's kernel: scales not evaluated yet, so ours declines.
+            let lazy_s = q.scales.astype(dtype).unwrap();
+            let lazy_b = q.biases.as_ref().unwrap().astype(dtype).unwrap();
+            let x = arr(&rand_vec((3 * k) as usize, 43), &[3, k]);
+            let got = quant::quantized_matmul(&x, &q.weight, &lazy_s, Some(&lazy_b), true, group, bits, QuantMode::Affine)
+                .unwrap();
+            let census = mlex::mlx::graph_census(&[&got]).unwrap();
+            assert!(!census.iter().any(|(name, _)| name == "CpuQuantizedMatmul"), "{census:?}");
+            assert_eq!(got.dtype(), Dtype::Float32);
+            let want = quant::quantized_matmul(&x, &q.weight, &s32, Some(&b32), true, group, bits, QuantMode::Affine)
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap();
+            close(&got.to_vec::<f32>().unwrap(), &want, 1e-5);
+            // An embedding lookup (QuantWeight::dequantize) widens them before MLX's dequantize.
+            let spec = mlex::loader::QuantSpec { group_size: group as u32, bits: bits as u32, mode: QuantMode::Affine };
+            let emb = mlex::nn::embedding::Embedding::Quantized(mlex::nn::linear::QuantWeight {
+                weight: q.weight.clone(),
+                scales: s16.clone(),
+                biases: Some(b16.clone()),
+                spec,
+                dequant_dtype: Some(Dtype::Float32),
+            });
+            let ids = Array::from_slice(&[3u32, 0, 69, 3], &[2, 2]).unwrap();
+            let got = emb.forward(&ids).unwrap();
+            assert_eq!(got.dtype(), Dtype::Float32);
+            let want = quant::dequantize(&q.weight, &s32, Some(&b32), group, bits, QuantMode::Affine)
+                .unwrap()
+                .take(&ids, 0)
+                .unwrap();
+            assert_eq!(got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+        }
+    }
+}
+
+/// The same on the portable (non-AVX2) path.
+#[test]
+fn cpu_quantized_matmul_reads_16bit_scales_portable_path() {
+    rerun_without_avx2("cpu_quantized_matmul_reads_16bit_scales");
+}
+
 /// A dense layer's product with many rows of x on the CPU (`x @ w_t`, `w_t` the evaluated
 /// transposed view of a float32 `[out, in]` weight, as `Linear` holds it) runs our packed GEMM
 /// (`CpuDenseMatmul`), with or without a bias (addmm), for widths that are not multiples of the

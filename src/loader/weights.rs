@@ -147,6 +147,7 @@ impl WeightStore {
         }
         let arr = file.array(t)?;
         match (kind, self.compute_dtype) {
+            (TensorKind::Scales, Some(d)) if keeps_16bit_scales(t.dtype, d)? => Ok(arr),
             (TensorKind::Float, Some(d)) | (TensorKind::Scales, Some(d)) if t.dtype.is_float() && t.dtype != d => {
                 arr.astype(d)
             }
@@ -169,6 +170,7 @@ impl WeightStore {
             return Err(Error::checkpoint(&self.dir, format!("tensor '{name}' has dtype {}, expected {}", d.name(), kind.describe())));
         }
         match (kind, self.compute_dtype) {
+            (TensorKind::Scales, Some(c)) if keeps_16bit_scales(d, c)? => Ok(arr),
             (TensorKind::Float, Some(c)) | (TensorKind::Scales, Some(c)) if d.is_float() && d != c => arr.astype(c),
             _ => Ok(arr),
         }
@@ -266,6 +268,19 @@ impl WeightStore {
             format!("unexpected tensor(s) the model does not use: {}", extra.join(", ")),
         ))
     }
+}
+
+/// Whether quantization scales/biases stored as `stored` stay so in a model computing in
+/// `compute`: 16-bit ones on the CPU in a float32 model. Decode there is memory-bound and our CPU
+/// kernels widen them per row (exactly), so float32 copies would only add bytes per token (+50%
+/// over 4-bit weights at group 32). MLX's quantized_matmul accepts them too (a float32 result,
+/// exact); its dequantize computes in the scales' dtype, so
+/// [`crate::nn::linear::QuantWeight::dequantize`] widens them first, and stacked (expert) weights
+/// are widened at load (`QuantWeight::load`). GPUs compute in 16 bits, where the cast is kept.
+pub(crate) fn keeps_16bit_scales(stored: Dtype, compute: Dtype) -> Result<bool> {
+    Ok(compute == Dtype::Float32
+        && matches!(stored, Dtype::Float16 | Dtype::Bfloat16)
+        && crate::mlx::default_device()? == crate::mlx::Device::Cpu)
 }
 
 /// What a tensor is expected to hold.

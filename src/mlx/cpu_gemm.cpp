@@ -46,14 +46,14 @@ __attribute__((target("avx2,fma"))) inline void transpose8(__m256 r[8]) {
 // panel p's element (k, j) at wt[p · kc · 16 + k · 16 + j]; rows past `rows` are zeros. Eight
 // rows × eight columns at a time: each row's eight values dequantized as one vector
 // (scale · q + bias), the 8×8 block transposed in registers, stored as eight k-rows.
-__attribute__((target("avx2,fma"))) void pack(const uint32_t* w, const float* scales, const float* biases, int N,
-                                              int K, int group_size, const BitLanesAvx2& lanes, int n0, int rows,
-                                              int k0, int kc, float* wt) {
+// scales/biases: row n0 + j's group g at [j · stride + g - g0] (the block's groups from g0).
+__attribute__((target("avx2,fma"))) void pack(const uint32_t* w, const float* scales, const float* biases,
+                                              size_t stride, int g0, int N, int K, int group_size,
+                                              const BitLanesAvx2& lanes, int n0, int rows, int k0, int kc, float* wt) {
   const int bits = lanes.bits;
   const size_t row_bytes = static_cast<size_t>(K) * bits / 8;
   const size_t total = row_bytes * N;
   const uint8_t* base = reinterpret_cast<const uint8_t*>(w);
-  const int groups = K / group_size;
   const int padded = (rows + kNr - 1) / kNr * kNr;
   for (int j0 = 0; j0 < padded; j0 += 8) {
     float* panel = wt + static_cast<size_t>(j0 / kNr) * kc * kNr + (j0 % kNr);
@@ -67,7 +67,7 @@ __attribute__((target("avx2,fma"))) void pack(const uint32_t* w, const float* sc
           continue;
         }
         const size_t n = static_cast<size_t>(n0 + j0 + i);
-        const size_t g = n * groups + at / group_size;
+        const size_t g = static_cast<size_t>(j0 + i) * stride + (at / group_size - g0);
         // Eight values start on a byte and take `bits` bytes.
         const size_t byte = n * row_bytes + static_cast<size_t>(at) * bits / 8;
         const __m256 q = lanes.values(base + byte, byte + 8 <= total);
@@ -182,15 +182,31 @@ bool quantized_gemm_available() {
 #endif
 }
 
-void quantized_gemm(const float* x, const uint32_t* w, const float* scales, const float* biases, float* out, int M,
-                    int N, int K, int group_size, int bits) {
+void quantized_gemm(const float* x, const uint32_t* w, const ScaleRows& scales, float* out, int M, int N, int K,
+                    int group_size, int bits) {
 #ifdef MLEX_X86_64
   const BitLanes bit_lanes(bits);
   gemm(x, out, M, N, K, [&](int n0, int rows, int k0, int kc, float* wt) {
-    pack(w, scales, biases, N, K, group_size, BitLanesAvx2(bit_lanes), n0, rows, k0, kc, wt);
+    const int g0 = k0 / group_size, count = (k0 + kc - 1) / group_size + 1 - g0;
+    if (scales.dtype == ScaleDtype::F32) {
+      const size_t at = static_cast<size_t>(n0) * scales.groups;
+      pack(w, static_cast<const float*>(scales.scales) + at, static_cast<const float*>(scales.biases) + at,
+           scales.groups, 0, N, K, group_size, BitLanesAvx2(bit_lanes), n0, rows, k0, kc, wt);
+      return;
+    }
+    // 16-bit: the block's groups of its rows widened first (a few hundred values per 64 × 256 block).
+    thread_local std::vector<float> s, b;
+    s.resize(static_cast<size_t>(rows) * count);
+    b.resize(static_cast<size_t>(rows) * count);
+    for (int j = 0; j < rows; ++j) {
+      const size_t at = static_cast<size_t>(n0 + j) * scales.groups + g0;
+      widen(static_cast<const uint16_t*>(scales.scales) + at, scales.dtype, count, s.data() + static_cast<size_t>(j) * count);
+      widen(static_cast<const uint16_t*>(scales.biases) + at, scales.dtype, count, b.data() + static_cast<size_t>(j) * count);
+    }
+    pack(w, s.data(), b.data(), count, g0, N, K, group_size, BitLanesAvx2(bit_lanes), n0, rows, k0, kc, wt);
   });
 #else
-  (void)x, (void)w, (void)scales, (void)biases, (void)out, (void)M, (void)N, (void)K, (void)group_size, (void)bits;
+  (void)x, (void)w, (void)scales, (void)out, (void)M, (void)N, (void)K, (void)group_size, (void)bits;
 #endif
 }
 

@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "cpu_scales.h"
+
 namespace mlex {
 
 // Rows of x from which the GEMM is used (both kinds): above a continuous batch's decode step (max 32 rows),
@@ -21,9 +23,10 @@ constexpr int kGemmMinRows = 33;
 // Whether this CPU runs the GEMM (x86-64 with AVX2/FMA).
 bool quantized_gemm_available();
 
-// x: [M, K] row-major; w: [N, K·bits/32] packed rows (MLX affine layout); scales/biases: [N, K/group].
-void quantized_gemm(const float* x, const uint32_t* w, const float* scales, const float* biases, float* out, int M,
-                    int N, int K, int group_size, int bits);
+// x: [M, K] row-major; w: [N, K·bits/32] packed rows (MLX affine layout); scales: their [N, K/group]
+// scales and biases (float32 or 16-bit, widened as a block is packed).
+void quantized_gemm(const float* x, const uint32_t* w, const ScaleRows& scales, float* out, int M, int N, int K,
+                    int group_size, int bits);
 
 // x: [M, K] row-major; w: [N, K] row-major (so the product is with its transpose).
 void dense_gemm(const float* x, const float* w, float* out, int M, int N, int K);

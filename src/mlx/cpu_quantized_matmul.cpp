@@ -8,6 +8,7 @@
 #include "ablation.h"
 #include "cpu_bitstream.h"
 #include "cpu_primitive.h"
+#include "cpu_scales.h"
 #include "cpu_gemm.h"
 #include "cpu_simd.h"
 #include "cpu_strided.h"
@@ -75,9 +76,26 @@ float row_bitstream(const uint32_t* wq, const float* scales, const float* biases
 
 #ifdef MLEX_X86_64
 
+// How the single-row kernels read a group's scale or bias: float32, or a stored 16-bit value
+// widened in a register (F16C / a shift), so a decode step reads 2 bytes instead of 4.
+struct ScF32 {
+  using T = float;
+  static float at(const T* p, int g) { return p[g]; }
+};
+struct ScF16 {
+  using T = uint16_t;
+  __attribute__((target("f16c"))) static float at(const T* p, int g) { return _cvtsh_ss(p[g]); }
+};
+struct ScBF16 {
+  using T = uint16_t;
+  static float at(const T* p, int g) { return bf16_to_float(p[g]); }
+};
+
 // 4-bit: one uint32 = 8 values; broadcast it and shift each lane by 4·lane.
-__attribute__((target("avx2,fma"))) float row_q4_avx2(const uint32_t* wq, const float* scales, const float* biases,
-                                                      const float* x, const float* xsum, int groups, int group_size) {
+template <class S>
+__attribute__((target("avx2,fma,f16c"))) float row_q4_avx2(const uint32_t* wq, const typename S::T* scales,
+                                                           const typename S::T* biases, const float* x,
+                                                           const float* xsum, int groups, int group_size) {
   const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
   const __m256i mask = _mm256_set1_epi32(0xF);
   const int words = group_size / 8;
@@ -98,8 +116,8 @@ __attribute__((target("avx2,fma"))) float row_q4_avx2(const uint32_t* wq, const 
       __m256i q = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w[i])), shifts), mask);
       a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_loadu_ps(xg + 8 * i), a0);
     }
-    total = _mm256_fmadd_ps(_mm256_add_ps(a0, a1), _mm256_set1_ps(scales[g]), total);
-    bias_total += biases[g] * xsum[g];
+    total = _mm256_fmadd_ps(_mm256_add_ps(a0, a1), _mm256_set1_ps(S::at(scales, g)), total);
+    bias_total += S::at(biases, g) * xsum[g];
   }
   return hsum(total) + bias_total;
 }
@@ -153,8 +171,10 @@ __attribute__((target("avx2,fma"))) void rows_q4_avx2(const uint32_t* wq, const 
 }
 
 // 8-bit: the bytes are the values in order; widen 8 at a time.
-__attribute__((target("avx2,fma"))) float row_q8_avx2(const uint32_t* wq, const float* scales, const float* biases,
-                                                      const float* x, const float* xsum, int groups, int group_size) {
+template <class S>
+__attribute__((target("avx2,fma,f16c"))) float row_q8_avx2(const uint32_t* wq, const typename S::T* scales,
+                                                           const typename S::T* biases, const float* x,
+                                                           const float* xsum, int groups, int group_size) {
   const uint8_t* bytes = reinterpret_cast<const uint8_t*>(wq);
   __m256 total = _mm256_setzero_ps();
   float bias_total = 0.f;
@@ -166,8 +186,8 @@ __attribute__((target("avx2,fma"))) float row_q8_avx2(const uint32_t* wq, const 
       __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + i));
       a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), _mm256_loadu_ps(xg + i), a);
     }
-    total = _mm256_fmadd_ps(a, _mm256_set1_ps(scales[g]), total);
-    bias_total += biases[g] * xsum[g];
+    total = _mm256_fmadd_ps(a, _mm256_set1_ps(S::at(scales, g)), total);
+    bias_total += S::at(biases, g) * xsum[g];
   }
   return hsum(total) + bias_total;
 }
@@ -200,8 +220,10 @@ __attribute__((target("avx2,fma"))) float row_bitstream_avx2(const uint32_t* wq,
 struct Problem {
   const float* x;
   const uint32_t* w;
-  const float* scales;
-  const float* biases;
+  // [N, groups] scales and biases, float32 or 16-bit (cpu_scales.h).
+  const void* scales;
+  const void* biases;
+  ScaleDtype scale_dtype;
   float* out;
   int M, N, K, group_size, bits;
 };
@@ -209,10 +231,12 @@ struct Problem {
 void compute(const Problem& p) {
   // A prompt chunk: the packed GEMM (cpu_gemm.h).
   if (p.M >= kGemmMinRows && quantized_gemm_available() && !mlex::ablated(MLEX_ABLATE_KERNEL_CPU_GEMM)) {
-    quantized_gemm(p.x, p.w, p.scales, p.biases, p.out, p.M, p.N, p.K, p.group_size, p.bits);
+    quantized_gemm(p.x, p.w, ScaleRows{p.scales, p.biases, p.scale_dtype, p.K / p.group_size}, p.out, p.M, p.N, p.K,
+                   p.group_size, p.bits);
     return;
   }
   const int groups = p.K / p.group_size;
+  const ScaleRows scale_rows{p.scales, p.biases, p.scale_dtype, groups};
   const int words_per_row = p.K * p.bits / 32;
   std::vector<float> xsum(static_cast<size_t>(p.M) * groups);
   for (int m = 0; m < p.M; ++m)
@@ -226,16 +250,15 @@ void compute(const Problem& p) {
   const BitLanes lanes(p.bits);
   const uint8_t* end = reinterpret_cast<const uint8_t*>(p.w) + static_cast<size_t>(p.N) * words_per_row * 4;
 #endif
-  auto row = [&](int n, int m) -> float {
+  // s, b: row n's scales and biases as floats (ScaleRows::rows).
+  auto row = [&](int n, int m, const float* s, const float* b) -> float {
     const uint32_t* wq = p.w + static_cast<size_t>(n) * words_per_row;
-    const float* s = p.scales + static_cast<size_t>(n) * groups;
-    const float* b = p.biases + static_cast<size_t>(n) * groups;
     const float* x = p.x + static_cast<size_t>(m) * p.K;
     const float* xs = xsum.data() + static_cast<size_t>(m) * groups;
 #ifdef MLEX_X86_64
     if (has_avx2_fma()) {
-      if (p.bits == 4) return row_q4_avx2(wq, s, b, x, xs, groups, p.group_size);
-      if (p.bits == 8) return row_q8_avx2(wq, s, b, x, xs, groups, p.group_size);
+      if (p.bits == 4) return row_q4_avx2<ScF32>(wq, s, b, x, xs, groups, p.group_size);
+      if (p.bits == 8) return row_q8_avx2<ScF32>(wq, s, b, x, xs, groups, p.group_size);
       return row_bitstream_avx2(wq, s, b, x, xs, groups, p.group_size, lanes, end);
     }
 #endif
@@ -254,10 +277,14 @@ void compute(const Problem& p) {
   if (p.bits == 4 && p.M > 1 && has_avx2_fma()) {
     pool().run(tasks, [&](int t) {
       const int lo = t * chunk, hi = std::min(p.N, lo + chunk);
+      thread_local ScaleRows::Buffer buf;  // kept: no allocation per decode-step matmul
+      const float *sb = nullptr, *bb = nullptr;
       for (int n = lo; n < hi; ++n) {
         const uint32_t* wq = p.w + static_cast<size_t>(n) * words_per_row;
-        const float* s = p.scales + static_cast<size_t>(n) * groups;
-        const float* b = p.biases + static_cast<size_t>(n) * groups;
+        const int i = (n - lo) % ScaleRows::kBlock;
+        if (i == 0) scale_rows.rows(static_cast<size_t>(n), std::min(ScaleRows::kBlock, hi - n), buf, sb, bb);
+        const float* s = sb + static_cast<size_t>(i) * groups;
+        const float* b = bb + static_cast<size_t>(i) * groups;
         for (int m = 0; m < p.M;) {
           const int r = std::min(4, p.M - m);
           const float* x = p.x + static_cast<size_t>(m) * p.K;
@@ -277,10 +304,48 @@ void compute(const Problem& p) {
     return;
   }
 #endif
+#ifdef MLEX_X86_64
+  // 4 and 8 bits with 16-bit scales (a float32 model's decode step on the CPU): the kernels read
+  // them as stored, widening each in a register.
+  if ((p.bits == 4 || p.bits == 8) && p.scale_dtype != ScaleDtype::F32 && has_avx2_fma() && has_f16c()) {
+    const auto* s16 = static_cast<const uint16_t*>(p.scales);
+    const auto* b16 = static_cast<const uint16_t*>(p.biases);
+    pool().run(tasks, [&](int t) {
+      const int lo = t * chunk, hi = std::min(p.N, lo + chunk);
+      for (int n = lo; n < hi; ++n) {
+        const uint32_t* wq = p.w + static_cast<size_t>(n) * words_per_row;
+        const uint16_t* s = s16 + static_cast<size_t>(n) * groups;
+        const uint16_t* b = b16 + static_cast<size_t>(n) * groups;
+        for (int m = 0; m < p.M; ++m) {
+          const float* x = p.x + static_cast<size_t>(m) * p.K;
+          const float* xs = xsum.data() + static_cast<size_t>(m) * groups;
+          const bool f16 = p.scale_dtype == ScaleDtype::F16;
+          float v;
+          if (p.bits == 4) {
+            v = f16 ? row_q4_avx2<ScF16>(wq, s, b, x, xs, groups, p.group_size)
+                    : row_q4_avx2<ScBF16>(wq, s, b, x, xs, groups, p.group_size);
+          } else {
+            v = f16 ? row_q8_avx2<ScF16>(wq, s, b, x, xs, groups, p.group_size)
+                    : row_q8_avx2<ScBF16>(wq, s, b, x, xs, groups, p.group_size);
+          }
+          p.out[static_cast<size_t>(m) * p.N + n] = v;
+        }
+      }
+    });
+    return;
+  }
+#endif
   pool().run(tasks, [&](int t) {
     const int lo = t * chunk, hi = std::min(p.N, lo + chunk);
-    for (int n = lo; n < hi; ++n)
-      for (int m = 0; m < p.M; ++m) p.out[static_cast<size_t>(m) * p.N + n] = row(n, m);
+    thread_local ScaleRows::Buffer buf;
+    const float *sb = nullptr, *bb = nullptr;
+    for (int n = lo; n < hi; ++n) {
+      const int i = (n - lo) % ScaleRows::kBlock;
+      if (i == 0) scale_rows.rows(static_cast<size_t>(n), std::min(ScaleRows::kBlock, hi - n), buf, sb, bb);
+      const float* s = sb + static_cast<size_t>(i) * groups;
+      const float* b = bb + static_cast<size_t>(i) * groups;
+      for (int m = 0; m < p.M; ++m) p.out[static_cast<size_t>(m) * p.N + n] = row(n, m, s, b);
+    }
   });
 }
 
@@ -291,8 +356,11 @@ class CpuQuantizedMatmul : public CpuPrimitive {
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto& x = inputs[0];
     const int K = x.shape(-1), N = out.shape(-1);
-    Problem p{x.data<float>(), inputs[1].data<uint32_t>(), inputs[2].data<float>(), inputs[3].data<float>(), nullptr,
-              static_cast<int>(out.size() / N), N, K, group_size_, bits_};
+    const mx::Dtype sd = inputs[2].dtype();
+    const ScaleDtype scale_dtype =
+        sd == mx::float16 ? ScaleDtype::F16 : sd == mx::bfloat16 ? ScaleDtype::BF16 : ScaleDtype::F32;
+    Problem p{x.data<float>(), inputs[1].data<uint32_t>(), inputs[2].data<void>(), inputs[3].data<void>(),
+              scale_dtype, nullptr, static_cast<int>(out.size() / N), N, K, group_size_, bits_};
     // A view as x is gathered into rows here, on the CPU thread, rather than by a copy op in the
     // graph (one op per matmul of a decode step).
     const bool gather = !x.flags().row_contiguous;
@@ -333,7 +401,9 @@ std::optional<mx::array> cpu_quantized_matmul(const mx::array& x, const mx::arra
   auto stream = mx::to_stream({});
   if (ablated || stream.device != mx::Device::cpu || mode != "affine" || !transpose || !biases ||
       (bits < 2 || bits > 8 || bits == 7) || group_size % 8 != 0 || x.ndim() < 1 || x.dtype() != mx::float32 ||
-      w.dtype() != mx::uint32 || scales.dtype() != mx::float32 || biases->dtype() != mx::float32 || w.ndim() != 2) {
+      w.dtype() != mx::uint32 || w.ndim() != 2 ||
+      (scales.dtype() != mx::float32 && scales.dtype() != mx::float16 && scales.dtype() != mx::bfloat16) ||
+      biases->dtype() != scales.dtype()) {
     return std::nullopt;
   }
   const int K = x.shape(-1), N = w.shape(0);

@@ -1,7 +1,7 @@
 // A faster CPU quantized matmul than MLX's own (which runs a scalar loop on one thread on x86):
-// `x @ dequantize(w)ᵀ` for affine 2/3/4/5/6/8-bit weights with float32 activations, scales and
-// biases — 4 and 8 bits vectorised with AVX2/FMA where the CPU has it — spread over a small
-// thread pool.
+// `x @ dequantize(w)ᵀ` for affine 2/3/4/5/6/8-bit weights with float32 activations and float32,
+// float16 or bfloat16 scales and biases (16-bit ones widened per row: cpu_scales.h) — 4 and 8
+// bits vectorised with AVX2/FMA where the CPU has it — spread over a small thread pool.
 // It is an MLX primitive, so it sits in the lazy graph like any other op.
 #pragma once
 

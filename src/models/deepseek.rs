@@ -377,7 +377,7 @@ impl MultiLinear {
                     }
                 };
                 let biases = q.biases.map(cast).transpose()?;
-                MultiLinear::Quantized(QuantWeight { weight: q.weight, scales: cast(q.scales)?, biases, spec })
+                MultiLinear::Quantized(QuantWeight { weight: q.weight, scales: cast(q.scales)?, biases, spec, dequant_dtype: None })
             }
         })
     }

@@ -42,7 +42,7 @@ use super::transformer::validate_heads;
 use super::{ArchConfig, Architecture, CausalLm, LmHead, Loadable};
 use crate::error::{Error, Result};
 use crate::loader::{check_size, ModelConfig, RopeConfig, RopeFields, Vb};
-use crate::mlx::{eval, fast, quant, Array, Dtype};
+use crate::mlx::{eval, fast, Array, Dtype};
 use crate::nn::switch::{combine, top_k};
 use crate::nn::{
     Cache, Embedding, ExpertActivation, GateActivation, GatedMlp, LayerCaches, Linear, Mask, Params,
@@ -812,14 +812,7 @@ impl Gemma4Text {
     fn nearest_tokens(&self, embeds: &Array) -> Result<Array> {
         let table = match &self.embed_tokens {
             Embedding::Dense { table, .. } => table.clone(),
-            Embedding::Quantized(q) => quant::dequantize(
-                &q.weight,
-                &q.scales,
-                q.biases.as_ref(),
-                q.spec.group_size as i32,
-                q.spec.bits as i32,
-                q.spec.mode,
-            )?,
+            Embedding::Quantized(q) => q.dequantize(None)?,
         };
         let norms_table = table.square()?.sum(&[-1], false)?;
         let norms_input = embeds.square()?.sum(&[-1], false)?.expand_dims(-1)?;

@@ -3,7 +3,7 @@ use super::linear::QuantWeight;
 use super::module::Params;
 use crate::error::Result;
 use crate::loader::Vb;
-use crate::mlx::{quant, Array};
+use crate::mlx::Array;
 
 pub enum Embedding {
     /// The `[vocab, dim]` table and its transposed view (for the tied output head), made once.
@@ -26,12 +26,7 @@ impl Embedding {
     pub fn forward(&self, ids: &Array) -> Result<Array> {
         match self {
             Embedding::Dense { table, .. } => table.take(ids, 0),
-            Embedding::Quantized(q) => {
-                let w = q.weight.take(ids, 0)?;
-                let s = q.scales.take(ids, 0)?;
-                let b = q.biases.as_ref().map(|b| b.take(ids, 0)).transpose()?;
-                quant::dequantize(&w, &s, b.as_ref(), q.spec.group_size as i32, q.spec.bits as i32, q.spec.mode)
-            }
+            Embedding::Quantized(q) => q.dequantize(Some(ids)),
         }
     }
 

@@ -3,7 +3,7 @@ use crate::error::Result;
 use super::module::Params;
 use crate::loader::{QuantSpec, TensorKind, Vb};
 use crate::mlx::quant::{self, Epilogue};
-use crate::mlx::Array;
+use crate::mlx::{Array, Dtype};
 
 /// Rows of input from which a CPU build with OpenBLAS dequantizes and uses sgemm (see `matmul_t`).
 const DEQUANT_GEMM_MIN_ROWS: usize = 32;
@@ -14,6 +14,10 @@ pub struct QuantWeight {
     pub scales: Array,
     pub biases: Option<Array>,
     pub spec: QuantSpec,
+    /// The compute dtype where it is not the scales' own (16-bit scales kept in a float32 model
+    /// on the CPU: `loader::weights::keeps_16bit_scales`); [`QuantWeight::dequantize`] widens them
+    /// to it first.
+    pub dequant_dtype: Option<Dtype>,
 }
 
 impl QuantWeight {
@@ -29,10 +33,41 @@ impl QuantWeight {
         let shape = |last: usize| -> Vec<usize> { lead.iter().copied().chain([out, last]).collect() };
         let groups = inp / spec.group_size as usize;
         let weight = vb.take("weight", &shape(inp * spec.bits as usize / 32), TensorKind::Packed)?;
-        let scales = vb.take("scales", &shape(groups), TensorKind::Scales)?;
-        let biases =
+        let mut scales = vb.take("scales", &shape(groups), TensorKind::Scales)?;
+        let mut biases =
             if spec.mode.has_biases() { Some(vb.take("biases", &shape(groups), TensorKind::Scales)?) } else { None };
-        Ok(QuantWeight { weight, scales, biases, spec })
+        let mut dequant_dtype = vb.dtype().filter(|&d| scales.dtype().is_float() && scales.dtype() != d);
+        if let (Some(d), false) = (dequant_dtype, lead.is_empty()) {
+            // Stacked weights (experts, heads) go through MLX's kernels, which widen every 16-bit
+            // scale of the stack on each call (measured: 2.4× slower for 64 experts): float32.
+            scales = scales.astype(d)?;
+            biases = biases.map(|b| b.astype(d)).transpose()?;
+            dequant_dtype = None;
+        }
+        Ok(QuantWeight { weight, scales, biases, spec, dequant_dtype })
+    }
+
+    /// The float weight (`ids`: only those rows, an embedding lookup), in the compute dtype.
+    /// Kept 16-bit scales are widened first: MLX's dequantize computes in the scales' dtype (a
+    /// float32 output dtype only casts the rounded 16-bit result).
+    pub fn dequantize(&self, ids: Option<&Array>) -> Result<Array> {
+        let rows = |a: &Array| -> Result<Array> { ids.map_or_else(|| Ok(a.clone()), |i| a.take(i, 0)) };
+        let widen = |a: &Array| -> Result<Array> {
+            let r = rows(a)?;
+            match self.dequant_dtype {
+                Some(d) => r.astype(d),
+                None => Ok(r),
+            }
+        };
+        let biases = self.biases.as_ref().map(widen).transpose()?;
+        quant::dequantize(
+            &rows(&self.weight)?,
+            &widen(&self.scales)?,
+            biases.as_ref(),
+            self.spec.group_size as i32,
+            self.spec.bits as i32,
+            self.spec.mode,
+        )
     }
 
     /// `x @ Wᵀ` without materialising W — except for long prefill chunks on a CPU whose BLAS is
@@ -40,14 +75,7 @@ impl QuantWeight {
     /// quantized-matmul kernel (the decode path, one row at a time, keeps the quantized kernel).
     pub fn matmul_t(&self, x: &Array) -> Result<Array> {
         if self.dequantize_for_gemm(x)? {
-            let w = quant::dequantize(
-                &self.weight,
-                &self.scales,
-                self.biases.as_ref(),
-                self.spec.group_size as i32,
-                self.spec.bits as i32,
-                self.spec.mode,
-            )?;
+            let w = self.dequantize(None)?;
             return x.matmul(&w.transpose(&[1, 0])?);
         }
         quant::quantized_matmul(
@@ -178,6 +206,7 @@ impl Linear {
                         scales: cat(qs.iter().map(|q| &q.scales).collect())?,
                         biases,
                         spec: q0.spec,
+                        dequant_dtype: q0.dequant_dtype,
                     },
                     bias,
                 }
