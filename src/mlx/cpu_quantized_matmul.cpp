@@ -278,13 +278,10 @@ void compute(const Problem& p) {
     pool().run(tasks, [&](int t) {
       const int lo = t * chunk, hi = std::min(p.N, lo + chunk);
       thread_local ScaleRows::Buffer buf;  // kept: no allocation per decode-step matmul
-      const float *sb = nullptr, *bb = nullptr;
       for (int n = lo; n < hi; ++n) {
         const uint32_t* wq = p.w + static_cast<size_t>(n) * words_per_row;
-        const int i = (n - lo) % ScaleRows::kBlock;
-        if (i == 0) scale_rows.rows(static_cast<size_t>(n), std::min(ScaleRows::kBlock, hi - n), buf, sb, bb);
-        const float* s = sb + static_cast<size_t>(i) * groups;
-        const float* b = bb + static_cast<size_t>(i) * groups;
+        const float *s, *b;
+        scale_rows.row(lo, hi, n, buf, s, b);
         for (int m = 0; m < p.M;) {
           const int r = std::min(4, p.M - m);
           const float* x = p.x + static_cast<size_t>(m) * p.K;
@@ -338,12 +335,9 @@ void compute(const Problem& p) {
   pool().run(tasks, [&](int t) {
     const int lo = t * chunk, hi = std::min(p.N, lo + chunk);
     thread_local ScaleRows::Buffer buf;
-    const float *sb = nullptr, *bb = nullptr;
     for (int n = lo; n < hi; ++n) {
-      const int i = (n - lo) % ScaleRows::kBlock;
-      if (i == 0) scale_rows.rows(static_cast<size_t>(n), std::min(ScaleRows::kBlock, hi - n), buf, sb, bb);
-      const float* s = sb + static_cast<size_t>(i) * groups;
-      const float* b = bb + static_cast<size_t>(i) * groups;
+      const float *s, *b;
+      scale_rows.row(lo, hi, n, buf, s, b);
       for (int m = 0; m < p.M; ++m) p.out[static_cast<size_t>(m) * p.N + n] = row(n, m, s, b);
     }
   });

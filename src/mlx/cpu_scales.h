@@ -6,6 +6,7 @@
 // float32), so their arithmetic, and its results, are those of float32 scales.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -81,9 +82,12 @@ struct ScaleRows {
   // groups, and a call per row cost more than the bytes it saved), into a buffer that stays in L1.
   static constexpr int kBlock = 64;
 
-  // A thread's buffers for a block's widened scales and biases (unused for float32).
+  // A thread's buffers for a block's widened scales and biases (unused for float32), and where
+  // the current block's rows start.
   struct Buffer {
     std::vector<float> s, b;
+    const float* block_s = nullptr;
+    const float* block_b = nullptr;
   };
 
   // Rows n0 .. n0 + count (count ≤ kBlock) as floats, row n0 + i's at s + i · groups: the
@@ -103,6 +107,15 @@ struct ScaleRows {
     widen(static_cast<const uint16_t*>(biases) + at, dtype, static_cast<int>(n), buf.b.data());
     s = buf.s.data();
     b = buf.b.data();
+  }
+
+  // Row n's scales and biases for a thread walking rows lo .. hi in order: a block of rows is
+  // widened when n starts one.
+  void row(int lo, int hi, int n, Buffer& buf, const float*& s, const float*& b) const {
+    const int i = (n - lo) % kBlock;
+    if (i == 0) rows(static_cast<size_t>(n), std::min(kBlock, hi - n), buf, buf.block_s, buf.block_b);
+    s = buf.block_s + static_cast<size_t>(i) * groups;
+    b = buf.block_b + static_cast<size_t>(i) * groups;
   }
 };
 
