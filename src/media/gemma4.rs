@@ -7,6 +7,7 @@
 //! tower maps [0, 1] to [−1, 1] itself; with `do_normalize`, `(x − mean) / std` in float32). No
 //! padding: the image's soft-token count is `(H/p)·(W/p)/k²`, which varies with its aspect ratio.
 use super::image::{decode_image, resize_with, PixelValues, RgbImage, BICUBIC};
+use super::processor_config::ProcessorConfig;
 use crate::error::{Error, Result};
 
 /// The soft-token budgets the Gemma 4 checkpoints are trained with (any positive one is accepted).
@@ -46,56 +47,23 @@ impl Gemma4ImageProcessor {
     /// keep the defaults. Settings not reproduced (resize or rescale off) are InvalidArgument
     /// rather than silently different.
     pub fn from_config(cfg: &serde_json::Value) -> Result<Self> {
-        let cfg = cfg.get("image_processor").filter(|v| v.is_object()).unwrap_or(cfg);
+        let c = ProcessorConfig::new(cfg);
         let mut p = Gemma4ImageProcessor::default();
-        let get = |k: &str| cfg.get(k).filter(|v| !v.is_null());
-        let bad = |k: &str, v: &serde_json::Value| invalid(format!("processor config: unsupported {k} {v}"));
-        let size = |k: &str, max: u64| -> Result<Option<usize>> {
-            match get(k) {
-                None => Ok(None),
-                Some(v) => v.as_u64().filter(|&n| n > 0 && n <= max).map(|n| Some(n as usize)).ok_or_else(|| bad(k, v)),
-            }
-        };
-        if let Some(n) = size("patch_size", 1024)? {
+        if let Some(n) = c.size("patch_size", 1024)? {
             p.patch_size = n;
         }
-        if let Some(n) = size("max_soft_tokens", 1 << 16)? {
+        if let Some(n) = c.size("max_soft_tokens", 1 << 16)? {
             p.max_soft_tokens = n;
         }
-        if let Some(n) = size("pooling_kernel_size", 64)? {
+        if let Some(n) = c.size("pooling_kernel_size", 64)? {
             p.pooling_kernel_size = n;
         }
-        if let Some(v) = get("rescale_factor") {
-            p.rescale_factor = v.as_f64().filter(|f| f.is_finite() && *f > 0.0).ok_or_else(|| bad("rescale_factor", v))?;
+        if let Some(f) = c.rescale_factor()? {
+            p.rescale_factor = f;
         }
-        for k in ["do_resize", "do_rescale", "do_convert_rgb"] {
-            if let Some(v) = get(k) {
-                if v.as_bool() != Some(true) {
-                    return Err(bad(k, v));
-                }
-            }
-        }
-        let normalize = match get("do_normalize") {
-            None => false,
-            Some(v) => v.as_bool().ok_or_else(|| bad("do_normalize", v))?,
-        };
-        if normalize {
-            // The processor's defaults: mean and std 0.5.
-            let triple = |k: &str| -> Result<[f32; 3]> {
-                match get(k) {
-                    None => Ok([0.5; 3]),
-                    Some(v) => match v.as_array().map(|a| a.iter().map(|x| x.as_f64()).collect::<Option<Vec<_>>>()) {
-                        Some(Some(a)) if a.len() == 3 => Ok([a[0] as f32, a[1] as f32, a[2] as f32]),
-                        _ => Err(bad(k, v)),
-                    },
-                }
-            };
-            let (mean, std) = (triple("image_mean")?, triple("image_std")?);
-            if std.contains(&0.0) {
-                return Err(bad("image_std", get("image_std").unwrap_or(&serde_json::Value::Null)));
-            }
-            p.normalize = Some((mean, std));
-        }
+        c.require_on(&["do_resize", "do_rescale", "do_convert_rgb"])?;
+        // The processor's defaults: normalisation off, mean and std 0.5 when on.
+        p.normalize = c.normalize(false)?;
         Ok(p)
     }
 

@@ -7,6 +7,7 @@ pub mod audio;
 pub mod audio_features;
 pub mod gemma4;
 pub mod image;
+mod processor_config;
 pub mod qwen;
 
 pub use audio::{decode_audio, load_audio, resample_poly, Waveform, MAX_AUDIO_BYTES};

@@ -16,6 +16,7 @@
 //! `min_pixels` / `max_pixels` unless those keys are given; the patch size defaults to 16
 //! (Qwen3-VL, Qwen3.5) or 14 (Qwen2.5-VL).
 use super::image::{decode_image, resize_with, RgbImage, BICUBIC};
+use super::processor_config::ProcessorConfig;
 use crate::error::{Error, Result};
 
 /// Qwen's image processor settings.
@@ -65,32 +66,19 @@ impl QwenImageProcessor {
     /// patch size `default_patch`); settings not reproduced (rescale off) are InvalidArgument
     /// rather than silently different.
     pub fn from_config(cfg: &serde_json::Value, default_patch: usize) -> Result<Self> {
-        let cfg = cfg.get("image_processor").filter(|v| v.is_object()).unwrap_or(cfg);
+        let c = ProcessorConfig::new(cfg);
         let mut p = QwenImageProcessor { patch_size: default_patch, ..Default::default() };
-        let get = |k: &str| cfg.get(k).filter(|v| !v.is_null());
-        let bad = |k: &str, v: &serde_json::Value| invalid(format!("processor config: unsupported {k} {v}"));
-        let size = |k: &str, max: u64| -> Result<Option<usize>> {
-            match get(k) {
-                None => Ok(None),
-                Some(v) => v.as_u64().filter(|&n| n > 0 && n <= max).map(|n| Some(n as usize)).ok_or_else(|| bad(k, v)),
-            }
-        };
-        if let Some(n) = size("patch_size", 1024)? {
+        if let Some(n) = c.size("patch_size", 1024)? {
             p.patch_size = n;
         }
-        if let Some(n) = size("temporal_patch_size", 16)? {
+        if let Some(n) = c.size("temporal_patch_size", 16)? {
             p.temporal_patch_size = n;
         }
-        if let Some(n) = size("merge_size", 16)? {
+        if let Some(n) = c.size("merge_size", 16)? {
             p.merge_size = n;
         }
-        if let Some(sizes) = get("size") {
-            let edge = |k: &str| -> Result<Option<usize>> {
-                match sizes.get(k).filter(|v| !v.is_null()) {
-                    None => Ok(None),
-                    Some(v) => v.as_u64().filter(|&n| n > 0 && n <= 1 << 40).map(|n| Some(n as usize)).ok_or_else(|| bad(&format!("size.{k}"), v)),
-                }
-            };
+        if let Some(sizes) = c.get("size") {
+            let edge = |k: &str| ProcessorConfig::size_of(&format!("size.{k}"), sizes.get(k), 1 << 40);
             if let Some(n) = edge("shortest_edge")? {
                 p.min_pixels = n;
             }
@@ -98,45 +86,20 @@ impl QwenImageProcessor {
                 p.max_pixels = n;
             }
         }
-        if let Some(n) = size("min_pixels", 1 << 40)? {
+        if let Some(n) = c.size("min_pixels", 1 << 40)? {
             p.min_pixels = n;
         }
-        if let Some(n) = size("max_pixels", 1 << 40)? {
+        if let Some(n) = c.size("max_pixels", 1 << 40)? {
             p.max_pixels = n;
         }
         if p.min_pixels > p.max_pixels {
             return Err(invalid(format!("processor config: min_pixels {} exceeds max_pixels {}", p.min_pixels, p.max_pixels)));
         }
-        if let Some(v) = get("rescale_factor") {
-            p.rescale_factor = v.as_f64().filter(|f| f.is_finite() && *f > 0.0).ok_or_else(|| bad("rescale_factor", v))?;
+        if let Some(f) = c.rescale_factor()? {
+            p.rescale_factor = f;
         }
-        if let Some(v) = get("do_rescale") {
-            if v.as_bool() != Some(true) {
-                return Err(bad("do_rescale", v));
-            }
-        }
-        let normalize = match get("do_normalize") {
-            None => true,
-            Some(v) => v.as_bool().ok_or_else(|| bad("do_normalize", v))?,
-        };
-        p.normalize = if normalize {
-            let triple = |k: &str| -> Result<[f32; 3]> {
-                match get(k) {
-                    None => Ok([0.5; 3]),
-                    Some(v) => match v.as_array().map(|a| a.iter().map(|x| x.as_f64()).collect::<Option<Vec<_>>>()) {
-                        Some(Some(a)) if a.len() == 3 => Ok([a[0] as f32, a[1] as f32, a[2] as f32]),
-                        _ => Err(bad(k, v)),
-                    },
-                }
-            };
-            let (mean, std) = (triple("image_mean")?, triple("image_std")?);
-            if std.contains(&0.0) {
-                return Err(bad("image_std", get("image_std").unwrap_or(&serde_json::Value::Null)));
-            }
-            Some((mean, std))
-        } else {
-            None
-        };
+        c.require_on(&["do_rescale"])?;
+        p.normalize = c.normalize(true)?;
         Ok(p)
     }
 
