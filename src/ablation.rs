@@ -13,6 +13,8 @@
 //! | `MLEX_ABLATE_CPU_FAST_OPS` | our CPU RMSNorm / RoPE / attention |
 //! | `MLEX_ABLATE_CUDA_QMV` | our CUDA decode matrix-vector kernel |
 //! | `MLEX_ABLATE_CUDA_EPILOGUE` | the residual add and SwiGLU folded into that kernel |
+//! | `MLEX_ABLATE_CUDA_NORM_FOLD` | a layer's pre-norm (RMSNorm) folded into that kernel |
+//! | `MLEX_ABLATE_CUDA_QK_ROPE` | our CUDA kernel for q/k norms + rope (MLX's four kernels instead) |
 //! | `MLEX_ABLATE_GATED_DELTA` | our gated delta kernels (CPU and CUDA) |
 use crate::mlx::sys;
 use std::sync::OnceLock;
@@ -46,6 +48,8 @@ impl Ablations {
             ("MLEX_ABLATE_CUDA_QMV", sys::MLEX_ABLATE_KERNEL_CUDA_QMV),
             ("MLEX_ABLATE_CUDA_EPILOGUE", sys::MLEX_ABLATE_KERNEL_CUDA_EPILOGUE),
             ("MLEX_ABLATE_GATED_DELTA", sys::MLEX_ABLATE_KERNEL_GATED_DELTA),
+            ("MLEX_ABLATE_CUDA_NORM_FOLD", sys::MLEX_ABLATE_KERNEL_CUDA_NORM_FOLD),
+            ("MLEX_ABLATE_CUDA_QK_ROPE", sys::MLEX_ABLATE_KERNEL_CUDA_QK_ROPE),
         ]
         .iter()
         .filter(|(name, _)| on(name))

@@ -52,7 +52,7 @@ fn child_runs_the_kernels() {
         for (name, epi) in [("none", None), ("add", Some(Epilogue::AddResidual(&res))), ("swiglu", Some(Epilogue::SwiGlu))] {
             let y = match epi {
                 None => quant::quantized_matmul(&x, &q.weight, &q.scales, Some(biases), true, 64, 4, QuantMode::Affine),
-                Some(e) => quant::quantized_matmul_epilogue(&x, &q.weight, &q.scales, Some(biases), 64, 4, QuantMode::Affine, e),
+                Some(e) => quant::quantized_matmul_fused(&x, None, &q.weight, &q.scales, Some(biases), 64, 4, QuantMode::Affine, Some(e)),
             }
             .unwrap();
             let census = mlex::mlx::graph_census(&[&y]).unwrap();

@@ -738,8 +738,9 @@ fn quantized_matmul_epilogues_equal_the_unfused_ops() {
                     ("swiglu", Epilogue::SwiGlu, fast::swiglu(&halves[0], &halves[1]).unwrap()),
                 ];
                 for (name, epi, want) in cases {
-                    let got = quant::quantized_matmul_epilogue(&x, &q.weight, &q.scales, Some(biases), 64, 4, QuantMode::Affine, epi)
-                        .unwrap();
+                    let got =
+                        quant::quantized_matmul_fused(&x, None, &q.weight, &q.scales, Some(biases), 64, 4, QuantMode::Affine, Some(epi))
+                            .unwrap();
                     if cuda {
                         let census = mlex::mlx::graph_census(&[&got]).unwrap();
                         let kernels: usize = census.iter().filter(|(p, _)| is_our_cuda_kernel(p)).map(|(_, c)| c).sum();
@@ -750,6 +751,149 @@ fn quantized_matmul_epilogues_equal_the_unfused_ops() {
                     let (g, w) = (g.to_vec::<f32>().unwrap(), w.to_vec::<f32>().unwrap());
                     for (i, (a, b)) in g.iter().zip(&w).enumerate() {
                         assert!(a.to_bits() == b.to_bits(), "{what} {name}: element {i}: {a} vs {b}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A quantized product of RMS-normalized rows (a decoder layer's pre-norm folded into the q/k/v
+/// or gate/up product), with and without the SwiGLU epilogue, against rms_norm then the product.
+/// Off CUDA the same ops run, bit for bit. On CUDA it is one kernel whose sum of x² runs in
+/// another order than MLX's RMSNorm, so a normalized element may round the other way: outputs
+/// within two roundings of the activation type, and nearly all of them equal.
+#[test]
+fn quantized_matmul_with_the_norm_folded_in_matches_norm_then_product() {
+    use mlex::mlx::quant::Epilogue;
+    use mlex::mlx::{gpu_available, set_default_device, Device};
+    let cuda = gpu_available() && !cfg!(target_os = "macos");
+    if cuda {
+        set_default_device(Device::Gpu).unwrap();
+    }
+    let dtypes: &[Dtype] = if cuda { &[Dtype::Bfloat16, Dtype::Float16] } else { &[Dtype::Float32, Dtype::Bfloat16] };
+    for (n, k) in [(96i32, 256i32), (1024, 576)] {
+        let wa = arr(&rand_vec((n * k) as usize, 61), &[n, k]);
+        for &dtype in dtypes {
+            let q = quant::quantize(&wa.astype(dtype).unwrap(), 64, 4, QuantMode::Affine).unwrap();
+            let biases = q.biases.as_ref().unwrap();
+            let nw = arr(&rand_vec(k as usize, 62), &[k]).add(&Array::scalar_f32(1.0, Dtype::Float32).unwrap()).unwrap().astype(dtype).unwrap();
+            for m in [1i32, 3, 8] {
+                let what = format!("{n}x{k} {dtype:?} {m} rows");
+                // Rows of the residual stream at different scales.
+                let x = arr(&rand_vec((m * k) as usize, 63 + m as u64), &[m, 1, k])
+                    .multiply(&Array::scalar_f32(7.5, Dtype::Float32).unwrap())
+                    .unwrap()
+                    .astype(dtype)
+                    .unwrap();
+                mlex::mlx::eval(&[&x, &nw, &q.weight, &q.scales, biases]).unwrap();
+                let xn = fast::rms_norm(&x, Some(&nw), 1e-6).unwrap();
+                let y = quant::quantized_matmul(&xn, &q.weight, &q.scales, Some(biases), true, 64, 4, QuantMode::Affine).unwrap();
+                let halves = y.split_at(&[n / 2], -1).unwrap();
+                let cases = [("plain", None, y.clone()), ("swiglu", Some(Epilogue::SwiGlu), fast::swiglu(&halves[0], &halves[1]).unwrap())];
+                for (name, epi, want) in cases {
+                    let got = quant::quantized_matmul_fused(
+                        &x,
+                        Some((&nw, 1e-6)),
+                        &q.weight,
+                        &q.scales,
+                        Some(biases),
+                        64,
+                        4,
+                        QuantMode::Affine,
+                        epi,
+                    )
+                    .unwrap();
+                    if cuda {
+                        let census = mlex::mlx::graph_census(&[&got]).unwrap();
+                        let kernels: usize = census.iter().filter(|(p, _)| is_our_cuda_kernel(p)).map(|(_, c)| c).sum();
+                        assert_eq!((kernels, census.len()), (1, 1), "{what} {name}: one kernel, nothing else: {census:?}");
+                    }
+                    assert_eq!(got.shape(), want.shape(), "{what} {name}");
+                    let (g, w) = (got.astype(Dtype::Float32).unwrap(), want.astype(Dtype::Float32).unwrap());
+                    let (g, w) = (g.to_vec::<f32>().unwrap(), w.to_vec::<f32>().unwrap());
+                    let scale = w.iter().fold(0f32, |a, v| a.max(v.abs()));
+                    let mut equal = 0;
+                    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+                        if !cuda {
+                            assert!(a.to_bits() == b.to_bits(), "{what} {name}: element {i}: {a} vs {b}");
+                        }
+                        assert!((a - b).abs() <= b.abs() / 64.0 + scale / 256.0, "{what} {name}: element {i}: {a} vs {b}");
+                        equal += (a.to_bits() == b.to_bits()) as usize;
+                    }
+                    assert!(equal * 10 >= g.len() * 9, "{what} {name}: only {equal} of {} outputs equal", g.len());
+                }
+            }
+        }
+    }
+}
+
+/// q/k norms and rope of a decode step in one CUDA kernel, against MLX's four ops (RMSNorm of
+/// each head, then rope), for both pairings, with and without precomputed frequencies (llama3
+/// style), at one position or one per batch row. The sums and sines run in another order and
+/// precision than MLX's kernels: within two roundings of the activation type and nearly all equal.
+/// Off CUDA the kernel does not apply (None: the model runs the ops).
+#[test]
+fn cuda_qk_norm_rope_matches_norm_then_rope() {
+    use mlex::mlx::{gpu_available, set_default_device, Device};
+    let cuda = gpu_available() && !cfg!(target_os = "macos");
+    if cuda {
+        set_default_device(Device::Gpu).unwrap();
+    }
+    let (hq, hkv) = (4i32, 2i32);
+    for d in [64i32, 128] {
+        for &dtype in &[Dtype::Bfloat16, Dtype::Float16] {
+            for b in [1i32, 3] {
+                let qkv = arr(&rand_vec((b * (hq + 2 * hkv) * d) as usize, 71 + d as u64), &[b, hq + 2 * hkv, 1, d])
+                    .multiply(&Array::scalar_f32(4.0, Dtype::Float32).unwrap())
+                    .unwrap()
+                    .astype(dtype)
+                    .unwrap();
+                let one = Array::scalar_f32(1.0, Dtype::Float32).unwrap();
+                let qn = arr(&rand_vec(d as usize, 72), &[d]).add(&one).unwrap().astype(dtype).unwrap();
+                let kn = arr(&rand_vec(d as usize, 73), &[d]).add(&one).unwrap().astype(dtype).unwrap();
+                let llama3: Vec<f32> = (0..d / 2).map(|i| 10000f32.powf(2.0 * i as f32 / d as f32) * if i > d / 4 { 8.0 } else { 1.0 }).collect();
+                let freqs = Array::from_slice(&llama3, &[d / 2]).unwrap();
+                let rows: Vec<i32> = (0..b).map(|r| 7 + 1000 * r).collect();
+                for (what_pos, positions) in [("one position", vec![3000i32]), ("per row", rows)] {
+                    let pos = Array::from_slice(&positions, &[positions.len() as i32]).unwrap();
+                    let per_row = pos.dim(0) == b;
+                    for traditional in [false, true] {
+                        for fr in [None, Some(&freqs)] {
+                            let what = format!("d {d} {dtype:?} b {b} {what_pos} traditional {traditional} freqs {}", fr.is_some());
+                            mlex::mlx::eval(&[&qkv, &qn, &kn, &pos]).unwrap();
+                            let got = fast::cuda_qk_norm_rope(&qkv, (hq, hkv), &qn, &kn, 1e-6, traditional, 1e6, 1.0, fr, &pos).unwrap();
+                            let Some((q, k)) = got else {
+                                assert!(!cuda, "{what}: the kernel applies on CUDA");
+                                continue;
+                            };
+                            let parts = qkv.split_at(&[hq, hq + hkv], 1).unwrap();
+                            let rope = |x: &Array| -> Array {
+                                if per_row {
+                                    fast::rope_offsets(x, d, traditional, 1e6, 1.0, &pos, fr).unwrap()
+                                } else {
+                                    fast::rope(x, d, traditional, 1e6, 1.0, positions[0], fr).unwrap()
+                                }
+                            };
+                            let want_q = rope(&fast::rms_norm(&parts[0], Some(&qn), 1e-6).unwrap());
+                            let want_k = rope(&fast::rms_norm(&parts[1], Some(&kn), 1e-6).unwrap());
+                            let census = mlex::mlx::graph_census(&[&q, &k]).unwrap();
+                            let kernels: usize = census.iter().filter(|(p, _)| is_our_cuda_kernel(p)).map(|(_, c)| c).sum();
+                            assert_eq!(kernels, 1, "{what}: one kernel: {census:?}");
+                            for (name, g, w) in [("q", q, want_q), ("k", k, want_k)] {
+                                assert_eq!(g.shape(), w.shape(), "{what} {name}");
+                                let g = g.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
+                                let w = w.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
+                                let scale = w.iter().fold(0f32, |a, v| a.max(v.abs()));
+                                let mut equal = 0;
+                                for (i, (a, c)) in g.iter().zip(&w).enumerate() {
+                                    assert!((a - c).abs() <= c.abs() / 64.0 + scale / 256.0, "{what} {name}: element {i}: {a} vs {c}");
+                                    equal += (a.to_bits() == c.to_bits()) as usize;
+                                }
+                                eprintln!("{what} {name}: {equal} of {} equal", g.len());
+                                assert!(equal * 10 >= g.len() * 8, "{what} {name}: only {equal} of {} equal", g.len());
+                            }
+                        }
                     }
                 }
             }

@@ -1,7 +1,10 @@
 #include "cuda_quantized_matvec.h"
 
 #include "ablation.h"
+#include "cuda_half_helpers.h"
 #include "cuda_jit.h"
+
+#include <cstring>
 
 namespace mx = mlx::core;
 
@@ -17,8 +20,8 @@ constexpr int kMaxRowsOfX = 32;
 // Rows of x up to which the one-row instantiation serves (see cuda_quantized_matvec).
 constexpr int kSmallRows = 4;
 
-// Helpers NVRTC compiles ahead of the kernel body (cuda_jit's prelude brings the CUDA
-// bfloat16/half types).
+// Helpers NVRTC compiles ahead of the kernel body, after kCudaHalfHelpers (cuda_jit's prelude
+// brings the CUDA bfloat16/half types).
 constexpr const char* kHeader = R"(
 __device__ __forceinline__ float2 mlex_unpack2(uint32_t u, const __nv_bfloat16*) {
   // bfloat16 is the top half of a float32.
@@ -28,10 +31,6 @@ __device__ __forceinline__ float2 mlex_unpack2(uint32_t u, const __half*) {
   return make_float2(__half2float(__ushort_as_half((unsigned short)(u & 0xffffu))),
                      __half2float(__ushort_as_half((unsigned short)(u >> 16))));
 }
-__device__ __forceinline__ float mlex_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float mlex_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ void mlex_store(__nv_bfloat16* p, float v) { *p = __float2bfloat16(v); }
-__device__ __forceinline__ void mlex_store(__half* p, float v) { *p = __float2half(v); }
 // The element-wise ops the epilogues fold in, as MLX's unfused graph applies them to a half
 // type (its Add, Multiply and Sigmoid functors): + and * are the type's own operators (one
 // rounding); sigmoid is 1 / (1 + exp|x|), or one minus it for x >= 0, each step in T.
@@ -50,7 +49,8 @@ __device__ __forceinline__ float mlex_nibble(uint32_t word, uint32_t mask) {
 )";
 
 // Template constants: N rows, K columns, GS group size, ROWS rows of w per warp, WARPS per
-// block, MB rows of x per block, EPI the epilogue (the Epilogue enum of the header). The grid's y extent is the number of rows of x (M, known only
+// block, MB rows of x per block, EPI the epilogue (the Epilogue enum of the header), NORM
+// whether x is RMS-normalized first (with eps the float whose bits are EPS_BITS). The grid's y extent is the number of rows of x (M, known only
 // at run time, so that the kernel is compiled once per MB bucket rather than once per batch
 // size): block (bx, y) with y % MB == 0 takes rows y .. y + MB of x (those that exist); the
 // others exit at once.
@@ -71,8 +71,36 @@ constexpr const char* kSource = R"(
   auto wrow = [&](int r) { return EPI == 2 ? o0 + r * NO : o0 + r; };
   auto has_row = [&](int r) { return EPI == 2 ? o0 < NO : o0 + r < N; };
   const int m0 = blockIdx.y;
-  if (o0 >= NO || m0 % MB != 0) return;
+  if (m0 % MB != 0) return;
   const int rows_x = min(MB, (int)gridDim.y - m0);
+  // NORM: x is the residual stream and the kernel multiplies rms_norm(x, nw) instead, as MLX's
+  // RMSNorm writes it (each row's 1 / sqrt(mean(x²) + eps) in float32, then w · T(x · that),
+  // rounded to T). The whole block takes part in each row's sum of squares before any warp
+  // leaves.
+  __shared__ float rms[MB];
+  if constexpr (NORM) {
+    __shared__ float part[MB][WARPS];
+    for (int m = 0; m < rows_x; ++m) {
+      const T* xm = x + (unsigned long long)(m0 + m) * K;
+      float s = 0.0f;
+      for (int j = threadIdx.x; j < K; j += WARPS * 32) {
+        const float v = mlex_float(xm[j]);
+        s += v * v;
+      }
+      #pragma unroll
+      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      if (lane == 0) part[m][threadIdx.x >> 5] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x < rows_x) {
+      float s = 0.0f;
+      #pragma unroll
+      for (int i = 0; i < WARPS; ++i) s += part[threadIdx.x][i];
+      rms[threadIdx.x] = rsqrtf(s / (float)K + __int_as_float(EPS_BITS));
+    }
+    __syncthreads();
+  }
+  if (o0 >= NO) return;
   const uint4* wq = reinterpret_cast<const uint4*>(w);
   // 16-byte loads need 16-byte aligned buffers; a view into a larger buffer may not be.
   const bool aligned = ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(w)) & 15) == 0;
@@ -135,6 +163,13 @@ constexpr const char* kSource = R"(
         #pragma unroll
         for (int i = 0; i < 32; ++i) xs[i] = mlex_float(xm[c * 32 + i]);
       }
+      if constexpr (NORM) {
+        const float r = rms[m];
+        #pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          xs[i] = mlex_round(mlex_float(nw[c * 32 + i]) * mlex_round(xs[i] * r, x), x);
+        }
+      }
       #pragma unroll
       for (int i = 0; i < 32; ++i) {
         xsum += xs[i];
@@ -192,15 +227,21 @@ constexpr const char* kSource = R"(
   }
 )";
 
-// `res` is the residual of kEpiAdd; the other epilogues get x in its place (never read).
-const cuda_jit::KernelSpec kSpec{"qmv4", kHeader, kSource, {"x", "w", "scales", "biases", "res"}, {"out"}};
+// `res` is the residual of kEpiAdd and `nw` the RMSNorm weight of NORM; where unused they get
+// x in their place (never read).
+const cuda_jit::KernelSpec& spec() {
+  static const std::string header = std::string(kCudaHalfHelpers) + kHeader;
+  static const cuda_jit::KernelSpec s{"qmv4", header.c_str(), kSource, {"x", "w", "scales", "biases", "res", "nw"}, {"out"}};
+  return s;
+}
 
 }  // namespace
 
 std::optional<mx::array> cuda_quantized_matvec(const mx::array& x, const mx::array& w, const mx::array& scales,
                                                const std::optional<mx::array>& biases, bool transpose,
                                                int group_size, int bits, const std::string& mode, Epilogue epilogue,
-                                               const std::optional<mx::array>& residual) {
+                                               const std::optional<mx::array>& residual,
+                                               const std::optional<mx::array>& norm_weight, float eps) {
   // Benchmark ablation only (BENCHMARKS.md): MLX's own kernel everywhere.
   const bool ablated = mlex::ablated(MLEX_ABLATE_KERNEL_CUDA_QMV);
   static const bool cuda = cuda_jit::available();
@@ -211,6 +252,7 @@ std::optional<mx::array> cuda_quantized_matvec(const mx::array& x, const mx::arr
     return std::nullopt;
   }
   if (epilogue != Epilogue::None && mlex::ablated(MLEX_ABLATE_KERNEL_CUDA_EPILOGUE)) return std::nullopt;
+  if (norm_weight && mlex::ablated(MLEX_ABLATE_KERNEL_CUDA_NORM_FOLD)) return std::nullopt;
   const int n = w.shape(0);
   const int k = x.shape(-1);
   const int m = k > 0 ? static_cast<int>(x.size() / k) : 0;
@@ -218,6 +260,9 @@ std::optional<mx::array> cuda_quantized_matvec(const mx::array& x, const mx::arr
   if (m < 1 || m > kMaxRowsOfX || k % 32 != 0 || k % group_size != 0 || w.shape(1) * 8 != k ||
       scales.ndim() != 2 || scales.shape(0) != n || scales.shape(1) != k / group_size ||
       biases->shape() != scales.shape()) {
+    return std::nullopt;
+  }
+  if (norm_weight && (norm_weight->ndim() != 1 || norm_weight->shape(0) != k || norm_weight->dtype() != x.dtype())) {
     return std::nullopt;
   }
   auto shape = x.shape();
@@ -239,10 +284,13 @@ std::optional<mx::array> cuda_quantized_matvec(const mx::array& x, const mx::arr
   const int outputs_per_block = (epilogue == Epilogue::SwiGlu ? 1 : rows_per_warp) * kWarps;
   const int blocks = (static_cast<int>(shape.back()) + outputs_per_block - 1) / outputs_per_block;
   const mx::array& res = epilogue == Epilogue::AddResidual ? *residual : x;
-  auto outs = cuda_jit::try_run(kSpec, {x, w, scales, *biases, res}, {shape}, {x.dtype()},
+  int eps_bits = 0;
+  std::memcpy(&eps_bits, &eps, sizeof eps_bits);
+  auto outs = cuda_jit::try_run(spec(), {x, w, scales, *biases, res, norm_weight ? *norm_weight : x}, {shape}, {x.dtype()},
                                 {blocks * kWarps * 32, m, 1}, {kWarps * 32, 1, 1},
                                 {{"T", x.dtype()}, {"N", n}, {"K", k}, {"GS", group_size}, {"ROWS", rows_per_warp},
-                                 {"WARPS", kWarps}, {"MB", mb}, {"EPI", static_cast<int>(epilogue)}});
+                                 {"WARPS", kWarps}, {"MB", mb}, {"EPI", static_cast<int>(epilogue)},
+                                 {"NORM", norm_weight.has_value()}, {"EPS_BITS", norm_weight ? eps_bits : 0}});
   if (!outs) return std::nullopt;
   return (*outs)[0];
 }

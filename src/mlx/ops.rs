@@ -294,6 +294,47 @@ pub mod fast {
         })
     }
 
+    /// A decode step's q and k heads of the fused q/k/v product `qkv` (`[B, HQ + 2·HKV, 1, D]`)
+    /// normalized per head (RMSNorm with `q_norm` / `k_norm`) and rotated as [`rope_offsets`]
+    /// (`positions` int32 `[1]` or `[B]`), in one CUDA kernel: `(q [B, HQ, 1, D], k [B, HKV, 1, D])`,
+    /// or None where that kernel does not apply (not CUDA, other dtypes or shapes).
+    #[allow(clippy::too_many_arguments)]
+    pub fn cuda_qk_norm_rope(
+        qkv: &Array,
+        heads: (i32, i32),
+        q_norm: &Array,
+        k_norm: &Array,
+        eps: f32,
+        traditional: bool,
+        base: f32,
+        scale: f32,
+        freqs: Option<&Array>,
+        positions: &Array,
+    ) -> Result<Option<(Array, Array)>> {
+        let (mut q, mut k) = (std::ptr::null_mut(), std::ptr::null_mut());
+        crate::mlx::error::check(unsafe {
+            sys::mlex_cuda_qk_norm_rope(
+                qkv.raw(),
+                heads.0,
+                heads.1,
+                q_norm.raw(),
+                k_norm.raw(),
+                eps,
+                traditional,
+                base,
+                scale,
+                raw_or_null(freqs),
+                positions.raw(),
+                &mut q,
+                &mut k,
+            )
+        })?;
+        if q.is_null() || k.is_null() {
+            return Ok(None);
+        }
+        Ok(Some((Array::from_raw(q), Array::from_raw(k))))
+    }
+
     /// [`scaled_dot_product_attention`] over a left-padded batch: row b's queries see no key
     /// before `key_start[b]` (int32 `[B]`); `causal` as the causal mode on top of it.
     pub fn scaled_dot_product_attention_padded(

@@ -87,7 +87,7 @@ pub fn quantized_matmul(
     })
 }
 
-/// What [`quantized_matmul_epilogue`] applies to the product.
+/// What [`quantized_matmul_fused`] applies to the product.
 #[derive(Clone, Copy)]
 pub enum Epilogue<'a> {
     /// `residual + x @ Wᵀ`.
@@ -96,28 +96,35 @@ pub enum Epilogue<'a> {
     SwiGlu,
 }
 
-/// `x @ dequantize(w).T` followed by `epilogue`: one kernel on CUDA for decode rows of 4-bit
-/// affine weights (the op that follows costs no launch of its own), else the same ops unfused;
-/// the result is the same either way, bit for bit.
+/// `x @ dequantize(w).T` with the ops around it in a decode step: `norm` (weight, eps) first
+/// normalizes x (RMSNorm), `epilogue` follows the product. One kernel on CUDA for decode rows of
+/// 4-bit affine weights (the other ops cost no launch of their own), else the same ops unfused.
+/// The epilogues give the unfused result bit for bit; the fused norm sums x² in its own order, so
+/// it may differ from MLX's RMSNorm in the last bit of the normalized x.
 #[allow(clippy::too_many_arguments)]
-pub fn quantized_matmul_epilogue(
+pub fn quantized_matmul_fused(
     x: &Array,
+    norm: Option<(&Array, f32)>,
     w: &Array,
     scales: &Array,
     biases: Option<&Array>,
     group_size: i32,
     bits: i32,
     mode: QuantMode,
-    epilogue: Epilogue<'_>,
+    epilogue: Option<Epilogue<'_>>,
 ) -> Result<Array> {
     let m = mode_cstr(mode);
     let (kind, residual) = match epilogue {
-        Epilogue::AddResidual(r) => (1, r.raw()),
-        Epilogue::SwiGlu => (2, std::ptr::null_mut()),
+        None => (0, std::ptr::null_mut()),
+        Some(Epilogue::AddResidual(r)) => (1, r.raw()),
+        Some(Epilogue::SwiGlu) => (2, std::ptr::null_mut()),
     };
+    let (norm_weight, eps) = norm.map_or((std::ptr::null_mut(), 0.0), |(w, eps)| (w.raw(), eps));
     Array::try_from_op(|out| unsafe {
-        sys::mlex_quantized_matmul_epilogue(
+        sys::mlex_quantized_matmul_fused(
             x.raw(),
+            norm_weight,
+            eps,
             w.raw(),
             scales.raw(),
             biases.map_or(std::ptr::null_mut(), |b| b.raw()),

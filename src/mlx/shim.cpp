@@ -4,6 +4,7 @@
 #include "cpu_fast_ops.h"
 #include "cpu_dense_matmul.h"
 #include "cpu_quantized_matmul.h"
+#include "cuda_qk_norm_rope.h"
 #include "cuda_quantized_matvec.h"
 #include "gated_delta.h"
 #include "ablation.h"
@@ -504,6 +505,20 @@ int mlex_fast_rope(mlex_array x, int32_t dims, bool traditional, float base, flo
     *out = wrap(mx::fast::rope(unwrap(x), dims, traditional, b, scale, offset, opt(freqs)));
   });
 }
+int mlex_cuda_qk_norm_rope(mlex_array qkv, int32_t n_q_heads, int32_t n_kv_heads, mlex_array q_norm,
+                           mlex_array k_norm, float eps, bool traditional, float base, float scale, mlex_array freqs,
+                           mlex_array positions, mlex_array* out_q, mlex_array* out_k) {
+  return guard([&] {
+    *out_q = nullptr;
+    *out_k = nullptr;
+    const mlex::RopeArgs rope{traditional, base, scale, opt(freqs)};
+    if (auto qk = mlex::cuda_qk_norm_rope(unwrap(qkv), n_q_heads, n_kv_heads, unwrap(q_norm), unwrap(k_norm), eps,
+                                          rope, unwrap(positions))) {
+      *out_q = wrap(qk->first);
+      *out_k = wrap(qk->second);
+    }
+  });
+}
 int mlex_fast_rope_offsets(mlex_array x, int32_t dims, bool traditional, float base, float scale, mlex_array offsets,
                            mlex_array freqs, mlex_array* out) {
   return guard([&] {
@@ -648,22 +663,29 @@ int mlex_quantized_matmul(mlex_array x, mlex_array w, mlex_array scales, mlex_ar
                                  mode ? mode : "affine"));
   });
 }
-int mlex_quantized_matmul_epilogue(mlex_array x, mlex_array w, mlex_array scales, mlex_array biases,
-                                   int32_t group_size, int32_t bits, const char* mode, int32_t epilogue,
-                                   mlex_array residual, mlex_array* out) {
+int mlex_quantized_matmul_fused(mlex_array x, mlex_array norm_weight, float eps, mlex_array w, mlex_array scales,
+                                mlex_array biases, int32_t group_size, int32_t bits, const char* mode,
+                                int32_t epilogue, mlex_array residual, mlex_array* out) {
   return guard([&] {
     const std::string m = mode ? mode : "affine";
-    if (epilogue != 1 && epilogue != 2) throw std::invalid_argument("unknown epilogue " + std::to_string(epilogue));
+    if (epilogue < 0 || epilogue > 2) throw std::invalid_argument("unknown epilogue " + std::to_string(epilogue));
     if (epilogue == 1 && !residual) throw std::invalid_argument("the residual epilogue needs a residual");
     const auto epi = static_cast<mlex::Epilogue>(epilogue);
     if (auto fast = mlex::cuda_quantized_matvec(unwrap(x), unwrap(w), unwrap(scales), opt(biases), true, group_size,
-                                                bits, m, epi, opt(residual))) {
+                                                bits, m, epi, opt(residual), opt(norm_weight), eps)) {
       *out = wrap(*fast);
       return;
     }
     // The same ops unfused, as the model would write them.
-    auto y = quantized_matmul(unwrap(x), unwrap(w), unwrap(scales), opt(biases), true, group_size, bits, m);
-    if (epilogue == 1) {
+    mx::array xn = unwrap(x);
+    if (norm_weight) {
+      auto cpu = mlex::cpu_rms_norm(xn, opt(norm_weight), eps);
+      xn = cpu ? *cpu : mx::fast::rms_norm(xn, opt(norm_weight), eps);
+    }
+    auto y = quantized_matmul(xn, unwrap(w), unwrap(scales), opt(biases), true, group_size, bits, m);
+    if (epilogue == 0) {
+      *out = wrap(y);
+    } else if (epilogue == 1) {
       *out = wrap(mx::add(unwrap(residual), y));
     } else {
       auto halves = mx::split(y, 2, -1);

@@ -190,6 +190,14 @@ int mlex_fast_layer_norm(mlex_array x, mlex_array weight, mlex_array bias, float
 /* base is used when freqs is NULL; freqs (per-dimension frequencies) replaces it otherwise. */
 int mlex_fast_rope(mlex_array x, int32_t dims, bool traditional, float base, float scale, int32_t offset,
                    mlex_array freqs, mlex_array* out);
+/* A qwen3-style decode step's q/k heads normalized (q_norm, k_norm: RMSNorm per head) and
+   rotated (as mlex_fast_rope; freqs may be NULL), in one CUDA kernel: qkv [B, HQ + 2·HKV, 1, D]
+   (the fused product's heads), positions int32 [1] or [B]. Writes q [B, HQ, 1, D] and
+   k [B, HKV, 1, D]; where the kernel does not apply (not CUDA, other dtypes or shapes) both are
+   set to NULL and the caller runs the separate ops. */
+int mlex_cuda_qk_norm_rope(mlex_array qkv, int32_t n_q_heads, int32_t n_kv_heads, mlex_array q_norm,
+                           mlex_array k_norm, float eps, bool traditional, float base, float scale, mlex_array freqs,
+                           mlex_array positions, mlex_array* out_q, mlex_array* out_k);
 /* As mlex_fast_rope with each row of x's leading (batch) axis at its own position: offsets [B]
    int32 (continuous batching). */
 int mlex_fast_rope_offsets(mlex_array x, int32_t dims, bool traditional, float base, float scale, mlex_array offsets,
@@ -223,13 +231,15 @@ int mlex_dequantize(mlex_array w, mlex_array scales, mlex_array biases, int32_t 
                     const char* mode, int32_t out_dtype, mlex_array* out);
 int mlex_quantized_matmul(mlex_array x, mlex_array w, mlex_array scales, mlex_array biases, bool transpose,
                           int32_t group_size, int32_t bits, const char* mode, mlex_array* out);
-/* x @ dequantize(w)ᵀ followed by the op that comes after it in a decode step, in one kernel
-   where our CUDA matrix-vector kernel applies (else as separate ops, with the same result):
-   epilogue 1: residual + product; epilogue 2: silu(g) * u of the product's halves [g, u]
-   (a fused gate/up projection). residual is NULL unless epilogue is 1. */
-int mlex_quantized_matmul_epilogue(mlex_array x, mlex_array w, mlex_array scales, mlex_array biases,
-                                   int32_t group_size, int32_t bits, const char* mode, int32_t epilogue,
-                                   mlex_array residual, mlex_array* out);
+/* x @ dequantize(w)ᵀ with the ops around it in a decode step, in one kernel where our CUDA
+   matrix-vector kernel applies (else as separate ops): norm_weight (may be NULL): the product
+   is of rms_norm(x, norm_weight, eps); epilogue 0: the product; 1: residual + product; 2:
+   silu(g) * u of the product's halves [g, u] (a fused gate/up projection). residual is NULL
+   unless epilogue is 1. The epilogues give the separate ops' result bit for bit; the norm
+   sums x² in another order than MLX's RMSNorm, so it may differ in the last bit. */
+int mlex_quantized_matmul_fused(mlex_array x, mlex_array norm_weight, float eps, mlex_array w, mlex_array scales,
+                                mlex_array biases, int32_t group_size, int32_t bits, const char* mode,
+                                int32_t epilogue, mlex_array residual, mlex_array* out);
 
 /* Mixture-of-experts products: for each index in rhs_indices, x @ w[index] (w [E, …]).
    lhs_indices may be NULL; sorted_indices promises rhs_indices ascending (prefill). */
@@ -255,6 +265,8 @@ int mlex_random_categorical(mlex_array logits, int32_t axis, mlex_array key, mle
 #define MLEX_ABLATE_KERNEL_GATED_DELTA 8u
 #define MLEX_ABLATE_KERNEL_CUDA_EPILOGUE 16u
 #define MLEX_ABLATE_KERNEL_CPU_GEMM 32u
+#define MLEX_ABLATE_KERNEL_CUDA_NORM_FOLD 64u
+#define MLEX_ABLATE_KERNEL_CUDA_QK_ROPE 128u
 void mlex_set_ablations(uint32_t kernels);
 
 /* ---- compile: fused element-wise helpers used by the models ---- */

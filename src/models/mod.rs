@@ -36,7 +36,7 @@ pub mod vision_lm;
 use crate::error::Result;
 use crate::loader::{ModelConfig, Vb};
 use crate::mlx::{async_eval, eval, Array, Dtype};
-use crate::nn::{Cache, Embedding, LayerCaches, Linear, Params};
+use crate::nn::{Cache, Embedding, LayerCaches, Linear, Params, RmsNorm};
 use serde::de::DeserializeOwned;
 
 pub use registry::{build_model, check_config, supported_model_types};
@@ -246,6 +246,14 @@ impl LmHead {
         match self {
             LmHead::Own(l) => l.forward(h),
             LmHead::Tied => embed.as_linear(h),
+        }
+    }
+
+    /// `forward(norm(h))`: the final norm folded into the head's product where it can be.
+    pub fn forward_normed(&self, h: &Array, norm: &RmsNorm, embed: &Embedding) -> Result<Array> {
+        match self {
+            LmHead::Own(l) => l.forward_normed(h, norm),
+            LmHead::Tied => embed.as_linear_normed(h, norm),
         }
     }
 }

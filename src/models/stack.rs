@@ -18,6 +18,11 @@ pub trait Mixer: Params {
         residual.add(&self.forward(x, cache)?)
     }
 
+    /// `residual + forward(norm(x))`: a mixer may fold the norm into its first kernel too.
+    fn forward_add_normed(&self, x: &Array, norm: &RmsNorm, cache: &mut dyn Cache, residual: &Array) -> Result<Array> {
+        self.forward_add(&norm.forward(x)?, cache, residual)
+    }
+
     /// Whether it can run the rows of a continuous batch (see `nn::batch_kv_cache`).
     fn batchable(&self) -> bool {
         false
@@ -32,6 +37,11 @@ pub trait FeedForwardPart: Params {
     fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
         residual.add(&self.forward(x)?)
     }
+
+    /// `residual + forward(norm(x))`: a part may fold the norm into its first kernel too.
+    fn forward_add_normed(&self, x: &Array, norm: &RmsNorm, residual: &Array) -> Result<Array> {
+        self.forward_add(&norm.forward(x)?, residual)
+    }
 }
 
 impl Mixer for Attention {
@@ -41,6 +51,10 @@ impl Mixer for Attention {
 
     fn forward_add(&self, x: &Array, cache: &mut dyn Cache, residual: &Array) -> Result<Array> {
         Attention::forward_add(self, x, cache, residual)
+    }
+
+    fn forward_add_normed(&self, x: &Array, norm: &RmsNorm, cache: &mut dyn Cache, residual: &Array) -> Result<Array> {
+        Attention::forward_add_normed(self, x, norm, cache, residual)
     }
 
     fn batchable(&self) -> bool {
@@ -55,6 +69,10 @@ impl FeedForwardPart for GatedMlp {
 
     fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
         GatedMlp::forward_add(self, x, residual)
+    }
+
+    fn forward_add_normed(&self, x: &Array, norm: &RmsNorm, residual: &Array) -> Result<Array> {
+        GatedMlp::forward_add_normed(self, x, norm, residual)
     }
 }
 
@@ -97,8 +115,8 @@ impl<A: Mixer, F: FeedForwardPart> PreNormBlock<A, F> {
 
 impl<A: Mixer, F: FeedForwardPart> Layer for PreNormBlock<A, F> {
     fn forward(&self, x: &Array, cache: &mut dyn Cache) -> Result<Array> {
-        let h = self.self_attn.forward_add(&self.input_layernorm.forward(x)?, cache, x)?;
-        self.mlp.forward_add(&self.post_attention_layernorm.forward(&h)?, &h)
+        let h = self.self_attn.forward_add_normed(x, &self.input_layernorm, cache, x)?;
+        self.mlp.forward_add_normed(&h, &self.post_attention_layernorm, &h)
     }
 
     fn batchable(&self) -> bool {
@@ -154,7 +172,7 @@ impl<L: Layer> CausalLm for Stack<L> {
             None => h,
         };
         let h = run_layers(h, &self.layers, caches, |l, _, x, c| l.forward(x, c))?;
-        self.lm_head.forward(&self.norm.forward(&h)?, &self.embed_tokens)
+        self.lm_head.forward_normed(&h, &self.norm, &self.embed_tokens)
     }
 
     fn make_caches(&self) -> LayerCaches {

@@ -6,7 +6,7 @@ use super::ArchConfig;
 use crate::error::Result;
 use crate::loader::{check_size, RopeConfig, RopeFields, Vb};
 use crate::mlx::Array;
-use crate::nn::{Attention, AttentionSpec, GateActivation, GatedMlp, Params, Rope, SparseMoe};
+use crate::nn::{Attention, AttentionSpec, GateActivation, GatedMlp, Params, RmsNorm, Rope, SparseMoe};
 use serde::Deserialize;
 
 // ---- config -------------------------------------------------------------------------------
@@ -163,6 +163,13 @@ impl FeedForwardPart for FeedForward {
         match self {
             FeedForward::Dense(m) => m.forward_add(x, residual),
             FeedForward::Sparse(m) => FeedForwardPart::forward_add(m, x, residual),
+        }
+    }
+
+    fn forward_add_normed(&self, x: &Array, norm: &RmsNorm, residual: &Array) -> Result<Array> {
+        match self {
+            FeedForward::Dense(m) => m.forward_add_normed(x, norm, residual),
+            FeedForward::Sparse(m) => FeedForwardPart::forward_add_normed(m, x, norm, residual),
         }
     }
 }

@@ -80,13 +80,19 @@ impl Attention {
 
     /// `x`: `[B, L, hidden]` → `[B, L, hidden]`, extending `cache`.
     pub fn forward(&self, x: &Array, cache: &mut dyn Cache) -> Result<Array> {
-        self.forward_then(x, cache, None)
+        self.forward_then(x, None, cache, None)
     }
 
     /// `residual + self.forward(x, cache)`, the add folded into the output projection where it
     /// can be (one kernel fewer per layer in a decode step).
     pub fn forward_add(&self, x: &Array, cache: &mut dyn Cache, residual: &Array) -> Result<Array> {
-        self.forward_then(x, cache, Some(residual))
+        self.forward_then(x, None, cache, Some(residual))
+    }
+
+    /// `residual + self.forward(norm(x), cache)`: the layer's pre-norm folded into the q/k/v
+    /// product's kernel of a decode step where it can be (one kernel fewer again).
+    pub fn forward_add_normed(&self, x: &Array, norm: &RmsNorm, cache: &mut dyn Cache, residual: &Array) -> Result<Array> {
+        self.forward_then(x, Some(norm), cache, Some(residual))
     }
 
     fn project_out(&self, o: &Array, residual: Option<&Array>) -> Result<Array> {
@@ -96,7 +102,8 @@ impl Attention {
         }
     }
 
-    fn forward_then(&self, x: &Array, cache: &mut dyn Cache, residual: Option<&Array>) -> Result<Array> {
+    /// `norm`: x is the residual stream, normalized by it first.
+    fn forward_then(&self, x: &Array, norm: Option<&RmsNorm>, cache: &mut dyn Cache, residual: Option<&Array>) -> Result<Array> {
         let s = x.shape();
         let (b, l) = (s[0], s[1]);
         // Rows of a continuous batch each sit at their own position.
@@ -104,7 +111,15 @@ impl Attention {
             Some(p) => At::Rows(p.clone()),
             None => At::Offset(cache.offset()),
         };
-        let (q, k, v) = if l == 1 { self.decode_qkv(x, b, &at)? } else { self.prefill_qkv(x, b, l, &at)? };
+        let (q, k, v) = if l == 1 {
+            self.decode_qkv(x, norm, b, &at)?
+        } else {
+            let xn = match norm {
+                Some(n) => n.forward(x)?,
+                None => x.clone(),
+            };
+            self.prefill_qkv(&xn, b, l, &at)?
+        };
         if self.sinks.is_none() {
             // A quantized cache (`kv_bits`) is read by quantized matmuls, as mlx-lm does.
             if let Some(kv) = cache.update_and_fetch_quantized(&k, &v)? {
@@ -141,6 +156,16 @@ impl Attention {
         }
     }
 
+    /// q and k of the fused product `qkv` (`[B, HQ + 2·HKV, 1, D]`) normalized and rotated by
+    /// one CUDA kernel, where there are q/k norms and that kernel applies.
+    fn norm_rotate_qk(&self, qkv: &Array, heads: (i32, i32), at: &At) -> Result<Option<(Array, Array)>> {
+        let (Some(r), Some(qn), Some(kn)) = (&self.rope, &self.q_norm, &self.k_norm) else { return Ok(None) };
+        match at {
+            At::Offset(o) => r.norm_rotate_qk(qkv, heads, qn, kn, &Array::from_slice(&[*o as i32], &[1])?),
+            At::Rows(positions) => r.norm_rotate_qk(qkv, heads, qn, kn, positions),
+        }
+    }
+
     /// Whether this layer can run the rows of a continuous batch (each at its own position, a
     /// left-padded cache): not with sinks, nor with a rope whose frequencies depend on the length.
     pub fn batchable(&self) -> bool {
@@ -162,11 +187,15 @@ impl Attention {
     /// The decode step (L = 1) with as few ops as possible, since per-op overhead is what a
     /// decode step costs: `[B, 1, H·D]` reshapes straight to `[B, H, 1, D]` (no transposes), and
     /// without q/k norms one rope rotates q and k together.
-    fn decode_qkv(&self, x: &Array, b: i32, offset: &At) -> Result<(Array, Array, Array)> {
+    fn decode_qkv(&self, x: &Array, norm: Option<&RmsNorm>, b: i32, offset: &At) -> Result<(Array, Array, Array)> {
         let (hq, hkv) = (self.n_heads as i32, self.n_kv_heads as i32);
         match &self.qkv {
             Projections::Fused { linear, .. } => {
-                let y = linear.forward(x)?.reshape(&[b, hq + 2 * hkv, 1, -1])?;
+                let y = match norm {
+                    Some(n) => linear.forward_normed(x, n)?,
+                    None => linear.forward(x)?,
+                };
+                let y = y.reshape(&[b, hq + 2 * hkv, 1, -1])?;
                 if self.q_norm.is_none() && self.k_norm.is_none() {
                     let mut parts = y.split_at(&[hq + hkv], 1)?;
                     let v = parts.pop().unwrap();
@@ -177,12 +206,18 @@ impl Attention {
                 }
                 let mut parts = y.split_at(&[hq, hq + hkv], 1)?;
                 let v = parts.pop().unwrap();
+                if let Some((q, k)) = self.norm_rotate_qk(&y, (hq, hkv), offset)? {
+                    return Ok((q, k, v));
+                }
                 let k = self.rope(Self::norm(parts.pop().unwrap(), self.k_norm.as_ref())?, offset)?;
                 let q = self.rope(Self::norm(parts.pop().unwrap(), self.q_norm.as_ref())?, offset)?;
                 Ok((q, k, v))
             }
             Projections::Separate(_) => {
-                let qkv = self.qkv.forward(x)?;
+                let qkv = match norm {
+                    Some(n) => self.qkv.forward_normed(x, n)?,
+                    None => self.qkv.forward(x)?,
+                };
                 let heads = |y: &Array, n: i32| y.reshape(&[b, n, 1, -1]);
                 let q = self.rope(Self::norm(heads(&qkv[0], hq)?, self.q_norm.as_ref())?, offset)?;
                 let k = self.rope(Self::norm(heads(&qkv[1], hkv)?, self.k_norm.as_ref())?, offset)?;

@@ -1,6 +1,7 @@
 //! Token embeddings, dense or quantized; `as_linear` serves tied output heads.
 use super::linear::QuantWeight;
 use super::module::Params;
+use super::norm::RmsNorm;
 use crate::error::Result;
 use crate::loader::Vb;
 use crate::mlx::Array;
@@ -35,6 +36,15 @@ impl Embedding {
         match self {
             Embedding::Dense { table_t, .. } => x.matmul(table_t),
             Embedding::Quantized(q) => q.matmul_t(x),
+        }
+    }
+
+    /// [`Embedding::as_linear`] of `norm(x)` (the final norm before a tied head), the norm
+    /// folded into a quantized product's kernel where ours applies (CUDA decode rows).
+    pub fn as_linear_normed(&self, x: &Array, norm: &RmsNorm) -> Result<Array> {
+        match self {
+            Embedding::Dense { .. } => self.as_linear(&norm.forward(x)?),
+            Embedding::Quantized(q) => q.matmul_t_normed(x, norm, None),
         }
     }
 }

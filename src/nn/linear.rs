@@ -1,6 +1,7 @@
 //! Linear layers, dense or quantized (mlx-lm's `nn.Linear` / `nn.QuantizedLinear`).
 use crate::error::Result;
 use super::module::Params;
+use super::norm::RmsNorm;
 use crate::loader::{QuantSpec, TensorKind, Vb};
 use crate::mlx::quant::{self, Epilogue};
 use crate::mlx::{Array, Dtype};
@@ -102,19 +103,35 @@ impl QuantWeight {
     /// [`QuantWeight::matmul_t`] followed by `epilogue`, folded into the product's kernel where
     /// ours applies (CUDA decode rows): the same values, one launch fewer.
     pub fn matmul_t_then(&self, x: &Array, epilogue: Epilogue<'_>) -> Result<Array> {
+        self.matmul_t_fused(x, None, Some(epilogue))
+    }
+
+    /// `matmul_t(norm(x))`, then `epilogue`: the layer's pre-norm folded into the product's
+    /// kernel where ours applies (CUDA decode rows), one launch fewer.
+    pub fn matmul_t_normed(&self, x: &Array, norm: &RmsNorm, epilogue: Option<Epilogue<'_>>) -> Result<Array> {
+        self.matmul_t_fused(x, Some(norm), epilogue)
+    }
+
+    fn matmul_t_fused(&self, x: &Array, norm: Option<&RmsNorm>, epilogue: Option<Epilogue<'_>>) -> Result<Array> {
         if self.dequantize_for_gemm(x)? {
-            let y = self.matmul_t(x)?;
+            let x = match norm {
+                Some(n) => n.forward(x)?,
+                None => x.clone(),
+            };
+            let y = self.matmul_t(&x)?;
             return match epilogue {
-                Epilogue::AddResidual(r) => r.add(&y),
-                Epilogue::SwiGlu => {
+                None => Ok(y),
+                Some(Epilogue::AddResidual(r)) => r.add(&y),
+                Some(Epilogue::SwiGlu) => {
                     let half = y.dim(-1) / 2;
                     let gu = y.split_at(&[half], -1)?;
                     crate::mlx::fast::swiglu(&gu[0], &gu[1])
                 }
             };
         }
-        quant::quantized_matmul_epilogue(
+        quant::quantized_matmul_fused(
             x,
+            norm.map(|n| (&n.weight, n.eps)),
             &self.weight,
             &self.scales,
             self.biases.as_ref(),
@@ -239,6 +256,23 @@ impl Linear {
     }
 }
 
+impl Linear {
+    /// `self.forward(norm(x))`, the norm folded into a quantized product's kernel where ours
+    /// applies (CUDA decode rows).
+    pub fn forward_normed(&self, x: &Array, norm: &RmsNorm) -> Result<Array> {
+        match self {
+            Linear::Quantized { q, bias } => {
+                let y = q.matmul_t_normed(x, norm, None)?;
+                match bias {
+                    Some(b) => y.add(b),
+                    None => Ok(y),
+                }
+            }
+            Linear::Dense { .. } => self.forward(&norm.forward(x)?),
+        }
+    }
+}
+
 impl Params for Linear {
     fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
         match self {
@@ -279,15 +313,39 @@ impl Projections {
         }
     }
 
+    /// [`Projections::forward`] of `norm(x)`, the norm folded into a fused quantized product's
+    /// kernel where ours applies.
+    pub fn forward_normed(&self, x: &Array, norm: &RmsNorm) -> Result<Vec<Array>> {
+        match self {
+            Projections::Fused { linear, splits } => linear.forward_normed(x, norm)?.split_at(splits, -1),
+            Projections::Separate(_) => self.forward(&norm.forward(x)?),
+        }
+    }
+
     /// `silu(gate) · up` of a two-projection group [gate, up] (the SwiGLU MLP), folded into the
     /// fused product's kernel where it can be.
     pub fn swiglu(&self, x: &Array) -> Result<Array> {
+        self.swiglu_of(x, None)
+    }
+
+    /// [`Projections::swiglu`] of `norm(x)`: the layer's pre-norm folded into the same kernel.
+    pub fn swiglu_normed(&self, x: &Array, norm: &RmsNorm) -> Result<Array> {
+        self.swiglu_of(x, Some(norm))
+    }
+
+    fn swiglu_of(&self, x: &Array, norm: Option<&RmsNorm>) -> Result<Array> {
         if let Projections::Fused { linear: Linear::Quantized { q, bias: None }, splits } = self {
             if splits.len() == 1 && splits[0] * 2 == q.weight.dim(0) {
-                return q.matmul_t_then(x, Epilogue::SwiGlu);
+                return match norm {
+                    Some(n) => q.matmul_t_normed(x, n, Some(Epilogue::SwiGlu)),
+                    None => q.matmul_t_then(x, Epilogue::SwiGlu),
+                };
             }
         }
-        let gu = self.forward(x)?;
+        let gu = match norm {
+            Some(n) => self.forward_normed(x, n)?,
+            None => self.forward(x)?,
+        };
         crate::mlx::fast::swiglu(&gu[0], &gu[1])
     }
 

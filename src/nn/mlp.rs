@@ -2,6 +2,7 @@
 //! tanh-approximated GELU (GeGLU, the Gemma family).
 use super::linear::{Linear, Projections};
 use super::module::Params;
+use super::norm::RmsNorm;
 use crate::error::Result;
 use crate::loader::Vb;
 use crate::mlx::{fast, Array};
@@ -40,6 +41,16 @@ impl GatedMlp {
     /// `residual + self.forward(x)`, the add folded into the down projection where it can be.
     pub fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
         self.down_proj.forward_add(&self.gated(x)?, residual)
+    }
+
+    /// `residual + self.forward(norm(x))`: the layer's pre-norm folded into the gate/up
+    /// product's kernel and the add into the down projection's, where they can be.
+    pub fn forward_add_normed(&self, x: &Array, norm: &RmsNorm, residual: &Array) -> Result<Array> {
+        let g = match self.activation {
+            GateActivation::Silu => self.gate_up.swiglu_normed(x, norm)?,
+            GateActivation::GeluTanh => self.gated(&norm.forward(x)?)?,
+        };
+        self.down_proj.forward_add(&g, residual)
     }
 
     /// act(gate(x)) · up(x).

@@ -1,6 +1,7 @@
 //! Rotary position embeddings with the scaling variants of mlx-lm's `rope_utils.initialize_rope`.
 use crate::error::Result;
 use crate::loader::{RopeConfig, RopeScaling};
+use super::norm::RmsNorm;
 use crate::mlx::{fast, Array};
 
 pub struct Rope {
@@ -95,6 +96,35 @@ impl Rope {
         }
         let x = if self.mscale != 1.0 { x.multiply(&Array::scalar_f32(self.mscale, x.dtype())?)? } else { x.clone() };
         fast::rope_offsets(&x, self.dims, self.traditional, self.base, self.scale, positions, self.freqs.as_ref())
+    }
+
+    /// The q and k heads of a decode step's fused q/k/v product (`[B, HQ + 2·HKV, 1, D]`)
+    /// normalized by `q_norm` / `k_norm` and rotated at `positions` (int32 `[1]` or `[B]`), in
+    /// one CUDA kernel instead of four; None where that does not apply (another backend or
+    /// dtype, a scaled or length-dependent rope, a partial rotation), and the caller runs the ops.
+    pub fn norm_rotate_qk(
+        &self,
+        qkv: &Array,
+        heads: (i32, i32),
+        q_norm: &RmsNorm,
+        k_norm: &RmsNorm,
+        positions: &Array,
+    ) -> Result<Option<(Array, Array)>> {
+        if self.mscale != 1.0 || self.dynamic.is_some() || self.dims != qkv.dim(-1) || q_norm.eps != k_norm.eps {
+            return Ok(None);
+        }
+        fast::cuda_qk_norm_rope(
+            qkv,
+            heads,
+            &q_norm.weight,
+            &k_norm.weight,
+            q_norm.eps,
+            self.traditional,
+            self.base,
+            self.scale,
+            self.freqs.as_ref(),
+            positions,
+        )
     }
 
     /// Rotates `x` (`[B, H, L, D]`) for positions `offset..offset+L`.
