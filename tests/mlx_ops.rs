@@ -239,6 +239,7 @@ fn graph_census_counts_pending_ops_once_each() {
 /// input that is a non-contiguous view.
 #[test]
 fn cpu_quantized_matmul_kernel_matches_dequantize_then_matmul() {
+    on_cpu();
     for (n, k) in [(1000i32, 512i32), (70, 320)] {
         check_cpu_quantized_matmul(n, k);
     }
@@ -274,6 +275,7 @@ fn check_cpu_quantized_matmul(n: i32, k: i32) {
 /// evaluated) accepts them too, with a float32 result; and an embedding lookup matches.
 #[test]
 fn cpu_quantized_matmul_reads_16bit_scales() {
+    on_cpu();
     let (n, k) = (70i32, 320i32);
     let wa = arr(&rand_vec((n * k) as usize, 41), &[n, k]);
     for (bits, group) in [(4, 32), (4, 64), (8, 32), (3, 32)] {
@@ -347,6 +349,7 @@ fn cpu_quantized_matmul_reads_16bit_scales_portable_path() {
 /// a few rows keep MLX's matmul. Each against a naive product.
 #[test]
 fn cpu_dense_matmul_matches_naive() {
+    on_cpu();
     for (m, k, n) in [(40usize, 320usize, 70usize), (100, 77, 1000), (33, 8, 17)] {
         let w = rand_vec(n * k, 81);
         let wa = arr(&w, &[n as i32, k as i32]);
@@ -400,6 +403,7 @@ fn cpu_dense_matmul_matches_naive() {
 /// the chunk: the first 40 rows of a 100-row product are bit for bit the 40-row product's.
 #[test]
 fn cpu_quantized_gemm_rows_do_not_depend_on_the_chunk() {
+    on_cpu();
     let (n, k) = (200i32, 768i32);
     let q = quant::quantize(&arr(&rand_vec((n * k) as usize, 71), &[n, k]), 64, 4, QuantMode::Affine).unwrap();
     let biases = q.biases.as_ref().unwrap();
@@ -418,6 +422,12 @@ fn cpu_quantized_gemm_rows_do_not_depend_on_the_chunk() {
 #[test]
 fn cpu_quantized_matmul_portable_path_matches_too() {
     rerun_without_avx2("cpu_quantized_matmul_kernel_matches_dequantize_then_matmul");
+}
+
+/// Our CPU kernels' tests run on the CPU whatever the machine's default device (on a CUDA
+/// machine MLX defaults to the GPU).
+fn on_cpu() {
+    mlex::mlx::set_default_device(mlex::mlx::Device::Cpu).unwrap();
 }
 
 /// Runs the test `name` of this binary again in a child process that may not use AVX2.
@@ -503,6 +513,7 @@ fn cuda_quantized_matvec_matches_dequantize_then_matmul() {
 /// causal prefill rows after a cached prefix.
 #[test]
 fn cpu_fast_ops_match_naive_on_views_and_variants() {
+    on_cpu();
     let used = |a: &Array, name: &str| {
         let census = mlex::mlx::graph_census(&[a]).unwrap();
         assert!(census.iter().any(|(n, _)| n == name), "{name} not used: {census:?}");
@@ -595,6 +606,7 @@ fn cpu_fast_ops_portable_path_matches_too() {
 /// sigmoid's both branches and exp's cut-offs.
 #[test]
 fn cpu_swiglu_equals_the_ops_bit_for_bit() {
+    on_cpu();
     for rows in [1usize, 37, 150] {
         let width = 300usize;
         let raw: Vec<f32> = rand_vec(rows * 2 * width, 50 + rows as u64).iter().map(|v| v * 100.0).collect();

@@ -4,6 +4,7 @@
 #include "cuda_half_helpers.h"
 #include "cuda_jit.h"
 
+#include <cstdlib>
 #include <cstring>
 
 namespace mx = mlx::core;
@@ -103,7 +104,8 @@ constexpr const char* kSource = R"(
   if (o0 >= NO) return;
   const uint4* wq = reinterpret_cast<const uint4*>(w);
   // 16-byte loads need 16-byte aligned buffers; a view into a larger buffer may not be.
-  const bool aligned = ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(w)) & 15) == 0;
+  const bool aligned = ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(w) |
+                         (NORM ? reinterpret_cast<unsigned long long>(nw) : 0ull)) & 15) == 0;
   float acc[ROWS][MB];
   #pragma unroll
   for (int r = 0; r < ROWS; ++r) {
@@ -152,22 +154,28 @@ constexpr const char* kSource = R"(
         for (int j = 0; j < 4; ++j) {
           const uint4 v = xq[c * 4 + j];
           const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+          uint32_t g[4] = {0, 0, 0, 0};
+          if constexpr (NORM) {
+            const uint4 gv = reinterpret_cast<const uint4*>(nw)[c * 4 + j];
+            g[0] = gv.x, g[1] = gv.y, g[2] = gv.z, g[3] = gv.w;
+          }
           #pragma unroll
           for (int h = 0; h < 4; ++h) {
-            const float2 f = mlex_unpack2(u[h], x);
+            float2 f = mlex_unpack2(u[h], x);
+            if constexpr (NORM) {
+              const float2 w2 = mlex_unpack2(g[h], x);
+              f.x = mlex_round(w2.x * mlex_round(f.x * rms[m], x), x);
+              f.y = mlex_round(w2.y * mlex_round(f.y * rms[m], x), x);
+            }
             xs[8 * j + 2 * h] = f.x;
             xs[8 * j + 2 * h + 1] = f.y;
           }
         }
       } else {
         #pragma unroll
-        for (int i = 0; i < 32; ++i) xs[i] = mlex_float(xm[c * 32 + i]);
-      }
-      if constexpr (NORM) {
-        const float r = rms[m];
-        #pragma unroll
         for (int i = 0; i < 32; ++i) {
-          xs[i] = mlex_round(mlex_float(nw[c * 32 + i]) * mlex_round(xs[i] * r, x), x);
+          xs[i] = mlex_float(xm[c * 32 + i]);
+          if constexpr (NORM) xs[i] = mlex_round(mlex_float(nw[c * 32 + i]) * mlex_round(xs[i] * rms[m], x), x);
         }
       }
       #pragma unroll
@@ -229,6 +237,19 @@ constexpr const char* kSource = R"(
 
 // `res` is the residual of kEpiAdd and `nw` the RMSNorm weight of NORM; where unused they get
 // x in their place (never read).
+// The widest x the norm is folded into the product for. Every block of the product recomputes
+// its rows' sum of squares, which costs GPU time in proportion to K: on the H200 the fold made
+// decode of small models (K 576, 1024), which wait on the host, 1.25-1.3x faster, and halved
+// that of a 7B (K 3584), which waits on the GPU (BENCHMARKS.md). MLEX_CUDA_NORM_FOLD_MAX_K
+// overrides it.
+int norm_fold_max_k() {
+  static const int k = [] {
+    const char* v = std::getenv("MLEX_CUDA_NORM_FOLD_MAX_K");
+    return v != nullptr && *v != '\0' ? std::atoi(v) : 2048;
+  }();
+  return k;
+}
+
 const cuda_jit::KernelSpec& spec() {
   static const std::string header = std::string(kCudaHalfHelpers) + kHeader;
   static const cuda_jit::KernelSpec s{"qmv4", header.c_str(), kSource, {"x", "w", "scales", "biases", "res", "nw"}, {"out"}};
@@ -252,7 +273,7 @@ std::optional<mx::array> cuda_quantized_matvec(const mx::array& x, const mx::arr
     return std::nullopt;
   }
   if (epilogue != Epilogue::None && mlex::ablated(MLEX_ABLATE_KERNEL_CUDA_EPILOGUE)) return std::nullopt;
-  if (norm_weight && mlex::ablated(MLEX_ABLATE_KERNEL_CUDA_NORM_FOLD)) return std::nullopt;
+  if (norm_weight && (mlex::ablated(MLEX_ABLATE_KERNEL_CUDA_NORM_FOLD) || x.shape(-1) > norm_fold_max_k())) return std::nullopt;
   const int n = w.shape(0);
   const int k = x.shape(-1);
   const int m = k > 0 ? static_cast<int>(x.size() / k) : 0;

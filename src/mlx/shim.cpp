@@ -676,11 +676,17 @@ int mlex_quantized_matmul_fused(mlex_array x, mlex_array norm_weight, float eps,
       *out = wrap(*fast);
       return;
     }
-    // The same ops unfused, as the model would write them.
+    // The norm on its own (our kernel may still take the product and its epilogue), else the
+    // same ops unfused, as the model would write them.
     mx::array xn = unwrap(x);
     if (norm_weight) {
       auto cpu = mlex::cpu_rms_norm(xn, opt(norm_weight), eps);
       xn = cpu ? *cpu : mx::fast::rms_norm(xn, opt(norm_weight), eps);
+      if (auto fast = mlex::cuda_quantized_matvec(xn, unwrap(w), unwrap(scales), opt(biases), true, group_size, bits,
+                                                  m, epi, opt(residual))) {
+        *out = wrap(*fast);
+        return;
+      }
     }
     auto y = quantized_matmul(xn, unwrap(w), unwrap(scales), opt(biases), true, group_size, bits, m);
     if (epilogue == 0) {
