@@ -11,10 +11,13 @@
 //! the image's rows. So everything keyed on token ids keys on the image too: a second turn about
 //! the same image reuses the first's cached prefix, and a different image never does.
 //!
-//! A video (Gemma 4, given as frames: [`CausalLm::bind_media`]) is its kept frames, each bound
-//! as an image is but encoded as a frame (the video's own soft-token budget) and keyed apart from
-//! the same bytes as an image; the chat template's video marker becomes each kept frame's
-//! timestamp and a run of one video token ([`VideoPrompt`]).
+//! A video (given as frames: [`CausalLm::bind_media`]) is, for Gemma 4, its kept frames, each
+//! bound as an image is but encoded as a frame (the video's own soft-token budget) and keyed apart
+//! from the same bytes as an image; the chat template's video marker becomes each kept frame's
+//! timestamp and a run of one video token ([`VideoPrompt`], [`VideoLayout::Frames`]). Qwen3.5 and
+//! Qwen2.5-VL encode a video whole and keep it as one entry keyed on all of its frames: its
+//! temporal groups each take a video token (Qwen3.5, after their timestamps) or one token takes
+//! them all (Qwen2.5-VL): `vision_lm/whole_video.rs`.
 //!
 //! Qwen3.5 and Qwen2.5-VL (`qwen_vision.rs`, `qwen2_5_vision.rs`): the template's `<|image_pad|>`
 //! is one token standing for the image's merged patches, and their text models place tokens on a
