@@ -16,6 +16,9 @@
 //! - the merger: LayerNorm (eps 1e-6) per patch, each merge block's `merge²` patches concatenated,
 //!   fc1 → GELU (erf form) → fc2 to `out_hidden_size` (the text model's width).
 //!
+//! A video (given as frames) goes through the video processor ([`QwenVideoProcessor`]) whole,
+//! then each temporal group through the tower as an image ([`QwenTower::forward_groups`]).
+//!
 //! Weights sit under `vision_tower.` (mlx-vlm) or `model.visual.` (Hugging Face); the Conv3d
 //! weight as `[out, T, p, p, C]` (MLX) or `[out, C, T, p, p]` (PyTorch).
 use serde::Deserialize;
