@@ -22,8 +22,8 @@
 //! Qwen3VLVideoProcessor (its own pixel budget, from video_preprocessor_config.json) on a 3-frame
 //! video of odd size and on videos of odd sizes and frame counts: our pixels must be within 1/255
 //! (and the same grid); the tower on the video's patches within 1e-4; for a prompt holding the
-//! video (Qwen3.5: a timestamp and a block per temporal group; Qwen2.5-VL: one block), the first
-//! logits within 1e-4 and the same 32 greedy tokens, directly, in two prefill chunks and through
+//! video (Qwen3.5: a timestamp and a block per temporal group; Qwen2.5-VL: one block), the rope
+//! placement of the video's rows gives get_rope_index's position ids, the first logits within 1e-4 and the same 32 greedy tokens, directly, in two prefill chunks and through
 //! a Session with a chat template; bad videos (frames of two sizes, too many or too small
 //! frames, none) are INVALID_ARGUMENT naming the part.
 //!
@@ -629,6 +629,7 @@ const VIDEO_CHECKPOINT: [&str; 4] = ["config.json", "preprocessor_config.json", 
 
 fn video_prompt_matches(script: &str, test: &str, marker: &str) {
     use mlex::chat::Media;
+    use mlex::models::mrope::MediaGrid;
     let Some(out) = run_script(script, &["--video"], test) else { return };
     let io = read_tensors(&out.path().join("io.safetensors"));
     let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
@@ -654,6 +655,27 @@ fn video_prompt_matches(script: &str, test: &str, marker: &str) {
             assert_eq!(b, t, "position {i}");
         }
     }
+    // The rope placement (mrope::MediaGrid, as the model places a video's rows) gives
+    // get_rope_index's position ids.
+    let grid = MediaGrid { t: 2, h: 3, w: 5, stacked: marker == "<|video_pad|>" };
+    let (mut k, mut shift) = (0usize, 0i64);
+    let mut ours = [vec![], vec![], vec![]];
+    for (i, &b) in bound.iter().enumerate() {
+        let offsets = if b >= MEDIA_TOKEN_BASE {
+            let place = grid.place(k);
+            k += 1;
+            let s = i as i64 - place.in_block as i64 + shift;
+            shift += place.ends_block.unwrap_or(0);
+            place.offsets.map(|d| s + d)
+        } else {
+            [i as i64 + shift; 3]
+        };
+        for (axis, p) in ours.iter_mut().zip(offsets) {
+            axis.push(p as i32);
+        }
+    }
+    assert_eq!(ours.concat(), i32_values(get("position_ids")), "position ids differ from get_rope_index's");
+
     let mut caches = model.make_caches();
     let logits = model.forward_prompt(&bound, &mut caches).unwrap();
     let l = bound.len() as i32;
