@@ -747,6 +747,19 @@ fn video_through_a_session(script: &str, test: &str) {
         assert_eq!(reply.tokens, want, "prefill chunks of {step}: greedy tokens through the session differ from mlx-vlm's");
     }
 
+    // A second turn resumes from the first prompt's cached prefix (the video's shifts carried)
+    // with a fresh session's tokens.
+    let mut turn2 = ask(frames.clone());
+    turn2.push(ChatMessage::assistant("ok."));
+    turn2.push(ChatMessage::user(" and then?"));
+    let opts = || GenerateOptions { max_tokens: 16, ignore_eos: true, ..Default::default() };
+    let warm = Session::load(dir.path()).unwrap();
+    warm.generate(&ask(frames.clone()), opts()).unwrap();
+    let second = warm.generate(&turn2, opts()).unwrap();
+    assert!(second.usage.cached_tokens >= ids.len() - 1, "the second turn reused {} cached tokens", second.usage.cached_tokens);
+    let fresh = Session::load(dir.path()).unwrap().generate(&turn2, opts()).unwrap();
+    assert_eq!(second.tokens, fresh.tokens, "the second turn over the cached prefix differs from a fresh session's");
+
     let session = Session::load(dir.path()).unwrap();
     let fail = |video: Vec<ImageData>, says: &str| {
         let err = session.generate(&ask(video), GenerateOptions { max_tokens: 2, ..Default::default() }).unwrap_err();
