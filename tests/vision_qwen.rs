@@ -24,7 +24,8 @@
 //! (and the same grid); the tower on the video's patches within 1e-4; for a prompt holding the
 //! video (Qwen3.5: a timestamp and a block per temporal group; Qwen2.5-VL: one block), the rope
 //! placement of the video's rows gives get_rope_index's position ids, the first logits within 1e-4 and the same 32 greedy tokens, directly, in two prefill chunks and through
-//! a Session with a chat template; bad videos (frames of two sizes, too many or too small
+//! a Session with a chat template (a second turn resuming from the cached prefix), for
+//! qwen3_5_moe and a 4-bit quantized Qwen3.5 too; bad videos (frames of two sizes, too many or too small
 //! frames, none) are INVALID_ARGUMENT naming the part.
 //!
 //! Without `MLEX_ORACLE_VENV` (the venv holding mlx-vlm) the oracle tests skip, saying so.
@@ -627,10 +628,10 @@ fn qwen2_5_vl_video_preprocessing_and_tower_match_mlx_vlm() {
 
 const VIDEO_CHECKPOINT: [&str; 4] = ["config.json", "preprocessor_config.json", "video_preprocessor_config.json", "model.safetensors"];
 
-fn video_prompt_matches(script: &str, test: &str, marker: &str) {
+fn video_prompt_matches(script: &str, test: &str, marker: &str, args: &[&str]) {
     use mlex::chat::Media;
     use mlex::models::mrope::MediaGrid;
-    let Some(out) = run_script(script, &["--video"], test) else { return };
+    let Some(out) = run_script(script, &[&["--video"], args].concat(), test) else { return };
     let io = read_tensors(&out.path().join("io.safetensors"));
     let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
     let ids: Vec<u32> = i32_values(get("input_ids")).into_iter().map(|t| t as u32).collect();
@@ -708,12 +709,21 @@ fn video_prompt_matches(script: &str, test: &str, marker: &str) {
 
 #[test]
 fn qwen3_5_video_prompt_matches_mlx_vlm_greedy() {
-    video_prompt_matches(QWEN3_5, "qwen3_5_video_prompt_matches_mlx_vlm_greedy", "<|vision_start|><|video_pad|><|vision_end|>");
+    video_prompt_matches(QWEN3_5, "qwen3_5_video_prompt_matches_mlx_vlm_greedy", "<|vision_start|><|video_pad|><|vision_end|>", &[]);
+}
+
+/// The video through qwen3_5_moe's text model, and through a 4-bit quantized model (the tower's
+/// linears and position table too).
+#[test]
+fn qwen3_5_moe_and_quantized_video_prompts_match_mlx_vlm_greedy() {
+    let marker = "<|vision_start|><|video_pad|><|vision_end|>";
+    video_prompt_matches(QWEN3_5, "qwen3_5_moe_and_quantized_video_prompts_match_mlx_vlm_greedy", marker, &["--moe"]);
+    video_prompt_matches(QWEN3_5, "qwen3_5_moe_and_quantized_video_prompts_match_mlx_vlm_greedy", marker, &["--quantize"]);
 }
 
 #[test]
 fn qwen2_5_vl_video_prompt_matches_mlx_vlm_greedy() {
-    video_prompt_matches(QWEN2_5_VL, "qwen2_5_vl_video_prompt_matches_mlx_vlm_greedy", "<|video_pad|>");
+    video_prompt_matches(QWEN2_5_VL, "qwen2_5_vl_video_prompt_matches_mlx_vlm_greedy", "<|video_pad|>", &[]);
 }
 
 /// The whole path: a Session reports video, the template's video block becomes the processor's
