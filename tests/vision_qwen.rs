@@ -342,6 +342,18 @@ fn qwen3_5_vision_bad_checkpoints_name_the_problem() {
     common::edit_json(&dir.path().join("preprocessor_config.json"), |c| c["patch_size"] = 8.into());
     let err = load(dir.path());
     assert!(err.contains("patch_size 8"), "{err}");
+    // A bad video processor config names its file; one whose patches do not fit the tower leaves
+    // the model without video (images still served).
+    let dir = model_dir(out.path(), &CHECKPOINT);
+    std::fs::write(dir.path().join("video_preprocessor_config.json"), r#"{"patch_size": 4, "fps": 0}"#).unwrap();
+    let err = load(dir.path());
+    assert!(err.contains("video_preprocessor_config.json") && err.contains("fps"), "{err}");
+    std::fs::write(dir.path().join("video_preprocessor_config.json"), r#"{"patch_size": 8}"#).unwrap();
+    let path = dir.path().join("config.json");
+    let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+    let store = RefCell::new(WeightStore::open(dir.path()).unwrap());
+    let model = mlex::models::build_model(&cfg, &Vb::new(&store, None)).unwrap();
+    assert!(model.image_prompt().is_some_and(|p| p.video.is_none()), "a video processor of 8-pixel patches for a 4-pixel tower");
     // Bad images are INVALID_ARGUMENT, never a crash.
     let p = processor();
     let strip = RgbImage::from_raw(300, 1, vec![0; 900]).unwrap();
