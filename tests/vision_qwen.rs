@@ -18,15 +18,25 @@
 //! Qwen2 decoder with chunked multimodal rope, a flat config.json): tower within 1e-4, first
 //! logits 1e-4, 32 greedy tokens for a two-image prompt, directly and through a Session.
 //!
+//! Video (given as frames), with `--video`: both scripts run mlx-vlm's numpy
+//! Qwen3VLVideoProcessor (its own pixel budget, from video_preprocessor_config.json) on a 3-frame
+//! video of odd size and on videos of odd sizes and frame counts: our pixels must be within 1/255
+//! (and the same grid); the tower on the video's patches within 1e-4; for a prompt holding the
+//! video (Qwen3.5: a timestamp and a block per temporal group; Qwen2.5-VL: one block), the rope
+//! placement of the video's rows gives get_rope_index's position ids, the first logits within 1e-4 and the same 32 greedy tokens, directly, in two prefill chunks and through
+//! a Session with a chat template (a second turn resuming from the cached prefix), for
+//! qwen3_5_moe and a 4-bit quantized Qwen3.5 too; bad videos (frames of two sizes, too many or too small
+//! frames, none) are INVALID_ARGUMENT naming the part.
+//!
 //! Without `MLEX_ORACLE_VENV` (the venv holding mlx-vlm) the oracle tests skip, saying so.
 mod common;
 
 use common::oracle_arrays::{f32_values, f32_array, i32_values, max_abs_diff};
 use common::{read_tensors, repo_root, require_oracle, RawTensor};
 use mlex::loader::{ModelConfig, Vb, WeightStore};
-use mlex::media::{QwenImageProcessor, RgbImage};
+use mlex::media::{decode_image, QwenImageProcessor, QwenVideoProcessor, RgbImage};
 use mlex::mlx::{Array, Dtype};
-use mlex::models::qwen_vision::QwenVision;
+use mlex::models::qwen_vision::{QwenTower, QwenVision};
 use mlex::models::vision_lm::{ImageData, MEDIA_TOKEN_BASE};
 use std::cell::RefCell;
 use std::path::Path;
@@ -224,6 +234,7 @@ fn write_qwen_tokenizer(dir: &Path) {
     let template = "{% for message in messages %}{% if message['content'] is string %}{{ message['content'] }}\
         {% else %}{% for item in message['content'] %}\
         {% if item['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>\
+        {% elif item['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>\
         {% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}\
         {% endfor %}{% endif %}{% endfor %}";
     let config = serde_json::json!({"eos_token": "<|im_end|>", "chat_template": template, "tokenizer_class": "PreTrainedTokenizerFast"});
@@ -331,6 +342,18 @@ fn qwen3_5_vision_bad_checkpoints_name_the_problem() {
     common::edit_json(&dir.path().join("preprocessor_config.json"), |c| c["patch_size"] = 8.into());
     let err = load(dir.path());
     assert!(err.contains("patch_size 8"), "{err}");
+    // A bad video processor config names its file; one whose patches do not fit the tower leaves
+    // the model without video (images still served).
+    let dir = model_dir(out.path(), &CHECKPOINT);
+    std::fs::write(dir.path().join("video_preprocessor_config.json"), r#"{"patch_size": 4, "fps": 0}"#).unwrap();
+    let err = load(dir.path());
+    assert!(err.contains("video_preprocessor_config.json") && err.contains("fps"), "{err}");
+    std::fs::write(dir.path().join("video_preprocessor_config.json"), r#"{"patch_size": 8}"#).unwrap();
+    let path = dir.path().join("config.json");
+    let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+    let store = RefCell::new(WeightStore::open(dir.path()).unwrap());
+    let model = mlex::models::build_model(&cfg, &Vb::new(&store, None)).unwrap();
+    assert!(model.image_prompt().is_some_and(|p| p.video.is_none()), "a video processor of 8-pixel patches for a 4-pixel tower");
     // Bad images are INVALID_ARGUMENT, never a crash.
     let p = processor();
     let strip = RgbImage::from_raw(300, 1, vec![0; 900]).unwrap();
@@ -529,4 +552,271 @@ fn bench_qwen3_5_tower_against_mlx_vlm() {
         best(&theirs),
         best(&theirs) / best(&ours)
     );
+}
+
+// ---- video (as frames) ----------------------------------------------------------------------
+
+const VIDEO_PAD: u32 = 303;
+
+/// The oracle video's frames (frame_0.png …).
+fn oracle_frames(out: &Path) -> Vec<ImageData> {
+    (0..).map(|k| out.join(format!("frame_{k}.png"))).take_while(|p| p.is_file()).map(|p| ImageData::new(std::fs::read(p).unwrap())).collect()
+}
+
+/// Runs of the video token collapsed to one (what the chat template and our expansion write).
+fn collapsed_video(ids: &[u32]) -> Vec<u32> {
+    let mut out: Vec<u32> = vec![];
+    for &t in ids {
+        if t == VIDEO_PAD && out.last() == Some(&VIDEO_PAD) {
+            continue;
+        }
+        out.push(t);
+    }
+    out
+}
+
+fn video_processing_and_tower_match(script: &str, test: &str, tower: &dyn Fn(&ModelConfig, &Vb) -> Box<dyn QwenTower>) {
+    let Some(out) = run_script(script, &["--video"], test) else { return };
+    let io = read_tensors(&out.path().join("io.safetensors"));
+    let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
+    let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.path().join("video_preprocessor_config.json")).unwrap()).unwrap();
+    let p = QwenVideoProcessor::from_config(&cfg, 16).unwrap();
+    assert_eq!((p.frame.patch_size, p.frame.min_pixels, p.frame.max_pixels, p.fps), (4, 512, 4096, 2.0));
+    let check = |what: &str, ours: &mlex::media::QwenPixels, pixels: &RawTensor, grid: &RawTensor| -> f32 {
+        let grid = i32_values(grid);
+        assert_eq!([ours.grid.0, ours.grid.1, ours.grid.2].map(|v| v as i32).to_vec(), grid, "{what}: grid");
+        let want = f32_values(pixels);
+        assert_eq!(ours.data.len(), want.len(), "{what}");
+        let d = ours.data.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+        assert!(d <= 1.0 / 255.0, "{what} (grid {grid:?}): pixels differ from mlx-vlm's by {d}");
+        d
+    };
+    // The processor alone on videos of odd sizes and frame counts.
+    let mut k = 0;
+    let mut worst = 0f32;
+    while let Some(v) = io.iter().find(|t| t.name == format!("video_{k}")) {
+        let (t, h, w) = (v.shape[0], v.shape[1], v.shape[2]);
+        let frames: Vec<RgbImage> =
+            v.data.chunks_exact(h * w * 3).map(|f| RgbImage::from_raw(w as u32, h as u32, f.to_vec()).unwrap()).collect();
+        assert_eq!(frames.len(), t);
+        let ours = p.preprocess(&frames).unwrap();
+        worst = worst.max(check(&format!("video {k} ({t} frames of {w}x{h})"), &ours, get(&format!("vprocessed_{k}")), get(&format!("vgrid_{k}"))));
+        k += 1;
+    }
+    assert_eq!(k, 8);
+    // The oracle video, from its PNG frames.
+    let frames: Vec<RgbImage> = oracle_frames(out.path()).iter().map(|f| decode_image(&f.bytes).unwrap()).collect();
+    let ours = p.preprocess(&frames).unwrap();
+    worst = worst.max(check("the oracle video", &ours, get("video_pixels"), get("video_grid")));
+    eprintln!("{script}: video pixels: max |Δ| {worst:e} (8 videos and the oracle's)");
+
+    let dir = model_dir(out.path(), &CHECKPOINT);
+    let path = dir.path().join("config.json");
+    let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+    let store = RefCell::new(WeightStore::open(dir.path()).unwrap());
+    let vision = tower(&cfg, &Vb::new(&store, None));
+    let (t, gh, gw) = ours.grid;
+    let rows = vision.forward_groups(&f32_array(get("video_pixels")), t, gh, gw).unwrap();
+    assert_eq!(rows.shape(), [30, 64]);
+    let d = max_abs_diff(&rows, &f32_array(get("video_tower")));
+    assert!(d <= 1e-4, "the tower on the video differs from mlx-vlm's by {d}");
+    eprintln!("{script}: video tower ({t} groups of {gh}x{gw} patches, 30 rows): max |Δ| {d:e}");
+}
+
+#[test]
+fn qwen3_5_video_preprocessing_and_tower_match_mlx_vlm() {
+    video_processing_and_tower_match(QWEN3_5, "qwen3_5_video_preprocessing_and_tower_match_mlx_vlm", &|cfg, vb| {
+        Box::new(QwenVision::load(&cfg.raw, vb).unwrap().expect("a vision_config"))
+    });
+}
+
+#[test]
+fn qwen2_5_vl_video_preprocessing_and_tower_match_mlx_vlm() {
+    use mlex::models::qwen2_5_vision::Qwen25Vision;
+    video_processing_and_tower_match(QWEN2_5_VL, "qwen2_5_vl_video_preprocessing_and_tower_match_mlx_vlm", &|cfg, vb| {
+        Box::new(Qwen25Vision::load(&cfg.raw, vb).unwrap().expect("a vision_config"))
+    });
+}
+
+const VIDEO_CHECKPOINT: [&str; 4] = ["config.json", "preprocessor_config.json", "video_preprocessor_config.json", "model.safetensors"];
+
+fn video_prompt_matches(script: &str, test: &str, marker: &str, args: &[&str]) {
+    use mlex::chat::Media;
+    use mlex::models::mrope::MediaGrid;
+    let Some(out) = run_script(script, &[&["--video"], args].concat(), test) else { return };
+    let io = read_tensors(&out.path().join("io.safetensors"));
+    let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
+    let ids: Vec<u32> = i32_values(get("input_ids")).into_iter().map(|t| t as u32).collect();
+    let want: Vec<u32> = i32_values(get("tokens")).into_iter().map(|t| t as u32).collect();
+    let dir = model_dir(out.path(), &VIDEO_CHECKPOINT);
+    let path = dir.path().join("config.json");
+    let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+    let store = RefCell::new(WeightStore::open(dir.path()).unwrap());
+    let model = mlex::models::build_model(&cfg, &Vb::new(&store, None)).unwrap();
+    store.into_inner().finish().expect("every tensor of the checkpoint is used");
+    let video = model.image_prompt().and_then(|p| p.video.as_ref()).expect("a Qwen checkpoint with a tower takes video");
+    assert_eq!((video.marker.as_str(), video.video_token), (marker, VIDEO_PAD));
+
+    let frames = oracle_frames(out.path());
+    assert_eq!(frames.len(), 3);
+    let short = collapsed_video(&ids);
+    let bound = model.bind_media(short.clone(), &[Media::Video(&frames)]).unwrap();
+    assert_eq!(bound.len(), ids.len(), "the video takes 30 tokens");
+    for (i, (&b, &t)) in bound.iter().zip(&ids).enumerate() {
+        assert_eq!(b >= MEDIA_TOKEN_BASE, t == VIDEO_PAD, "position {i}");
+        if b < MEDIA_TOKEN_BASE {
+            assert_eq!(b, t, "position {i}");
+        }
+    }
+    // The rope placement (mrope::MediaGrid, as the model places a video's rows) gives
+    // get_rope_index's position ids.
+    let grid = MediaGrid { t: 2, h: 3, w: 5, stacked: marker == "<|video_pad|>" };
+    let (mut k, mut shift) = (0usize, 0i64);
+    let mut ours = [vec![], vec![], vec![]];
+    for (i, &b) in bound.iter().enumerate() {
+        let offsets = if b >= MEDIA_TOKEN_BASE {
+            let place = grid.place(k);
+            k += 1;
+            let s = i as i64 - place.in_block as i64 + shift;
+            shift += place.ends_block.unwrap_or(0);
+            place.offsets.map(|d| s + d)
+        } else {
+            [i as i64 + shift; 3]
+        };
+        for (axis, p) in ours.iter_mut().zip(offsets) {
+            axis.push(p as i32);
+        }
+    }
+    assert_eq!(ours.concat(), i32_values(get("position_ids")), "position ids differ from get_rope_index's");
+
+    let mut caches = model.make_caches();
+    let logits = model.forward_prompt(&bound, &mut caches).unwrap();
+    let l = bound.len() as i32;
+    let last = logits.slice_axis(1, l - 1, l).unwrap().reshape(&[-1]).unwrap();
+    let d = max_abs_diff(&last, &f32_array(get("logits0")));
+    assert!(d <= 1e-4, "first logits differ from mlx-vlm's by {d}");
+    let argmax = |a: &Array| a.argmax(0, false).unwrap().astype(Dtype::Uint32).unwrap().to_vec::<u32>().unwrap()[0];
+    let mut next = argmax(&last);
+    let mut got = vec![next];
+    while got.len() < want.len() {
+        let logits = model.forward(&Array::from_slice(&[next], &[1, 1]).unwrap(), &mut caches).unwrap();
+        next = argmax(&logits.reshape(&[-1]).unwrap());
+        got.push(next);
+    }
+    assert_eq!(got, want, "greedy tokens for the video prompt differ from mlx-vlm's");
+    eprintln!("{script}: video prompt of {} ids: first logits max |Δ| {d:e}, {} greedy tokens identical", ids.len(), got.len());
+
+    // The same video again is kept (the same ids); in two chunks cut inside the video's text
+    // (Qwen3.5: between its groups) or right after it: the same logits.
+    assert_eq!(model.bind_media(short, &[Media::Video(&frames)]).unwrap(), bound);
+    let first = bound.iter().position(|&t| t >= MEDIA_TOKEN_BASE).unwrap();
+    let cut = first + bound[first..].iter().position(|&t| t < MEDIA_TOKEN_BASE).unwrap() + 1;
+    let mut caches = model.make_caches();
+    model.forward_prompt(&bound[..cut], &mut caches).unwrap();
+    let logits = model.forward_prompt(&bound[cut..], &mut caches).unwrap();
+    let n = (bound.len() - cut) as i32;
+    let d2 = max_abs_diff(&logits.slice_axis(1, n - 1, n).unwrap().reshape(&[-1]).unwrap(), &last);
+    assert!(d2 <= 1e-5, "prefill cut at {cut} differs by {d2}");
+}
+
+#[test]
+fn qwen3_5_video_prompt_matches_mlx_vlm_greedy() {
+    video_prompt_matches(QWEN3_5, "qwen3_5_video_prompt_matches_mlx_vlm_greedy", "<|vision_start|><|video_pad|><|vision_end|>", &[]);
+}
+
+/// The video through qwen3_5_moe's text model, and through a 4-bit quantized model (the tower's
+/// linears and position table too).
+#[test]
+fn qwen3_5_moe_and_quantized_video_prompts_match_mlx_vlm_greedy() {
+    let marker = "<|vision_start|><|video_pad|><|vision_end|>";
+    video_prompt_matches(QWEN3_5, "qwen3_5_moe_and_quantized_video_prompts_match_mlx_vlm_greedy", marker, &["--moe"]);
+    video_prompt_matches(QWEN3_5, "qwen3_5_moe_and_quantized_video_prompts_match_mlx_vlm_greedy", marker, &["--quantize"]);
+}
+
+#[test]
+fn qwen2_5_vl_video_prompt_matches_mlx_vlm_greedy() {
+    video_prompt_matches(QWEN2_5_VL, "qwen2_5_vl_video_prompt_matches_mlx_vlm_greedy", "<|video_pad|>", &[]);
+}
+
+/// The whole path: a Session reports video, the template's video block becomes the processor's
+/// text (timestamps per temporal group for Qwen3.5), and the greedy tokens are mlx-vlm's; bad
+/// videos are INVALID_ARGUMENT naming the part.
+fn video_through_a_session(script: &str, test: &str) {
+    use mlex::chat::ContentPart;
+    use mlex::{ChatMessage, GenerateOptions, Session};
+
+    let Some(out) = run_script(script, &["--video"], test) else { return };
+    let io = read_tensors(&out.path().join("io.safetensors"));
+    let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
+    let ids: Vec<u32> = i32_values(get("input_ids")).into_iter().map(|t| t as u32).collect();
+    let want: Vec<u32> = i32_values(get("tokens")).into_iter().map(|t| t as u32).collect();
+    let dir = model_dir(out.path(), &VIDEO_CHECKPOINT);
+    write_qwen_tokenizer(dir.path());
+    let frames = oracle_frames(out.path());
+    let ask = |video: Vec<ImageData>| {
+        vec![ChatMessage::user_with_images(vec![
+            ContentPart::Text("look: ".into()),
+            ContentPart::Video(video),
+            ContentPart::Text(" what happens?".into()),
+        ])]
+    };
+    for step in [512, 10] {
+        let session = Session::load(dir.path()).unwrap();
+        assert!(session.info().supports_video);
+        let opts = GenerateOptions { max_tokens: want.len(), ignore_eos: true, prefill_step_size: step, ..Default::default() };
+        let reply = session.generate(&ask(frames.clone()), opts).unwrap();
+        assert_eq!(reply.usage.prompt_tokens, ids.len(), "the prompt as mlx-vlm's processor expands it");
+        assert_eq!(reply.tokens, want, "prefill chunks of {step}: greedy tokens through the session differ from mlx-vlm's");
+    }
+
+    // A second turn resumes from the first prompt's cached prefix (the video's shifts carried)
+    // with a fresh session's tokens.
+    let mut turn2 = ask(frames.clone());
+    turn2.push(ChatMessage::assistant("ok."));
+    turn2.push(ChatMessage::user(" and then?"));
+    let opts = || GenerateOptions { max_tokens: 16, ignore_eos: true, ..Default::default() };
+    let warm = Session::load(dir.path()).unwrap();
+    warm.generate(&ask(frames.clone()), opts()).unwrap();
+    let second = warm.generate(&turn2, opts()).unwrap();
+    assert!(second.usage.cached_tokens >= ids.len() - 1, "the second turn reused {} cached tokens", second.usage.cached_tokens);
+    let fresh = Session::load(dir.path()).unwrap().generate(&turn2, opts()).unwrap();
+    assert_eq!(second.tokens, fresh.tokens, "the second turn over the cached prefix differs from a fresh session's");
+
+    let session = Session::load(dir.path()).unwrap();
+    let fail = |video: Vec<ImageData>, says: &str| {
+        let err = session.generate(&ask(video), GenerateOptions { max_tokens: 2, ..Default::default() }).unwrap_err();
+        assert_eq!(err.code(), "INVALID_ARGUMENT", "{err}");
+        assert!(err.to_string().contains("media part 1") && err.to_string().contains(says), "{err}");
+    };
+    let png = |w: u32, h: u32| {
+        let mut bytes = vec![];
+        let img = image::RgbImage::from_pixel(w, h, image::Rgb([9, 99, 199]));
+        img.write_to(&mut std::io::Cursor::new(&mut bytes), image::ImageFormat::Png).unwrap();
+        ImageData::new(bytes)
+    };
+    fail(vec![frames[0].clone(), png(44, 29)], "differ in size");
+    fail(vec![png(45, 7), png(45, 7)], "too small");
+    fail(vec![frames[0].clone(); 769], "769 frames");
+    let truncated = ImageData::new(frames[1].bytes[..frames[1].bytes.len() / 2].to_vec());
+    fail(vec![frames[0].clone(), truncated], "frame 1");
+    // No frames: the part is left out of the message, and a model's binding refuses an empty video.
+    let model_err = {
+        use mlex::chat::Media;
+        let path = dir.path().join("config.json");
+        let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+        let store = RefCell::new(WeightStore::open(dir.path()).unwrap());
+        let model = mlex::models::build_model(&cfg, &Vb::new(&store, None)).unwrap();
+        model.bind_media(vec![1, VIDEO_PAD, 2], &[Media::Video(&[])]).unwrap_err()
+    };
+    assert!(model_err.to_string().contains("at least one frame"), "{model_err}");
+}
+
+#[test]
+fn qwen3_5_video_through_a_session() {
+    video_through_a_session(QWEN3_5, "qwen3_5_video_through_a_session");
+}
+
+#[test]
+fn qwen2_5_vl_video_through_a_session() {
+    video_through_a_session(QWEN2_5_VL, "qwen2_5_vl_video_through_a_session");
 }

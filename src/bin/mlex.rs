@@ -393,7 +393,7 @@ struct GenerateArgs {
     image: Vec<PathBuf>,
     /// A video shown with --prompt, after the images, as its frames: image files, comma-separated,
     /// in order (mlex decodes no video file). Needs a model that takes video (gemma4 with a
-    /// video_token_id).
+    /// video_token_id, qwen3_5 or qwen2_5_vl with its vision tower).
     #[arg(long, value_delimiter = ',', requires = "prompt")]
     video_frames: Vec<PathBuf>,
     /// An audio file (WAV, FLAC, MP3; at most 30 s) heard with --prompt, after the images and

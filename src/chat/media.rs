@@ -83,7 +83,8 @@ pub enum Media<'a> {
     Audio(&'a ImageData),
 }
 
-/// The most frames a video part may hold (the models sample fewer: Gemma 4 keeps 32).
+/// The most frames a video part may hold (the models take fewer: Gemma 4 samples 32, Qwen's
+/// video processor takes at most its `max_frames`, 768 by default).
 pub const MAX_VIDEO_FRAMES: usize = 1024;
 
 /// The most encoded bytes a video part's frames may hold together.

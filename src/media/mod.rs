@@ -9,9 +9,11 @@ pub mod gemma4;
 pub mod image;
 mod processor_config;
 pub mod qwen;
+pub mod qwen_video;
 
 pub use audio::{decode_audio, load_audio, resample_poly, Waveform, MAX_AUDIO_BYTES};
 pub use audio_features::{AudioFeatures, Gemma4AudioFeatureExtractor};
 pub use gemma4::{Gemma4ImageProcessor, Gemma4VideoProcessor};
 pub use qwen::{QwenImageProcessor, QwenPixels};
+pub use qwen_video::QwenVideoProcessor;
 pub use image::{decode_image, Gemma3ImageProcessor, PixelValues, RgbImage, MAX_IMAGE_PIXELS};

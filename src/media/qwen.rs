@@ -66,8 +66,13 @@ impl QwenImageProcessor {
     /// patch size `default_patch`); settings not reproduced (rescale off) are InvalidArgument
     /// rather than silently different.
     pub fn from_config(cfg: &serde_json::Value, default_patch: usize) -> Result<Self> {
+        Self::from_config_over(cfg, QwenImageProcessor { patch_size: default_patch, ..Default::default() })
+    }
+
+    /// [`Self::from_config`] with other defaults (`base`: the video processor's).
+    pub(crate) fn from_config_over(cfg: &serde_json::Value, base: QwenImageProcessor) -> Result<Self> {
         let c = ProcessorConfig::new(cfg);
-        let mut p = QwenImageProcessor { patch_size: default_patch, ..Default::default() };
+        let mut p = base;
         if let Some(n) = c.size("patch_size", 1024)? {
             p.patch_size = n;
         }
@@ -144,36 +149,56 @@ impl QwenImageProcessor {
         resize_with(img, tw, th, BICUBIC)
     }
 
-    /// The patches of `img`.
+    /// The patches of `img` (repeated over the temporal patch, as the processor does).
     pub fn preprocess(&self, img: &RgbImage) -> Result<QwenPixels> {
         let r = self.resized(img)?;
-        let (hh, ww) = (r.height as usize, r.width as usize);
+        Ok(self.patches(&vec![&r; self.temporal_patch_size]))
+    }
+
+    /// The patches of `frames` (one size, already resized to multiples of `patch · merge`; their
+    /// count a multiple of the temporal patch): each temporal group's patches in merge-block
+    /// order, groups in order, each patch flattened (channel, t, y, x).
+    pub(crate) fn patches(&self, frames: &[&RgbImage]) -> QwenPixels {
+        let (hh, ww) = (frames[0].height as usize, frames[0].width as usize);
         let (p, t, m) = (self.patch_size, self.temporal_patch_size, self.merge_size);
         let scale = self.rescale_factor as f32;
-        // Channel planes, as float32 `(x · scale − mean) / std`.
-        let mut planes = vec![vec![0f32; hh * ww]; 3];
-        for (i, px) in r.data.chunks_exact(3).enumerate() {
-            for c in 0..3 {
-                let v = px[c] as f32 * scale;
-                planes[c][i] = match self.normalize {
-                    Some((mean, std)) => (v - mean[c]) / std[c],
-                    None => v,
-                };
-            }
-        }
-        let (gh, gw) = (hh / p, ww / p);
+        // Per frame, channel planes as float32 `(x · scale − mean) / std`.
+        let lut: Vec<[f32; 3]> = (0..256u32)
+            .map(|v| {
+                let x = v as f32 * scale;
+                match self.normalize {
+                    Some((mean, std)) => std::array::from_fn(|c| (x - mean[c]) / std[c]),
+                    None => [x; 3],
+                }
+            })
+            .collect();
+        let planes: Vec<[Vec<f32>; 3]> = frames
+            .iter()
+            .map(|f| {
+                let mut planes = [vec![0f32; hh * ww], vec![0f32; hh * ww], vec![0f32; hh * ww]];
+                for (i, px) in f.data.chunks_exact(3).enumerate() {
+                    for c in 0..3 {
+                        planes[c][i] = lut[px[c] as usize][c];
+                    }
+                }
+                planes
+            })
+            .collect();
+        let (gt, gh, gw) = (frames.len() / t, hh / p, ww / p);
         let patch_dim = 3 * t * p * p;
-        let mut data = Vec::with_capacity(gh * gw * patch_dim);
-        for bh in 0..gh / m {
-            for bw in 0..gw / m {
-                for mh in 0..m {
-                    for mw in 0..m {
-                        let (y0, x0) = ((bh * m + mh) * p, (bw * m + mw) * p);
-                        for plane in &planes {
-                            for _ in 0..t {
-                                for y in 0..p {
-                                    let row = (y0 + y) * ww + x0;
-                                    data.extend_from_slice(&plane[row..row + p]);
+        let mut data = Vec::with_capacity(gt * gh * gw * patch_dim);
+        for group in planes.chunks_exact(t) {
+            for bh in 0..gh / m {
+                for bw in 0..gw / m {
+                    for mh in 0..m {
+                        for mw in 0..m {
+                            let (y0, x0) = ((bh * m + mh) * p, (bw * m + mw) * p);
+                            for c in 0..3 {
+                                for frame in group {
+                                    for y in 0..p {
+                                        let row = (y0 + y) * ww + x0;
+                                        data.extend_from_slice(&frame[c][row..row + p]);
+                                    }
                                 }
                             }
                         }
@@ -181,7 +206,7 @@ impl QwenImageProcessor {
                 }
             }
         }
-        Ok(QwenPixels { data, patches: gh * gw, patch_dim, grid: (1, gh, gw) })
+        QwenPixels { data, patches: gt * gh * gw, patch_dim, grid: (gt, gh, gw) }
     }
 
     /// [`Self::preprocess`] of encoded image bytes.

@@ -11,6 +11,12 @@
 //!   axis w when `i % 3 == 2 && i < 3·section[2]`, else t; the angles are rotated as
 //!   non-traditional rope (`x·cos + rotate_half(x)·sin` over the rotary dims, the rest passed).
 //!
+//! - a video (as mlx-vlm 0.7.10 places it) is `t` temporal groups of `gh × gw`: Qwen3.5 writes
+//!   each group as a block of its own (timestamp text between), placed as an image is; Qwen2.5-VL
+//!   writes them as one block whose token (g, r) sits at (s + g, s + r / gw, s + r % gw), the
+//!   text after it at s + max(t, gh, gw) (mlx-vlm's `get_rope_index` steps the temporal axis by
+//!   one a group: it reads no `second_per_grid_ts`). [`MediaGrid`] says which.
+//!
 //! [`PositionCache`] sits after the text model's layer caches (a [`super::vision_lm::VisionLm`]
 //! with mrope adds it): it holds the shift each image of the sequence brought and where it ended,
 //! so a decode step (and text after a cached prefix) sits at `offset + shift`; trimming the cache
@@ -28,6 +34,51 @@ pub enum RopePositions {
     Start(usize),
     /// Each token's (t, h, w), L of each.
     Grid([Vec<i32>; 3]),
+}
+
+/// Where a media item's rows sit on the rope: `t` temporal groups (1 for an image) of `h × w`
+/// merged patches, the rows in order (group, row, col).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MediaGrid {
+    pub t: usize,
+    pub h: usize,
+    pub w: usize,
+    /// The groups form one block (Qwen2.5-VL's video); else each group is a block of its own,
+    /// placed as an image (Qwen3.5's video, whose groups the prompt separates by text).
+    pub stacked: bool,
+}
+
+/// Where row k of a [`MediaGrid`] sits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    /// Its index in its block (the block starts where a text token would sit at s: at index
+    /// `abs − in_block`).
+    pub in_block: usize,
+    /// Its offsets (t, h, w) from s.
+    pub offsets: [i64; 3],
+    /// The block's shift of what follows (`max extent − tokens`), when k is its last row.
+    pub ends_block: Option<i64>,
+}
+
+impl MediaGrid {
+    pub fn rows(&self) -> usize {
+        self.t * self.h * self.w
+    }
+
+    pub fn place(&self, k: usize) -> Placement {
+        let n = self.h * self.w;
+        let (g, r) = (k / n, k % n);
+        let (h, w) = ((r / self.w) as i64, (r % self.w) as i64);
+        if self.stacked {
+            let last = k + 1 == self.rows();
+            let extent = self.t.max(self.h).max(self.w) as i64;
+            Placement { in_block: k, offsets: [g as i64, h, w], ends_block: last.then_some(extent - self.rows() as i64) }
+        } else {
+            let last = r + 1 == n;
+            let extent = self.h.max(self.w) as i64;
+            Placement { in_block: r, offsets: [0, h, w], ends_block: last.then_some(extent - n as i64) }
+        }
+    }
 }
 
 /// How MRoPE assigns frequencies to the axes (mlx-vlm's `style`).
@@ -166,6 +217,19 @@ pub fn position_cache(cache: &mut dyn Cache) -> Result<&mut PositionCache> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn video_grids_place_rows() {
+        // mlx-vlm's Qwen2.5-VL positions for a (2, 3, 5) video after 7 text tokens: the second
+        // group's first row at (7 + 1, 7, 7), the text after at 7 + 5.
+        let g = MediaGrid { t: 2, h: 3, w: 5, stacked: true };
+        assert_eq!(g.place(15), Placement { in_block: 15, offsets: [1, 0, 0], ends_block: None });
+        assert_eq!(g.place(29), Placement { in_block: 29, offsets: [1, 2, 4], ends_block: Some(5 - 30) });
+        // Qwen3.5: each group a block of its own.
+        let g = MediaGrid { stacked: false, ..g };
+        assert_eq!(g.place(14), Placement { in_block: 14, offsets: [0, 2, 4], ends_block: Some(5 - 15) });
+        assert_eq!(g.place(16), Placement { in_block: 1, offsets: [0, 0, 1], ends_block: None });
+    }
 
     #[test]
     fn shifts_follow_images_and_trims() {

@@ -282,7 +282,7 @@ fn load_with_vision(c: &ModelConfig, vb: &Vb) -> Result<Box<dyn CausalLm>> {
     let Some(vision) = vision else { return Ok(text) };
     let vc = vision.config();
     let patching = (vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size);
-    super::qwen_vision::with_tower(c, text, vision, patching, 151_655, 14)
+    super::qwen_vision::with_tower(c, text, vision, patching, (151_655, 151_656), 14, false)
 }
 
 pub const ARCH: Architecture = Architecture {

@@ -16,6 +16,9 @@
 //! - the merger: LayerNorm (eps 1e-6) per patch, each merge block's `merge²` patches concatenated,
 //!   fc1 → GELU (erf form) → fc2 to `out_hidden_size` (the text model's width).
 //!
+//! A video (given as frames) goes through the video processor ([`QwenVideoProcessor`]) whole,
+//! then each temporal group through the tower as an image ([`QwenTower::forward_groups`]).
+//!
 //! Weights sit under `vision_tower.` (mlx-vlm) or `model.visual.` (Hugging Face); the Conv3d
 //! weight as `[out, T, p, p, C]` (MLX) or `[out, C, T, p, p]` (PyTorch).
 use serde::Deserialize;
@@ -24,7 +27,7 @@ use serde_json::Value;
 use super::vision_lm::{ImageEncoder, RowScale};
 use crate::error::{Error, Result};
 use crate::loader::Vb;
-use crate::media::{QwenImageProcessor, RgbImage};
+use crate::media::{QwenImageProcessor, QwenVideoProcessor, RgbImage};
 use crate::mlx::fast::{self, AttentionMask};
 use crate::mlx::{Array, Dtype};
 use crate::nn::{Embedding, LayerNorm, Linear, Params};
@@ -329,6 +332,20 @@ impl Params for QwenVision {
 /// image's merged rows from its patches on a `gh × gw` grid.
 pub trait QwenTower: Params {
     fn forward(&self, patches: &Array, gh: usize, gw: usize) -> Result<Array>;
+
+    /// A video's rows from its patches, `t` temporal groups of `gh × gw` in order: each group
+    /// through the tower as an image is (mlx-vlm's towers attend within a group only: one
+    /// `cu_seqlens` segment, or window set, per group; the position table and rope repeat per
+    /// group), the groups' rows in order.
+    fn forward_groups(&self, patches: &Array, t: usize, gh: usize, gw: usize) -> Result<Array> {
+        let n = (gh * gw) as i32;
+        if t == 0 || patches.shape().first() != Some(&(t as i32 * n)) {
+            return Err(Error::InvalidArgument(format!("video patches must be [{t}·{gh}·{gw}, …], got {:?}", patches.shape())));
+        }
+        let rows = (0..t as i32).map(|g| self.forward(&patches.slice_axis(0, g * n, (g + 1) * n)?, gh, gw)).collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&Array> = rows.iter().collect();
+        Array::concatenate(&refs, 0)
+    }
 }
 
 impl QwenTower for QwenVision {
@@ -337,10 +354,12 @@ impl QwenTower for QwenVision {
     }
 }
 
-/// A tower with Qwen's processor: an image's rows, and where they sit on the rope grid.
+/// A tower with Qwen's processors: an image's or a video's rows, and where they sit on the rope grid.
 pub struct QwenImages<V> {
     pub vision: V,
     pub processor: QwenImageProcessor,
+    /// The video processor, when the checkpoint takes video.
+    pub video: Option<QwenVideoProcessor>,
 }
 
 impl<V: QwenTower> ImageEncoder for QwenImages<V> {
@@ -349,6 +368,15 @@ impl<V: QwenTower> ImageEncoder for QwenImages<V> {
         let (_, gh, gw) = pv.grid;
         let patches = Array::from_slice(&pv.data, &[pv.patches as i32, pv.patch_dim as i32])?;
         self.vision.forward(&patches, gh, gw)
+    }
+
+    fn encode_video(&self, frames: &[RgbImage]) -> Result<(Array, (usize, usize, usize))> {
+        let v = self.video.as_ref().ok_or_else(|| Error::InvalidArgument("this checkpoint takes no video".into()))?;
+        let pv = v.preprocess(frames)?;
+        let (t, gh, gw) = pv.grid;
+        let patches = Array::from_slice(&pv.data, &[pv.patches as i32, pv.patch_dim as i32])?;
+        let m = v.frame.merge_size;
+        Ok((self.vision.forward_groups(&patches, t, gh, gw)?, (t, gh / m, gw / m)))
     }
 
     fn row_scale(&self) -> RowScale {
@@ -378,25 +406,33 @@ pub fn load_with_vision(c: &crate::loader::ModelConfig, vb: &Vb) -> Result<Box<d
     let Some(vision) = vision else { return Ok(text) };
     let vc = vision.config();
     let patching = (vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size);
-    with_tower(c, text, vision, patching, 248_056, 16)
+    with_tower(c, text, vision, patching, (248_056, 248_057), 16, true)
 }
 
-/// `text` with a Qwen tower in front: the image token (`image_token_id`, else
-/// `default_image_token`), the checkpoint's processor (patch size `default_patch` unless it says),
-/// which must patch as the tower does (`patching`: patch size, merge size, temporal patch size
-/// from `vision_config`), and 3-D rope positions.
+/// `text` with a Qwen tower in front: the image and video tokens (`image_token_id` and
+/// `video_token_id`, else `default_tokens`), the checkpoint's processors (patch size
+/// `default_patch` unless they say), which must patch as the tower does (`patching`: patch size,
+/// merge size, temporal patch size from `vision_config`), and 3-D rope positions. Video (as
+/// frames) is taken when the video token is in the vocabulary and the video processor patches as
+/// the tower does; `timestamped`: the prompt writes each temporal group after its timestamp
+/// (Qwen3.5), else the whole video as one run (Qwen2.5-VL).
 pub(crate) fn with_tower<V: QwenTower + 'static>(
     c: &crate::loader::ModelConfig,
     text: Box<dyn super::CausalLm>,
     vision: V,
     patching: (usize, usize, usize),
-    default_image_token: u32,
+    default_tokens: (u32, u32),
     default_patch: usize,
+    timestamped: bool,
 ) -> Result<Box<dyn super::CausalLm>> {
-    let image_token = match c.raw.get("image_token_id").filter(|v| !v.is_null()) {
-        None => default_image_token,
-        Some(v) => v.as_u64().filter(|&t| t < u32::MAX as u64).ok_or_else(|| c.error(format!("image_token_id {v} is not a token id")))? as u32,
+    let token = |key: &str, default: u32| -> Result<u32> {
+        match c.raw.get(key).filter(|v| !v.is_null()) {
+            None => Ok(default),
+            Some(v) => Ok(v.as_u64().filter(|&t| t < u32::MAX as u64).ok_or_else(|| c.error(format!("{key} {v} is not a token id")))? as u32),
+        }
     };
+    let image_token = token("image_token_id", default_tokens.0)?;
+    let video_token = token("video_token_id", default_tokens.1)?;
     if image_token as usize >= text.vocab_size() {
         return Err(c.error(format!("image_token_id {image_token} is outside the vocabulary ({})", text.vocab_size())));
     }
@@ -408,14 +444,25 @@ pub(crate) fn with_tower<V: QwenTower + 'static>(
             processor.patch_size, processor.merge_size, processor.temporal_patch_size,
         )));
     }
+    let video = video_processor_for(c, default_patch)?;
+    let fits = (video.frame.patch_size, video.frame.merge_size, video.frame.temporal_patch_size) == patching;
+    let video = (fits && (video_token as usize) < text.vocab_size()).then_some(video);
     let prompt = super::vision_lm::ImagePrompt {
         marker: "<|image_pad|>".into(),
         expansion: "<|image_pad|>".into(),
         image_token,
         placeholder_tokens: 1,
-        video: None,
+        video: video.as_ref().map(|v| super::vision_lm::VideoPrompt {
+            marker: if timestamped { "<|vision_start|><|video_pad|><|vision_end|>" } else { "<|video_pad|>" }.into(),
+            video_token,
+            layout: super::vision_lm::VideoLayout::Whole(super::vision_lm::WholeVideoPrompt {
+                video_token_text: "<|video_pad|>".into(),
+                groups: timestamped.then(|| ("<|vision_start|>".into(), "<|vision_end|>".into())),
+                processor: v.clone(),
+            }),
+        }),
     };
-    let encoder = Box::new(QwenImages { vision, processor });
+    let encoder = Box::new(QwenImages { vision, processor, video });
     Ok(Box::new(super::vision_lm::VisionLm::new(text, encoder, prompt).with_mrope()))
 }
 
@@ -424,18 +471,7 @@ pub(crate) fn with_tower<V: QwenTower + 'static>(
 /// `default_patch` unless they say.
 pub(crate) fn processor_for(c: &crate::loader::ModelConfig, default_patch: usize) -> Result<QwenImageProcessor> {
     let dir = c.path.parent().map(std::path::Path::to_path_buf).unwrap_or_default();
-    let read = |name: &str| -> Result<Option<Value>> {
-        let path = dir.join(name);
-        if !path.is_file() {
-            return Ok(None);
-        }
-        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-        let json: Value = serde_json::from_str(&text).map_err(|e| Error::checkpoint(&path, format!("not JSON: {e}")))?;
-        if !json.is_object() {
-            return Err(Error::checkpoint(&path, "not a JSON object"));
-        }
-        Ok(Some(json))
-    };
+    let read = |name: &str| read_json(&dir, name);
     let mut merged = read("preprocessor_config.json")?.unwrap_or_else(|| serde_json::json!({}));
     if let Some(Value::Object(over)) = read("processor_config.json")?.and_then(|p| p.get("image_processor").cloned()) {
         let m = merged.as_object_mut().expect("an object");
@@ -445,6 +481,35 @@ pub(crate) fn processor_for(c: &crate::loader::ModelConfig, default_patch: usize
     }
     QwenImageProcessor::from_config(&merged, default_patch)
         .map_err(|e| Error::checkpoint(dir.join("preprocessor_config.json"), format!("(with processor_config.json's image_processor) {e}")))
+}
+
+/// The video processor of the checkpoint beside `c` (mlx-vlm's `_qwen_vl_video_kwargs`:
+/// video_preprocessor_config.json, else preprocessor_config.json), the patch size `default_patch`
+/// unless it says.
+pub(crate) fn video_processor_for(c: &crate::loader::ModelConfig, default_patch: usize) -> Result<QwenVideoProcessor> {
+    let dir = c.path.parent().map(std::path::Path::to_path_buf).unwrap_or_default();
+    let mut name = "video_preprocessor_config.json";
+    let mut cfg = read_json(&dir, name)?;
+    if cfg.is_none() {
+        name = "preprocessor_config.json";
+        cfg = read_json(&dir, name)?;
+    }
+    QwenVideoProcessor::from_config(&cfg.unwrap_or_else(|| serde_json::json!({})), default_patch)
+        .map_err(|e| Error::checkpoint(dir.join(name), format!("(as the video processor's settings) {e}")))
+}
+
+/// A JSON object file of the checkpoint directory `dir`, if it is there.
+fn read_json(dir: &std::path::Path, name: &str) -> Result<Option<Value>> {
+    let path = dir.join(name);
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+    let json: Value = serde_json::from_str(&text).map_err(|e| Error::checkpoint(&path, format!("not JSON: {e}")))?;
+    if !json.is_object() {
+        return Err(Error::checkpoint(&path, "not a JSON object"));
+    }
+    Ok(Some(json))
 }
 
 /// The vision 2-D rope's (cos, sin) `[1, L, 1, head_dim]` for a `gh × gw` patch grid in

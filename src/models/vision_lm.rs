@@ -11,10 +11,13 @@
 //! the image's rows. So everything keyed on token ids keys on the image too: a second turn about
 //! the same image reuses the first's cached prefix, and a different image never does.
 //!
-//! A video (Gemma 4, given as frames: [`CausalLm::bind_media`]) is its kept frames, each bound
-//! as an image is but encoded as a frame (the video's own soft-token budget) and keyed apart from
-//! the same bytes as an image; the chat template's video marker becomes each kept frame's
-//! timestamp and a run of one video token ([`VideoPrompt`]).
+//! A video (given as frames: [`CausalLm::bind_media`]) is, for Gemma 4, its kept frames, each
+//! bound as an image is but encoded as a frame (the video's own soft-token budget) and keyed apart
+//! from the same bytes as an image; the chat template's video marker becomes each kept frame's
+//! timestamp and a run of one video token ([`VideoPrompt`], [`VideoLayout::Frames`]). Qwen3.5 and
+//! Qwen2.5-VL encode a video whole and keep it as one entry keyed on all of its frames: its
+//! temporal groups each take a video token (Qwen3.5, after their timestamps) or one token takes
+//! them all (Qwen2.5-VL): `vision_lm/whole_video.rs`.
 //!
 //! Qwen3.5 and Qwen2.5-VL (`qwen_vision.rs`, `qwen2_5_vision.rs`): the template's `<|image_pad|>`
 //! is one token standing for the image's merged patches, and their text models place tokens on a
@@ -33,12 +36,15 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 
 mod mrope_prompt;
+mod whole_video;
 
 pub use crate::chat::ImageData;
+pub use whole_video::WholeVideoPrompt;
 
 use super::audio_input::{AudioInput, AudioPrompt};
 use super::gemma3_vision::Gemma3Vision;
 use super::gemma4_vision::Gemma4Vision;
+use super::mrope::MediaGrid;
 use super::CausalLm;
 use crate::error::{Error, Result};
 use crate::chat::Media;
@@ -86,32 +92,47 @@ pub struct ImagePrompt {
     pub video: Option<VideoPrompt>,
 }
 
-/// How a model's prompt marks a video given as frames (Gemma 4, as mlx-vlm's Gemma4Processor
-/// writes it): the template's marker becomes, for each kept frame, its timestamp `mm:ss`, a
-/// space, `boi`, the video token (standing for as many as the frame takes), `eoi`; frames joined
-/// with a space.
+/// How a model's prompt marks a video given as frames: the template's marker becomes runs of one
+/// video token (each standing for as many as its part of the video takes) with text around them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct VideoPrompt {
-    /// What the template writes per video (Gemma 4: `<|video|>`).
+    /// What the template writes per video (Gemma 4: `<|video|>`; Qwen3.5:
+    /// `<|vision_start|><|video_pad|><|vision_end|>`; Qwen2.5-VL: `<|video_pad|>`).
     pub marker: String,
-    /// The video token's text and id (Gemma 4: `<|video|>` itself).
-    pub video_token_text: String,
+    /// The video token's id.
     pub video_token: u32,
-    /// What opens and closes each frame (Gemma 4: the image's `<|image>` and `<image|>`).
-    pub boi: String,
-    pub eoi: String,
-    /// Frame sampling and timestamps.
-    pub processor: Gemma4VideoProcessor,
+    pub layout: VideoLayout,
+}
+
+/// How a video is cut into the prompt's video tokens, and encoded.
+#[derive(Debug, Clone, PartialEq)]
+pub enum VideoLayout {
+    /// Gemma 4, as mlx-vlm's Gemma4Processor writes it: for each kept frame its timestamp
+    /// `mm:ss`, a space, `boi`, the video token, `eoi`; frames joined with a space. Each frame is
+    /// encoded alone, as an image is ([`ImageEncoder::encode_frame`]).
+    Frames {
+        /// The video token's text (`<|video|>`).
+        video_token_text: String,
+        /// What opens and closes each frame (the image's `<|image>` and `<image|>`).
+        boi: String,
+        eoi: String,
+        /// Frame sampling and timestamps.
+        processor: Gemma4VideoProcessor,
+    },
+    /// Qwen: the video encoded whole ([`ImageEncoder::encode_video`]; see `vision_lm/whole_video.rs`).
+    Whole(WholeVideoPrompt),
 }
 
 impl VideoPrompt {
     /// What the processor writes for a video of `frames` frames (before sampling).
     pub fn expansion(&self, frames: usize) -> String {
-        let kept = self.processor.sample(frames).len();
-        (0..kept)
-            .map(|j| format!("{} {}{}{}", self.processor.timestamp(j), self.boi, self.video_token_text, self.eoi))
-            .collect::<Vec<_>>()
-            .join(" ")
+        match &self.layout {
+            VideoLayout::Frames { video_token_text, boi, eoi, processor } => (0..processor.sample(frames).len())
+                .map(|j| format!("{} {boi}{video_token_text}{eoi}", processor.timestamp(j)))
+                .collect::<Vec<_>>()
+                .join(" "),
+            VideoLayout::Whole(w) => w.expansion(frames),
+        }
     }
 }
 
@@ -134,6 +155,12 @@ pub trait ImageEncoder: Params {
 
     /// A video frame's rows, as the model encodes frames (Gemma 4: a smaller budget).
     fn encode_frame(&self, _frame: &RgbImage) -> Result<Array> {
+        Err(Error::InvalidArgument("this model takes no video".into()))
+    }
+
+    /// A whole video's rows (its decoded frames, in order) and their merged grid (temporal
+    /// groups, rows, cols), for [`VideoLayout::Whole`] (Qwen).
+    fn encode_video(&self, _frames: &[RgbImage]) -> Result<(Array, (usize, usize, usize))> {
         Err(Error::InvalidArgument("this model takes no video".into()))
     }
 
@@ -235,7 +262,11 @@ fn media_kind(m: &Media) -> &'static str {
 struct Kept {
     first: u32,
     len: u32,
+    /// The image (a whole video: its first frame).
     image: ImageData,
+    /// A video encoded whole: its frames, and where its rows sit on the 3-D rope.
+    frames: Option<Vec<ImageData>>,
+    grid: Option<MediaGrid>,
     /// Encoded as a video frame (another budget than as an image).
     frame: bool,
     /// The decoded size (width, height).
@@ -243,6 +274,21 @@ struct Kept {
     rows: Array,
     /// An audio clip (its bytes in `image`).
     audio: bool,
+}
+
+impl Kept {
+    /// A new entry (its ids given by [`VisionLm::keep`]).
+    fn new(image: &ImageData, frame: bool, audio: bool, size: (u32, u32), rows: Array) -> Self {
+        Kept { first: 0, len: 0, image: image.clone(), frames: None, grid: None, frame, size, rows, audio }
+    }
+
+    /// The encoded bytes it holds.
+    fn bytes(&self) -> usize {
+        match &self.frames {
+            Some(f) => f.iter().map(|i| i.bytes.len()).sum(),
+            None => self.image.bytes.len(),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -309,11 +355,13 @@ impl VisionLm {
             placeholder_tokens: 1,
             video: video.as_ref().map(|(video_token, p)| VideoPrompt {
                 marker: "<|video|>".into(),
-                video_token_text: "<|video|>".into(),
                 video_token: *video_token,
-                boi: "<|image>".into(),
-                eoi: "<image|>".into(),
-                processor: p.clone(),
+                layout: VideoLayout::Frames {
+                    video_token_text: "<|video|>".into(),
+                    boi: "<|image>".into(),
+                    eoi: "<image|>".into(),
+                    processor: p.clone(),
+                },
             }),
         };
         let video = video.map(|(_, p)| p);
@@ -324,7 +372,7 @@ impl VisionLm {
     /// (as an image, or as a video `frame`) unless it is kept.
     fn image_ids(&self, image: &ImageData, frame: bool) -> Result<(u32, u32, (u32, u32))> {
         let mut slots = self.slots.lock().map_err(|_| Error::Mlx("image slots poisoned by a panic".into()))?;
-        if let Some(at) = slots.kept.iter().position(|k| !k.audio && k.frame == frame && k.image == *image) {
+        if let Some(at) = slots.kept.iter().position(|k| !k.audio && k.frames.is_none() && k.frame == frame && k.image == *image) {
             let k = slots.kept.remove(at).expect("found above");
             let ids = (k.first, k.len, k.size);
             slots.kept.push_back(k);
@@ -333,7 +381,7 @@ impl VisionLm {
         let decoded = decode_image(&image.bytes)?;
         let size = (decoded.width, decoded.height);
         let rows = if frame { self.encoder.encode_frame(&decoded)? } else { self.encoder.encode(&decoded)? };
-        self.keep(slots, image, frame, false, size, rows)
+        self.keep(slots, Kept::new(image, frame, false, size, rows))
     }
 
     /// An audio clip's ids (first offset, count), encoding it unless it is kept.
@@ -349,7 +397,7 @@ impl VisionLm {
             return Ok(ids);
         }
         let rows = input.encode(&clip.bytes)?;
-        let (first, len, _) = self.keep(slots, clip, false, true, (0, 0), rows)?;
+        let (first, len, _) = self.keep(slots, Kept::new(clip, false, true, (0, 0), rows))?;
         Ok((first, len))
     }
 
@@ -364,26 +412,21 @@ impl VisionLm {
         }
     }
 
-    /// Gives encoded `rows` the next free ids and keeps them (dropping the least recently used).
-    fn keep(
-        &self,
-        mut slots: std::sync::MutexGuard<'_, Slots>,
-        image: &ImageData,
-        frame: bool,
-        audio: bool,
-        size: (u32, u32),
-        rows: Array,
-    ) -> Result<(u32, u32, (u32, u32))> {
-        let len = rows.shape()[0] as u32;
+    /// Gives an entry's encoded rows the next free ids and keeps it (dropping the least recently
+    /// used): its (first, len, size).
+    fn keep(&self, mut slots: std::sync::MutexGuard<'_, Slots>, mut entry: Kept) -> Result<(u32, u32, (u32, u32))> {
+        let len = entry.rows.shape()[0] as u32;
         let first = slots.next;
         if first as u64 + len as u64 > (u32::MAX - MEDIA_TOKEN_BASE) as u64 {
             return Err(Error::InvalidArgument("this session has seen too many distinct images".into()));
         }
-        rows.eval()?;
+        entry.rows.eval()?;
         slots.next += len;
-        slots.kept.push_back(Kept { first, len, image: image.clone(), frame, size, rows, audio });
+        let size = entry.size;
+        (entry.first, entry.len) = (first, len);
+        slots.kept.push_back(entry);
         while slots.kept.len() > 1
-            && (slots.kept.len() > KEPT_IMAGES || slots.kept.iter().map(|k| k.image.bytes.len()).sum::<usize>() > KEPT_BYTES)
+            && (slots.kept.len() > KEPT_IMAGES || slots.kept.iter().map(Kept::bytes).sum::<usize>() > KEPT_BYTES)
         {
             slots.kept.pop_front();
         }
@@ -549,11 +592,16 @@ impl CausalLm for VisionLm {
                 (Media::Image(i), _) => {
                     distinct.insert((false, i.hash, i.bytes.len()));
                 }
-                (Media::Video(frames), Some(v)) => {
-                    for k in v.processor.sample(frames.len()) {
-                        distinct.insert((true, frames[k].hash, frames[k].bytes.len()));
+                (Media::Video(frames), Some(v)) => match &v.layout {
+                    VideoLayout::Frames { processor, .. } => {
+                        for k in processor.sample(frames.len()) {
+                            distinct.insert((true, frames[k].hash, frames[k].bytes.len()));
+                        }
                     }
-                }
+                    VideoLayout::Whole(_) => {
+                        distinct.insert((true, whole_video::key(frames), frames.iter().map(|f| f.bytes.len()).sum()));
+                    }
+                },
                 (Media::Video(_), None) => {}
                 (Media::Audio(a), _) => {
                     distinct.insert((false, a.hash, a.bytes.len()));
@@ -576,6 +624,8 @@ impl CausalLm for VisionLm {
         let mut next = media.iter().enumerate();
         // The video being bound: its number (1-based), its kept frames still to place, its frame size.
         let mut frames: (usize, std::collections::VecDeque<&ImageData>, Option<(u32, u32)>) = (0, Default::default(), None);
+        // A video encoded whole, being placed unit by unit.
+        let mut whole = whole_video::Binding::default();
         let audio_token = self.audio.as_ref().map(|(p, _)| p.audio_token);
         let mut i = 0;
         while i < ids.len() {
@@ -590,7 +640,7 @@ impl CausalLm for VisionLm {
                         media_kind(part)
                     )));
                 };
-                if !frames.1.is_empty() {
+                if !frames.1.is_empty() || whole.open() {
                     return Err(Error::InvalidArgument(format!("the prompt has an audio place at position {i} inside a video's frames")));
                 }
                 let run = ids[i..].iter().take_while(|&&x| x == ids[i]).count();
@@ -614,10 +664,10 @@ impl CausalLm for VisionLm {
                 continue;
             }
             let run = ids[i..].iter().take_while(|&&x| x == ids[i]).count();
-            if !frames.1.is_empty() && !is_video {
+            if (!frames.1.is_empty() || whole.open()) && !is_video {
                 return Err(Error::InvalidArgument(format!(
                     "the prompt has an image place at position {i} inside video {}'s frames",
-                    frames.0
+                    frames.0.max(whole.part())
                 )));
             }
             if is_video {
@@ -625,6 +675,11 @@ impl CausalLm for VisionLm {
                     return Err(Error::InvalidArgument(format!(
                         "the prompt holds a run of {run} video tokens at position {i}; a video frame takes 1"
                     )));
+                }
+                if let VideoLayout::Whole(w) = &video.expect("is_video").layout {
+                    out.extend(self.bind_whole_video_unit(w, &mut whole, &mut next)?);
+                    i += 1;
+                    continue;
                 }
                 if frames.1.is_empty() {
                     let (n, part) = next.next().ok_or_else(|| {
@@ -637,8 +692,8 @@ impl CausalLm for VisionLm {
                             media_kind(part)
                         )));
                     };
-                    let v = video.expect("is_video");
-                    frames = (n + 1, v.processor.sample(all.len()).into_iter().map(|k| &all[k]).collect(), None);
+                    let VideoLayout::Frames { processor, .. } = &video.expect("is_video").layout else { unreachable!("whole videos are bound above") };
+                    frames = (n + 1, processor.sample(all.len()).into_iter().map(|k| &all[k]).collect(), None);
                 }
                 let frame = frames.1.pop_front().expect("not empty");
                 let k = frames.0;
@@ -679,10 +734,10 @@ impl CausalLm for VisionLm {
             out.extend((0..len).map(|k| MEDIA_TOKEN_BASE + first + k));
             i += run;
         }
-        if !frames.1.is_empty() {
+        if !frames.1.is_empty() || whole.open() {
             return Err(Error::InvalidArgument(format!(
                 "the prompt has places for fewer frames than the video (media part {} of the conversation) keeps",
-                frames.0
+                frames.0.max(whole.part())
             )));
         }
         // The prompt's last token is fed as a sampled one would be (`embed`, not `forward_prompt`).

@@ -10,7 +10,14 @@ partial windows. Writes into OUT_DIR, as tests/oracle/qwen3_5_vlm.py does:
     io.safetensors   tower_a / tower_b (with pixels_a / pixels_b, grid_a / grid_b), input_ids,
                      position_ids, logits0, tokens (32 greedy tokens)
 
-    python tests/oracle/qwen2_5_vl_vlm.py OUT_DIR [--seed N] [--two-images]
+    python tests/oracle/qwen2_5_vl_vlm.py OUT_DIR [--seed N] [--two-images] [--video]
+
+With --video the prompt holds qwen3_5_vlm.py's video instead (the same frames, the same numpy
+Qwen3VLVideoProcessor, which mlx-vlm's Qwen2_5_VLProcessor uses too, video_grid_thw (2, 6, 10)):
+"look: " <|vision_start|> <|video_pad|> x 30 <|vision_end|> " what happens?", as
+Qwen2_5_VLProcessor writes it (one block, no timestamps); io.safetensors gets video_pixels,
+video_grid, video_tower, and position_ids are mlx-vlm's get_rope_index with the video grid (the
+temporal index 0, 1 per group: mlx-vlm reads no second_per_grid_ts).
 
 config.json is flat, as Qwen2.5-VL checkpoints are (the text fields at the top, model_type
 "qwen2_5_vl", vision_config nested). The decode drives the model as qwen3_5_vlm.py does
@@ -31,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from qwen3_5_vlm import PROCESSOR, make_image, random_parameters  # noqa: E402
+from qwen3_5_vlm import PROCESSOR, VIDEO_PROCESSOR, make_image, random_parameters, video_frames, video_processing  # noqa: E402
 
 IMAGE_PAD, VISION_START, VISION_END, VIDEO_PAD, EOS = 300, 301, 302, 303, 304
 STEPS = 32
@@ -85,8 +92,8 @@ def import_mlx_vlm_qwen2_5_vl():
     return mods
 
 
-def greedy(mods, model, input_ids, pixel_values, grid, split=None):
-    emb = model.get_input_embeddings(input_ids=input_ids, pixel_values=pixel_values, image_grid_thw=grid)
+def greedy(mods, model, input_ids, mm, split=None):
+    emb = model.get_input_embeddings(input_ids=input_ids, **mm)
     lm = model.language_model
     lm._position_ids = None
     lm._rope_deltas = None
@@ -114,6 +121,7 @@ def main():
     ap.add_argument("out_dir")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--two-images", action="store_true")
+    ap.add_argument("--video", action="store_true")
     args = ap.parse_args()
 
     mods = import_mlx_vlm_qwen2_5_vl()
@@ -170,14 +178,23 @@ def main():
         ids += list(b" and ") + [VISION_START] + [IMAGE_PAD] * 12 + [VISION_END]
         pixel_values, grid = mx.concatenate([pa, pb]), mx.concatenate([ga, gb])
     ids += list(b" what is it?")
+    mm = {"pixel_values": pixel_values, "image_grid_thw": grid}
+    if args.video:
+        frames = video_frames(rng, args.out_dir)
+        vpixels, vgrid = video_processing(mods["processing"], rng, io, frames)
+        assert vgrid.tolist() == [[2, 6, 10]], vgrid.tolist()
+        io["video_pixels"], io["video_grid"] = vpixels, vgrid
+        io["video_tower"] = model.vision_tower(vpixels, vgrid).astype(mx.float32)
+        ids = list(b"look: ") + [VISION_START] + [VIDEO_PAD] * 30 + [VISION_END] + list(b" what happens?")
+        mm = {"pixel_values_videos": vpixels, "video_grid_thw": vgrid}
     input_ids = mx.array([ids], dtype=mx.int32)
 
-    logits0, tokens, position_ids = greedy(mods, model, input_ids, pixel_values, grid)
-    _, chunked, _ = greedy(mods, model, input_ids, pixel_values, grid, split=len(ids) - 1)
+    logits0, tokens, position_ids = greedy(mods, model, input_ids, mm)
+    _, chunked, _ = greedy(mods, model, input_ids, mm, split=len(ids) - 1)
     assert chunked == tokens, (chunked, tokens)
     assert len(set(tokens)) > 4, f"greedy decoding repeats: {tokens}"
     flat = mx.broadcast_to(mx.arange(len(ids))[None, None], (3, 1, len(ids)))
-    emb = model.get_input_embeddings(input_ids=input_ids, pixel_values=pixel_values, image_grid_thw=grid)
+    emb = model.get_input_embeddings(input_ids=input_ids, **mm)
     lm = model.language_model
     lm._position_ids = None
     lm._rope_deltas = None
@@ -191,6 +208,9 @@ def main():
         f.write("\n")
     with open(os.path.join(args.out_dir, "preprocessor_config.json"), "w") as f:
         json.dump(dict(PROCESSOR, image_processor_type="Qwen2VLImageProcessor"), f, indent=2)
+        f.write("\n")
+    with open(os.path.join(args.out_dir, "video_preprocessor_config.json"), "w") as f:
+        json.dump(dict(VIDEO_PROCESSOR, video_processor_type="Qwen2VLVideoProcessor"), f, indent=2)
         f.write("\n")
     mx.save_safetensors(os.path.join(args.out_dir, "model.safetensors"), weights)
     io.update({

@@ -20,7 +20,19 @@ config, gives every parameter random float32 values and writes into OUT_DIR:
                              the second image's 12), position_ids [3, L] (get_rope_index's),
                              logits0 [320] f32 (the last prompt position's), tokens [32] int32.
 
-    python tests/oracle/qwen3_5_vlm.py OUT_DIR [--seed N] [--two-images] [--quantize] [--moe]
+    python tests/oracle/qwen3_5_vlm.py OUT_DIR [--seed N] [--two-images] [--quantize] [--moe] [--video]
+
+With --video the prompt holds a video instead of the image: three frames of 45 x 29 pixels
+(frame_0.png … frame_2.png), through mlx-vlm's numpy Qwen3VLVideoProcessor with its own settings
+(VIDEO_PROCESSOR, also written as video_preprocessor_config.json: min/max pixels of the whole
+video 512 / 4096, so the frames are resized to 40 x 24, the third repeated to fill the second
+temporal group: video_grid_thw (2, 6, 10)). io.safetensors then also holds video_pixels,
+video_grid, video_tower (the tower on the video's patches, two groups of 15 rows), and, for the
+processor alone on videos of odd sizes and frame counts, video_K (uint8 T x H x W x 3),
+vprocessed_K, vgrid_K. The prompt is "look: " then, per temporal group, the text mlx-vlm's
+Qwen3VLProcessor writes for a frames list (`_video_group_timestamps` at the processor's fps,
+2: "<0.2 seconds>", "<1.2 seconds>") before <|vision_start|> <|video_pad|> x 15 <|vision_end|>,
+then " what happens?"; position_ids are get_rope_index's with the video grid.
 
 With --moe the model is mlx-vlm's qwen3_5_moe (the same tower; every text layer's MLP a mixture
 of 4 experts, 2 per token, with a gated shared expert).
@@ -102,6 +114,14 @@ PROCESSOR = {"patch_size": 4, "temporal_patch_size": 2, "merge_size": 2,
              "min_pixels": 256, "max_pixels": 1920,
              "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
 
+# The video processor's own settings (another pixel budget than the images', over the whole video).
+VIDEO_PROCESSOR = {"patch_size": 4, "temporal_patch_size": 2, "merge_size": 2,
+                   "min_pixels": 512, "max_pixels": 4096, "fps": 2.0,
+                   "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+VIDEO_FRAMES, VIDEO_H, VIDEO_W = 3, 29, 45
+# The processor alone: (frames, height, width): downscaled, upscaled, kept, one frame, odd counts.
+VIDEO_SIZES = [(3, 29, 45), (2, 101, 67), (5, 9, 13), (4, 40, 40), (1, 17, 90), (2, 300, 257), (6, 12, 20), (3, 24, 40)]
+
 
 def import_mlx_vlm_qwen3_5(package="qwen3_5"):
     """mlx-vlm's qwen3_5 modules without the package __init__ files of mlx_vlm, its models and
@@ -158,8 +178,10 @@ def random_parameters(model):
     return dict(new)
 
 
-def greedy(model, input_ids, pixel_values, grid_thw, split=None):
-    emb = model.get_input_embeddings(input_ids=input_ids, pixel_values=pixel_values, image_grid_thw=grid_thw)
+def greedy(model, input_ids, mm, split=None):
+    """`mm`: the media keywords of get_input_embeddings (pixel_values and image_grid_thw, or
+    pixel_values_videos and video_grid_thw)."""
+    emb = model.get_input_embeddings(input_ids=input_ids, **mm)
     lm = model.language_model
     lm._position_ids = None
     lm._rope_deltas = None
@@ -187,6 +209,48 @@ def make_image(rng, h, w, k):
     return np.stack([(xx * (7 + k)) % 256, (yy * (11 + 2 * k)) % 256, rng.integers(0, 256, (h, w))], axis=-1).astype(np.uint8)
 
 
+def video_frames(rng, out_dir=None):
+    """The oracle video's frames (uint8 H x W x 3), written as frame_K.png into `out_dir`."""
+    from PIL import Image
+
+    frames = [make_image(rng, VIDEO_H, VIDEO_W, 20 + k) for k in range(VIDEO_FRAMES)]
+    if out_dir is not None:
+        for k, f in enumerate(frames):
+            Image.fromarray(f).save(os.path.join(out_dir, f"frame_{k}.png"))
+    return frames
+
+
+def video_processing(processing, rng, io, frames):
+    """The video processor on the oracle's frames and, alone, on videos of odd sizes (into io):
+    returns its pixel_values_videos and video_grid_thw."""
+    vproc = processing.Qwen3VLVideoProcessor(**VIDEO_PROCESSOR)
+    for k, (t, h, w) in enumerate(VIDEO_SIZES):
+        video = np.stack([make_image(rng, h, w, 40 + 3 * k + j) for j in range(t)])
+        out = vproc(list(video))
+        io[f"video_{k}"] = mx.array(video)
+        io[f"vprocessed_{k}"] = mx.array(np.asarray(out["pixel_values_videos"], dtype=np.float32))
+        io[f"vgrid_{k}"] = mx.array(np.asarray(out["video_grid_thw"], dtype=np.int32))
+    out = vproc(list(frames))
+    return (mx.array(np.asarray(out["pixel_values_videos"], dtype=np.float32)),
+            mx.array(np.asarray(out["video_grid_thw"], dtype=np.int32)))
+
+
+def text_ids(text):
+    """A prompt's ids under the tests' byte tokenizer: bytes, and the vision tokens' ids."""
+    specials = {"<|image_pad|>": IMAGE_PAD, "<|vision_start|>": VISION_START, "<|vision_end|>": VISION_END,
+                "<|video_pad|>": VIDEO_PAD}
+    ids, i = [], 0
+    while i < len(text):
+        hit = next((s for s in specials if text.startswith(s, i)), None)
+        if hit:
+            ids.append(specials[hit])
+            i += len(hit)
+        else:
+            ids.extend(text[i].encode())
+            i += 1
+    return ids
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out_dir")
@@ -194,6 +258,7 @@ def main():
     ap.add_argument("--two-images", action="store_true")
     ap.add_argument("--quantize", action="store_true")
     ap.add_argument("--moe", action="store_true")
+    ap.add_argument("--video", action="store_true")
     args = ap.parse_args()
 
     mods = import_mlx_vlm_qwen3_5("qwen3_5_moe" if args.moe else "qwen3_5")
@@ -273,16 +338,30 @@ def main():
         ids += list(b" and ") + [VISION_START] + [IMAGE_PAD] * 12 + [VISION_END]
         pixel_values, grid = mx.concatenate([pa, pb]), mx.concatenate([ga, gb])
     ids += list(b" what is it?")
+    mm = {"pixel_values": pixel_values, "image_grid_thw": grid}
+    if args.video:
+        frames = video_frames(rng, args.out_dir)
+        vpixels, vgrid = video_processing(mods["processing"], rng, io, frames)
+        assert vgrid.tolist() == [[2, 6, 10]], vgrid.tolist()
+        feats, _ = model.vision_tower(vpixels, vgrid)
+        io["video_pixels"], io["video_grid"], io["video_tower"] = vpixels, vgrid, feats.astype(mx.float32)
+        # The text Qwen3VLProcessor writes for <|vision_start|><|video_pad|><|vision_end|>.
+        p = mods["processing"]
+        t, frame_seqlen = vgrid[0, 0].item(), vgrid[0, 1].item() * vgrid[0, 2].item() // 4
+        block = p._timestamped_video_placeholder(p._video_group_timestamps(t, 2, VIDEO_PROCESSOR["fps"]), frame_seqlen,
+                                                 "<|vision_start|>", "<|vision_end|>").replace("<|placeholder|>", "<|video_pad|>")
+        ids = text_ids("look: " + block + " what happens?")
+        mm = {"pixel_values_videos": vpixels, "video_grid_thw": vgrid}
     input_ids = mx.array([ids], dtype=mx.int32)
 
-    logits0, tokens, position_ids = greedy(model, input_ids, pixel_values, grid)
-    _, chunked, _ = greedy(model, input_ids, pixel_values, grid, split=len(ids) - 1)
+    logits0, tokens, position_ids = greedy(model, input_ids, mm)
+    _, chunked, _ = greedy(model, input_ids, mm, split=len(ids) - 1)
     assert chunked == tokens, (chunked, tokens)
     assert len(set(tokens)) > 4, f"greedy decoding repeats: {tokens}"
     # The image's rows and 3-D positions matter.
     flat = mx.broadcast_to(mx.arange(len(ids))[None, None], (3, 1, len(ids)))
     lm = model.language_model
-    emb = model.get_input_embeddings(input_ids=input_ids, pixel_values=pixel_values, image_grid_thw=grid)
+    emb = model.get_input_embeddings(input_ids=input_ids, **mm)
     lm._position_ids = None
     lm._rope_deltas = None
     plain = lm(input_ids, inputs_embeds=emb.inputs_embeds, cache=lm.make_cache(), position_ids=flat)
@@ -293,6 +372,9 @@ def main():
         f.write("\n")
     with open(os.path.join(args.out_dir, "preprocessor_config.json"), "w") as f:
         json.dump(dict(PROCESSOR, image_processor_type="Qwen2VLImageProcessor"), f, indent=2)
+        f.write("\n")
+    with open(os.path.join(args.out_dir, "video_preprocessor_config.json"), "w") as f:
+        json.dump(dict(VIDEO_PROCESSOR, video_processor_type="Qwen3VLVideoProcessor"), f, indent=2)
         f.write("\n")
     mx.save_safetensors(os.path.join(args.out_dir, "model.safetensors"), weights)
     io.update({

@@ -2,11 +2,12 @@
 //! of a prompt chunk's tokens from its ids (an image's ids say which image and which of its
 //! tokens, its decoded size gives its merged grid: see [`crate::models::mrope`]), and the
 //! [`PositionCache`] after the text model's caches that carries each image's shift to the text
-//! after it and to decode steps.
+//! after it and to decode steps. A video's rows are placed by the grid kept with them
+//! ([`MediaGrid`]: per temporal group, or one block).
 use super::{is_media_token, VisionLm, MEDIA_TOKEN_BASE};
 use crate::error::{Error, Result};
 use crate::mlx::Array;
-use crate::models::mrope::{position_cache, PositionCache, RopePositions};
+use crate::models::mrope::{position_cache, MediaGrid, PositionCache, RopePositions};
 use crate::nn::LayerCaches;
 
 impl VisionLm {
@@ -79,18 +80,20 @@ impl VisionLm {
             let kept = slots.kept.iter().find(|k| k.first <= at && at < k.first + k.len).ok_or_else(|| {
                 Error::InvalidArgument("the prompt refers to an image this session no longer keeps".into())
             })?;
-            let k = (at - kept.first) as i64;
-            let (gh, gw) = self
-                .encoder
-                .mrope_grid(kept.size)
-                .filter(|(gh, gw)| gh * gw == kept.len as usize)
+            let k = (at - kept.first) as usize;
+            let grid = match kept.grid {
+                Some(g) => Some(g),
+                None => self.encoder.mrope_grid(kept.size).map(|(h, w)| MediaGrid { t: 1, h, w, stacked: false }),
+            };
+            let grid = grid
+                .filter(|g| g.rows() == kept.len as usize)
                 .ok_or_else(|| Error::Mlx(format!("an image of {} rows has no rope grid", kept.len)))?;
-            let s = (abs - k + shift) as i32;
-            out[0].push(s);
-            out[1].push(s + (k / gw as i64) as i32);
-            out[2].push(s + (k % gw as i64) as i32);
-            if k + 1 == kept.len as i64 {
-                let d = gh.max(gw) as i64 - (gh * gw) as i64;
+            let place = grid.place(k);
+            let s = abs - place.in_block as i64 + shift;
+            for (axis, d) in out.iter_mut().zip(place.offsets) {
+                axis.push((s + d) as i32);
+            }
+            if let Some(d) = place.ends_block {
                 shift += d;
                 pc.push_image(abs as usize + 1, d);
             }
