@@ -14,4 +14,4 @@ pub use audio::{decode_audio, load_audio, resample_poly, Waveform, MAX_AUDIO_BYT
 pub use audio_features::{AudioFeatures, Gemma4AudioFeatureExtractor};
 pub use gemma4::{Gemma4ImageProcessor, Gemma4VideoProcessor};
 pub use qwen::{QwenImageProcessor, QwenPixels};
-pub use image::{decode_image, Gemma3ImageProcessor, PixelValues, RgbImage, MAX_IMAGE_PIXELS};
+pub use image::{decode_image, image_size, Gemma3ImageProcessor, PixelValues, RgbImage, MAX_IMAGE_PIXELS};

@@ -414,6 +414,7 @@ pub(crate) fn with_tower<V: QwenTower + 'static>(
         image_token,
         placeholder_tokens: 1,
         video: None,
+        pan_and_scan: None,
     };
     let encoder = Box::new(QwenImages { vision, processor });
     Ok(Box::new(super::vision_lm::VisionLm::new(text, encoder, prompt).with_mrope()))
