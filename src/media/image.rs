@@ -685,5 +685,38 @@ mod tests {
         assert_eq!((crops[2].width, crops[2].height), (332, 300));
         let square = RgbImage::from_raw(500, 500, vec![0; 500 * 500 * 3]).unwrap();
         assert!(p.pan_and_scan(&square).is_empty());
+        // Tall: crops down the image; capped at the most crops; clipped at the edge.
+        assert_eq!(p.pan_and_scan_boxes(300, 1000), [(0, 0, 300, 334), (0, 334, 300, 334), (0, 668, 300, 332)]);
+        assert_eq!(p.pan_and_scan_boxes(3000, 400).len(), 4);
+        // Under the ratio threshold, or crops under the minimum size: none.
+        assert!(p.pan_and_scan_boxes(1190, 1000).is_empty());
+        assert!(p.pan_and_scan_boxes(500, 255).is_empty());
+        // Tiny crops whose last would start past the edge (5 = 2 + 2 + 1, a fourth at 6): left out.
+        let tiny = Gemma3ImageProcessor { pan_and_scan_min_crop_size: 1, ..p.clone() };
+        assert_eq!(tiny.pan_and_scan_boxes(5, 1), [(0, 0, 2, 1), (2, 0, 2, 1), (4, 0, 1, 1)]);
+        let off = Gemma3ImageProcessor::default();
+        assert!(off.pan_and_scan_boxes(3000, 400).is_empty());
+    }
+
+    #[test]
+    fn bad_pan_and_scan_settings_name_the_key() {
+        use serde_json::json;
+        for (cfg, key) in [
+            (json!({"pan_and_scan_max_num_crops": 0}), "pan_and_scan_max_num_crops"),
+            (json!({"pan_and_scan_max_num_crops": "4"}), "pan_and_scan_max_num_crops"),
+            (json!({"pan_and_scan_min_crop_size": 0}), "pan_and_scan_min_crop_size"),
+            (json!({"pan_and_scan_min_crop_size": -3}), "pan_and_scan_min_crop_size"),
+            (json!({"pan_and_scan_min_ratio_to_activate": [1.2]}), "pan_and_scan_min_ratio_to_activate"),
+            (json!({"do_pan_and_scan": 1}), "do_pan_and_scan"),
+            (json!({"image_processor": {"do_pan_and_scan": "true"}}), "do_pan_and_scan"),
+        ] {
+            match Gemma3ImageProcessor::from_preprocessor_config(&cfg) {
+                Err(Error::InvalidArgument(m)) => assert!(m.contains(key), "{cfg}: {m}"),
+                other => panic!("{cfg}: {other:?}"),
+            }
+        }
+        let nested = json!({"image_processor": {"do_pan_and_scan": true, "pan_and_scan_max_num_crops": 2}});
+        let p = Gemma3ImageProcessor::from_preprocessor_config(&nested).unwrap();
+        assert!(p.do_pan_and_scan && p.pan_and_scan_max_num_crops == 2);
     }
 }
