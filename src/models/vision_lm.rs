@@ -2,7 +2,8 @@
 //! without the engine, the batcher or the prompt cache knowing about images.
 //!
 //! The chat prompt holds, for each image, a run of the model's image token (Gemma 3: 256
-//! `<image_soft_token>`, as its processor expands them; Gemma 4: one `<|image|>`, whose image
+//! `<image_soft_token>`, as its processor expands them, and with pan and scan one more run per
+//! crop, text between: `vision_lm/pan_and_scan.rs`; Gemma 4: one `<|image|>`, whose image
 //! decides how many tokens it takes). [`CausalLm::bind_images`] encodes each image (decode, the
 //! model's preprocessing, tower, projector: an [`ImageEncoder`]) and replaces its run with ids of
 //! its own, one per row the image became: `MEDIA_TOKEN_BASE + first + i`, where the range
