@@ -7,6 +7,11 @@
 //!
 //! The crop count comes from the image's size alone, read from its header here (before the
 //! pixels are decoded for the tower), with the same arithmetic the preprocessing then uses.
+//!
+//! Which settings apply: the checkpoint's processor config, as in mlx-vlm, whose Gemma3Processor
+//! hands the image processor nothing of its own. (transformers' Gemma3Processor passes its
+//! defaults, off / 256 / 4 / 1.2, over the config's, so there pan and scan is a per-call option;
+//! mlx-vlm exposes no such option, and neither does mlex.)
 use super::ImagePrompt;
 use crate::error::{Error, Result};
 
