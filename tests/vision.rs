@@ -399,8 +399,25 @@ fn gemma3_pan_and_scan_matches_hf_and_mlx_vlm() {
     assert!(again.usage.cached_tokens > 16 * 4, "{} cached", again.usage.cached_tokens);
     drop(session);
 
-    // Bad settings: load errors naming the file and the key (never a panic). processor_config.json's
-    // image_processor comes first, as transformers reads them.
+    // processor_config.json's image_processor comes first, as transformers reads them; one
+    // without it leaves preprocessor_config.json in charge.
+    for (processor_config, on) in [
+        (serde_json::json!({"image_processor": {"do_pan_and_scan": false, "size": {"height": 32, "width": 32}}}), false),
+        (serde_json::json!({"image_seq_length": 16}), true),
+    ] {
+        let both = tempfile::tempdir().unwrap();
+        for f in ["config.json", "model.safetensors", "preprocessor_config.json"] {
+            std::fs::copy(dir.join(f), both.path().join(f)).unwrap();
+        }
+        std::fs::write(both.path().join("processor_config.json"), processor_config.to_string()).unwrap();
+        let path = both.path().join("config.json");
+        let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+        let store = RefCell::new(WeightStore::open(both.path()).unwrap());
+        let model = mlex::models::build_model(&cfg, &Vb::new(&store, None)).unwrap();
+        assert_eq!(model.image_prompt().unwrap().pan_and_scan.is_some(), on, "{processor_config}");
+    }
+
+    // Bad settings: load errors naming the file and the key (never a panic).
     for (file, settings, key) in [
         ("preprocessor_config.json", serde_json::json!({"do_pan_and_scan": true, "pan_and_scan_max_num_crops": 0}), "pan_and_scan_max_num_crops"),
         ("preprocessor_config.json", serde_json::json!({"do_pan_and_scan": "yes"}), "do_pan_and_scan"),
