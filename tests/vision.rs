@@ -300,3 +300,136 @@ fn bench_gemma3_tower_against_mlx_vlm() {
         best(&theirs) / best(&ours)
     );
 }
+
+/// Gemma 3 with pan and scan on in its preprocessor_config.json (tests/oracle/gemma3_pan_and_scan.py:
+/// crops from 8 pixels, at most 3, 32 × 32): for prompts holding images that are cropped (wide,
+/// tall, capped at the most crops) and images that are not (under the ratio threshold, crops
+/// under the minimum size), mlex's prompt ids equal Hugging Face's Gemma3Processor's exactly
+/// (its "Here is the original image … crops …" sentence), its pixels (whole images then crops)
+/// equal the processor's within 1/255, every run of soft tokens gets rows of its own, and 32
+/// greedy tokens for a cropped image equal mlx-vlm's on the same tiny weights. Bad pan-and-scan
+/// settings are load errors naming the file and the key.
+#[test]
+fn gemma3_pan_and_scan_matches_hf_and_mlx_vlm() {
+    use mlex::chat::{ContentPart, ImageData};
+    use mlex::media::Gemma3ImageProcessor;
+    use mlex::{ChatMessage, GenerateOptions, Session};
+
+    let Some(out) = run_oracle("gemma3_pan_and_scan.py", "gemma3_pan_and_scan_matches_hf_and_mlx_vlm") else { return };
+    let dir = out.path();
+    let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+    let session = Session::load(dir).unwrap();
+    assert!(session.info().supports_images);
+    let path = dir.join("config.json");
+    let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+    let store = RefCell::new(WeightStore::open(dir).unwrap());
+    let model = mlex::models::build_model(&cfg, &Vb::new(&store, None)).unwrap();
+    let prompt = model.image_prompt().expect("a vision tower");
+    assert!(prompt.pan_and_scan.is_some(), "the config turns pan and scan on");
+    let pre: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("preprocessor_config.json")).unwrap()).unwrap();
+    let processor = Gemma3ImageProcessor::from_preprocessor_config(&pre).unwrap();
+    assert_eq!((processor.width, processor.pan_and_scan_max_num_crops, processor.pan_and_scan_min_crop_size), (32, 3, 8));
+
+    // The oracle's user message: "look: " image " (0) " image … " what is it?".
+    let ask = |images: &[ImageData]| {
+        let mut parts = vec![ContentPart::Text("look: ".into())];
+        for (k, img) in images.iter().enumerate() {
+            parts.push(ContentPart::Image(img.clone()));
+            parts.push(ContentPart::Text(if k + 1 < images.len() { format!(" ({k}) ") } else { " what is it?".into() }));
+        }
+        vec![ChatMessage::user_with_images(parts)]
+    };
+    let tok = session.tokenizer().unwrap();
+    let cases = manifest.as_array().unwrap();
+    assert_eq!(cases.len(), 4);
+    for case in cases {
+        let name = case["case"].as_str().unwrap();
+        let images: Vec<ImageData> =
+            case["images"].as_array().unwrap().iter().map(|f| ImageData::new(std::fs::read(dir.join(f.as_str().unwrap())).unwrap())).collect();
+        let want: Vec<u32> = case["input_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let crops: Vec<usize> = case["num_crops"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+
+        let ids = tok.encode_chat_with_images(&ask(&images), None, None, Some(prompt)).unwrap();
+        assert_eq!(ids, want, "{name}: prompt ids differ from Gemma3Processor's");
+
+        // Pixels: each image, then its crops, in order.
+        let raw = std::fs::read(dir.join(case["pixel_values"].as_str().unwrap())).unwrap();
+        let theirs: Vec<f32> = raw.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        let mut ours = vec![];
+        for (img, &k) in images.iter().zip(&crops) {
+            let pv = processor.preprocess_bytes(&img.bytes).unwrap();
+            assert_eq!(pv.num_crops, k, "{name}: crops");
+            ours.extend(pv.data);
+        }
+        assert_eq!(ours.len(), theirs.len(), "{name}: pixel count");
+        let d = ours.iter().zip(&theirs).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        // std 0.5: 1/255 in [0, 1] units is 2/255 here.
+        assert!(d <= 2.0 / 255.0 + 1e-6, "{name}: pixels differ by {d}");
+
+        // Binding: each run of 16 soft tokens its own consecutive media ids, in order, none reused.
+        let refs: Vec<&ImageData> = images.iter().collect();
+        let bound = model.bind_images(ids.clone(), &refs).unwrap();
+        assert_eq!(bound.len(), ids.len());
+        let media: Vec<u32> = bound.iter().copied().filter(|&t| mlex::models::vision_lm::is_media_token(t)).collect();
+        assert_eq!(media.len(), ids.iter().filter(|&&t| t == 300).count());
+        assert_eq!(media.len(), 16 * (images.len() + crops.iter().sum::<usize>()));
+        // An image's ids run on across its crops' runs (an image seen before keeps its ids).
+        let mut at = 0;
+        for &k in &crops {
+            let ids = &media[at..at + 16 * (1 + k)];
+            assert!(ids.windows(2).all(|w| w[1] == w[0] + 1), "{name}: an image's media ids out of order");
+            at += ids.len();
+        }
+        eprintln!("{name}: crops {crops:?}, {} prompt ids equal, pixels within {d:e}", ids.len());
+    }
+
+    // 32 greedy tokens through the session (decode, preprocess, tower on the image and its 3
+    // crops, prefill, decode) against mlx-vlm's.
+    let greedy = &cases[0];
+    assert_eq!(greedy["case"], "greedy");
+    let want: Vec<u32> = greedy["tokens"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    let image = ImageData::new(std::fs::read(dir.join(greedy["images"][0].as_str().unwrap())).unwrap());
+    let opts = GenerateOptions { max_tokens: 32, ignore_eos: true, ..Default::default() };
+    let reply = session.generate(&ask(&[image.clone()]), opts.clone()).unwrap();
+    assert_eq!(reply.usage.prompt_tokens, greedy["input_ids"].as_array().unwrap().len());
+    assert_eq!(reply.tokens, want, "greedy tokens differ from mlx-vlm's");
+    // Again: from the prompt cache, the same.
+    let again = session.generate(&ask(&[image]), opts).unwrap();
+    assert_eq!(again.tokens, want);
+    assert!(again.usage.cached_tokens > 16 * 4, "{} cached", again.usage.cached_tokens);
+    drop(session);
+
+    // processor_config.json's image_processor comes first, as transformers reads them; one
+    // without it leaves preprocessor_config.json in charge.
+    for (processor_config, on) in [
+        (serde_json::json!({"image_processor": {"do_pan_and_scan": false, "size": {"height": 32, "width": 32}}}), false),
+        (serde_json::json!({"image_seq_length": 16}), true),
+    ] {
+        let both = tempfile::tempdir().unwrap();
+        for f in ["config.json", "model.safetensors", "preprocessor_config.json"] {
+            std::fs::copy(dir.join(f), both.path().join(f)).unwrap();
+        }
+        std::fs::write(both.path().join("processor_config.json"), processor_config.to_string()).unwrap();
+        let path = both.path().join("config.json");
+        let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+        let store = RefCell::new(WeightStore::open(both.path()).unwrap());
+        let model = mlex::models::build_model(&cfg, &Vb::new(&store, None)).unwrap();
+        assert_eq!(model.image_prompt().unwrap().pan_and_scan.is_some(), on, "{processor_config}");
+    }
+
+    // Bad settings: load errors naming the file and the key (never a panic).
+    for (file, settings, key) in [
+        ("preprocessor_config.json", serde_json::json!({"do_pan_and_scan": true, "pan_and_scan_max_num_crops": 0}), "pan_and_scan_max_num_crops"),
+        ("preprocessor_config.json", serde_json::json!({"do_pan_and_scan": "yes"}), "do_pan_and_scan"),
+        ("preprocessor_config.json", serde_json::json!({"pan_and_scan_min_crop_size": 8.5}), "pan_and_scan_min_crop_size"),
+        ("processor_config.json", serde_json::json!({"image_processor": {"pan_and_scan_min_ratio_to_activate": "wide"}}), "pan_and_scan_min_ratio_to_activate"),
+    ] {
+        let bad = tempfile::tempdir().unwrap();
+        for f in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
+            std::fs::copy(dir.join(f), bad.path().join(f)).unwrap();
+        }
+        std::fs::write(bad.path().join(file), settings.to_string()).unwrap();
+        let err = Session::load(bad.path()).err().expect("a bad setting").to_string();
+        assert!(err.contains(key) && err.contains(file), "{settings}: {err}");
+    }
+}

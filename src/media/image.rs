@@ -80,6 +80,20 @@ fn invalid(what: impl std::fmt::Display) -> Error {
 /// over 65,535), truncated or corrupt data (with the decoder's message). The decoder runs under
 /// allocation limits, so no input makes it allocate more than the bounded image needs.
 pub fn decode_image(bytes: &[u8]) -> Result<RgbImage> {
+    let (format, decoder) = open_image(bytes)?;
+    let img = DynamicImage::from_decoder(decoder).map_err(|e| invalid(format!("cannot decode {format:?} image: {e}")))?;
+    Ok(to_rgb(img))
+}
+
+/// An image's size (width, height) as [`decode_image`] would decode it, read from its header
+/// alone (the same checks, nothing decoded): what a prompt needs before the pixels (Gemma 3's
+/// pan-and-scan crop count).
+pub fn image_size(bytes: &[u8]) -> Result<(u32, u32)> {
+    Ok(open_image(bytes)?.1.dimensions())
+}
+
+/// The checked decoder of `bytes` (format, size and the decoders' known panics refused first).
+fn open_image(bytes: &[u8]) -> Result<(image::ImageFormat, impl ImageDecoder + '_)> {
     if bytes.is_empty() {
         return Err(invalid("image is empty (0 bytes)"));
     }
@@ -113,8 +127,7 @@ pub fn decode_image(bytes: &[u8]) -> Result<RgbImage> {
             "{format:?} image of {width}x{height} pixels is too large (at most {MAX_IMAGE_PIXELS} pixels)"
         )));
     }
-    let img = DynamicImage::from_decoder(decoder).map_err(|e| invalid(format!("cannot decode {format:?} image: {e}")))?;
-    Ok(to_rgb(img))
+    Ok((format, decoder))
 }
 
 /// InvalidArgument for a PNG palette (PLTE chunk) whose length is not a whole number of RGB
@@ -458,13 +471,16 @@ impl Default for Gemma3ImageProcessor {
 }
 
 impl Gemma3ImageProcessor {
-    /// From a checkpoint's `preprocessor_config.json` (parsed); absent or null keys keep the
-    /// defaults. Settings this implementation does not reproduce (another resample filter,
-    /// resize/rescale/normalise turned off) are InvalidArgument rather than silently different.
+    /// From a checkpoint's processor config (a parsed `preprocessor_config.json`, or a
+    /// `processor_config.json` whose image settings sit under `image_processor`); absent or null
+    /// keys keep the defaults. Settings this implementation does not reproduce (another resample
+    /// filter, resize/rescale/normalise turned off) and values of the wrong type or range (no
+    /// crops, a crop size of 0) are InvalidArgument naming the key, never silently different.
     pub fn from_preprocessor_config(cfg: &serde_json::Value) -> Result<Self> {
+        let cfg = cfg.get("image_processor").filter(|v| v.is_object()).unwrap_or(cfg);
         let mut p = Gemma3ImageProcessor::default();
         let get = |k: &str| cfg.get(k).filter(|v| !v.is_null());
-        let bad = |k: &str, v: &serde_json::Value| invalid(format!("preprocessor_config: unsupported {k} {v}"));
+        let bad = |k: &str, v: &serde_json::Value| invalid(format!("processor config: unsupported {k} {v}"));
         if let Some(size) = get("size") {
             let dim = |k: &str| size.get(k).and_then(|v| v.as_u64()).filter(|&v| v > 0 && v <= 8192);
             match (dim("height"), dim("width")) {
@@ -512,7 +528,8 @@ impl Gemma3ImageProcessor {
             p.pan_and_scan_max_num_crops = v.as_u64().filter(|&n| n > 0 && n <= 64).ok_or_else(|| bad("pan_and_scan_max_num_crops", v))? as u32;
         }
         if let Some(v) = get("pan_and_scan_min_ratio_to_activate") {
-            p.pan_and_scan_min_ratio_to_activate = v.as_f64().ok_or_else(|| bad("pan_and_scan_min_ratio_to_activate", v))?;
+            p.pan_and_scan_min_ratio_to_activate =
+                v.as_f64().filter(|r| r.is_finite()).ok_or_else(|| bad("pan_and_scan_min_ratio_to_activate", v))?;
         }
         Ok(p)
     }
@@ -526,10 +543,8 @@ impl Gemma3ImageProcessor {
     /// what the float output is an exact function of.
     pub fn resized(&self, img: &RgbImage) -> Result<Vec<RgbImage>> {
         let mut parts = vec![resize_bilinear(img, self.width, self.height)?];
-        if self.do_pan_and_scan {
-            for crop in self.pan_and_scan(img) {
-                parts.push(resize_bilinear(&crop, self.width, self.height)?);
-            }
+        for crop in self.pan_and_scan(img) {
+            parts.push(resize_bilinear(&crop, self.width, self.height)?);
         }
         Ok(parts)
     }
@@ -558,25 +573,33 @@ impl Gemma3ImageProcessor {
         Ok(PixelValues { data, shape: [parts.len(), 3, h, w], num_crops: parts.len() - 1 })
     }
 
-    /// Gemma 3's pan and scan: an image whose aspect ratio reaches the threshold is cut along its
-    /// long side into 2..=max crops of about its short side's length (none smaller than the minimum
-    /// crop size); the last crop is clipped at the image's edge.
-    fn pan_and_scan(&self, img: &RgbImage) -> Vec<RgbImage> {
-        let (w, h) = (img.width as f64, img.height as f64);
+    /// Gemma 3's pan and scan (transformers' `Gemma3ImageProcessor.pan_and_scan`): an image whose
+    /// aspect ratio reaches the threshold is cut along its long side into
+    /// `clamp(min(round_half_up(long / short), floor(long / min_crop)), 2, max_crops)` crops of
+    /// `ceil(side / count)` pixels, none if a crop would be shorter than the minimum crop size;
+    /// the last crop is clipped at the image's edge. Empty when pan and scan is off.
+    /// Each crop as (x, y, width, height) in the `width × height` image, in order (row-major).
+    pub fn pan_and_scan_boxes(&self, width: u32, height: u32) -> Vec<(u32, u32, u32, u32)> {
+        if !self.do_pan_and_scan || width == 0 || height == 0 {
+            return vec![];
+        }
+        let (w, h) = (width as f64, height as f64);
         let min_crop = self.pan_and_scan_min_crop_size as f64;
         let max_crops = self.pan_and_scan_max_num_crops as i64;
+        let count = |long: f64, short: f64| {
+            let n = ((long / short + 0.5).floor() as i64).min((long / min_crop).floor() as i64);
+            n.max(2).min(max_crops)
+        };
         let (nw, nh) = if w >= h {
             if w / h < self.pan_and_scan_min_ratio_to_activate {
                 return vec![];
             }
-            let n = ((w / h + 0.5).floor() as i64).min((w / min_crop).floor() as i64);
-            (n.max(2).min(max_crops), 1)
+            (count(w, h), 1)
         } else {
             if h / w < self.pan_and_scan_min_ratio_to_activate {
                 return vec![];
             }
-            let n = ((h / w + 0.5).floor() as i64).min((h / min_crop).floor() as i64);
-            (1, n.max(2).min(max_crops))
+            (1, count(h, w))
         };
         if nw < 1 || nh < 1 {
             return vec![];
@@ -586,17 +609,27 @@ impl Gemma3ImageProcessor {
         if (cw.min(ch) as f64) < min_crop {
             return vec![];
         }
-        let mut crops = Vec::new();
+        let mut boxes = Vec::new();
         for j in 0..nh as u32 {
             for i in 0..nw as u32 {
                 let (x0, y0) = (cw * i, ch * j);
-                if x0 >= img.width || y0 >= img.height {
-                    continue; // an empty slice in the reference; not reachable with ≥ 2 crops of ceil size
+                // A crop starting past the edge would be an empty slice in the reference (which
+                // then fails to resize it); with the minimum crop size ≥ 1 only a config of tiny
+                // crops reaches this. mlex leaves it out.
+                if x0 < width && y0 < height {
+                    boxes.push((x0, y0, cw.min(width - x0), ch.min(height - y0)));
                 }
-                crops.push(img.crop(x0, y0, x0 + cw, y0 + ch));
             }
         }
-        crops
+        boxes
+    }
+
+    /// The pan-and-scan crops of an image (see [`Self::pan_and_scan_boxes`]).
+    fn pan_and_scan(&self, img: &RgbImage) -> Vec<RgbImage> {
+        self.pan_and_scan_boxes(img.width, img.height)
+            .into_iter()
+            .map(|(x, y, w, h)| img.crop(x, y, x + w, y + h))
+            .collect()
     }
 }
 
@@ -652,5 +685,38 @@ mod tests {
         assert_eq!((crops[2].width, crops[2].height), (332, 300));
         let square = RgbImage::from_raw(500, 500, vec![0; 500 * 500 * 3]).unwrap();
         assert!(p.pan_and_scan(&square).is_empty());
+        // Tall: crops down the image; capped at the most crops; clipped at the edge.
+        assert_eq!(p.pan_and_scan_boxes(300, 1000), [(0, 0, 300, 334), (0, 334, 300, 334), (0, 668, 300, 332)]);
+        assert_eq!(p.pan_and_scan_boxes(3000, 400).len(), 4);
+        // Under the ratio threshold, or crops under the minimum size: none.
+        assert!(p.pan_and_scan_boxes(1190, 1000).is_empty());
+        assert!(p.pan_and_scan_boxes(500, 255).is_empty());
+        // Tiny crops whose last would start past the edge (5 = 2 + 2 + 1, a fourth at 6): left out.
+        let tiny = Gemma3ImageProcessor { pan_and_scan_min_crop_size: 1, ..p.clone() };
+        assert_eq!(tiny.pan_and_scan_boxes(5, 1), [(0, 0, 2, 1), (2, 0, 2, 1), (4, 0, 1, 1)]);
+        let off = Gemma3ImageProcessor::default();
+        assert!(off.pan_and_scan_boxes(3000, 400).is_empty());
+    }
+
+    #[test]
+    fn bad_pan_and_scan_settings_name_the_key() {
+        use serde_json::json;
+        for (cfg, key) in [
+            (json!({"pan_and_scan_max_num_crops": 0}), "pan_and_scan_max_num_crops"),
+            (json!({"pan_and_scan_max_num_crops": "4"}), "pan_and_scan_max_num_crops"),
+            (json!({"pan_and_scan_min_crop_size": 0}), "pan_and_scan_min_crop_size"),
+            (json!({"pan_and_scan_min_crop_size": -3}), "pan_and_scan_min_crop_size"),
+            (json!({"pan_and_scan_min_ratio_to_activate": [1.2]}), "pan_and_scan_min_ratio_to_activate"),
+            (json!({"do_pan_and_scan": 1}), "do_pan_and_scan"),
+            (json!({"image_processor": {"do_pan_and_scan": "true"}}), "do_pan_and_scan"),
+        ] {
+            match Gemma3ImageProcessor::from_preprocessor_config(&cfg) {
+                Err(Error::InvalidArgument(m)) => assert!(m.contains(key), "{cfg}: {m}"),
+                other => panic!("{cfg}: {other:?}"),
+            }
+        }
+        let nested = json!({"image_processor": {"do_pan_and_scan": true, "pan_and_scan_max_num_crops": 2}});
+        let p = Gemma3ImageProcessor::from_preprocessor_config(&nested).unwrap();
+        assert!(p.do_pan_and_scan && p.pan_and_scan_max_num_crops == 2);
     }
 }

@@ -16,4 +16,4 @@ pub use audio_features::{AudioFeatures, Gemma4AudioFeatureExtractor};
 pub use gemma4::{Gemma4ImageProcessor, Gemma4VideoProcessor};
 pub use qwen::{QwenImageProcessor, QwenPixels};
 pub use qwen_video::QwenVideoProcessor;
-pub use image::{decode_image, Gemma3ImageProcessor, PixelValues, RgbImage, MAX_IMAGE_PIXELS};
+pub use image::{decode_image, image_size, Gemma3ImageProcessor, PixelValues, RgbImage, MAX_IMAGE_PIXELS};

@@ -285,18 +285,34 @@ fn load_with_vision(c: &ModelConfig, vb: &Vb) -> Result<Box<dyn super::CausalLm>
     if image_token as usize >= text.vocab_size() {
         return Err(c.error(format!("image_token_index {image_token} is outside the vocabulary ({})", text.vocab_size())));
     }
-    let processor = match c.path.parent().map(|d| d.join("preprocessor_config.json")).filter(|p| p.is_file()) {
-        Some(path) => {
-            let text = std::fs::read_to_string(&path).map_err(|e| crate::error::Error::io(format!("reading {}", path.display()), e))?;
-            let json: Value = serde_json::from_str(&text)
-                .map_err(|e| crate::error::Error::checkpoint(&path, format!("not JSON: {e}")))?;
-            Gemma3ImageProcessor::from_preprocessor_config(&json)?
-        }
-        None => Gemma3ImageProcessor::default(),
-    };
+    let dir = c.path.parent().map(std::path::Path::to_path_buf).unwrap_or_default();
+    let processor = image_processor(&dir)?;
     let size = vision.image_size() as u32;
-    let processor = Gemma3ImageProcessor { height: size, width: size, do_pan_and_scan: false, ..processor };
+    let processor = Gemma3ImageProcessor { height: size, width: size, ..processor };
     Ok(Box::new(VisionLm::gemma3(text, vision, image_token, processor)))
+}
+
+/// The image processor's settings as transformers loads them for mlx-vlm: `processor_config.json`'s
+/// `image_processor` when it has one, else `preprocessor_config.json`, else the defaults. A bad
+/// setting is an error naming the file and the key.
+fn image_processor(dir: &std::path::Path) -> Result<Gemma3ImageProcessor> {
+    use crate::error::Error;
+    let read = |name: &str| -> Result<Option<(std::path::PathBuf, Value)>> {
+        let path = dir.join(name);
+        if !path.is_file() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+        let json: Value = serde_json::from_str(&text).map_err(|e| Error::checkpoint(&path, format!("not JSON: {e}")))?;
+        Ok(Some((path, json)))
+    };
+    let nested = read("processor_config.json")?.filter(|(_, j)| j.get("image_processor").is_some_and(Value::is_object));
+    match nested.map_or_else(|| read("preprocessor_config.json"), |n| Ok(Some(n)))? {
+        Some((path, json)) => {
+            Gemma3ImageProcessor::from_preprocessor_config(&json).map_err(|e| Error::checkpoint(&path, e.to_string()))
+        }
+        None => Ok(Gemma3ImageProcessor::default()),
+    }
 }
 
 #[cfg(test)]

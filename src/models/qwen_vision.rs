@@ -461,6 +461,7 @@ pub(crate) fn with_tower<V: QwenTower + 'static>(
                 processor: v.clone(),
             }),
         }),
+        pan_and_scan: None,
     };
     let encoder = Box::new(QwenImages { vision, processor, video });
     Ok(Box::new(super::vision_lm::VisionLm::new(text, encoder, prompt).with_mrope()))

@@ -2,7 +2,8 @@
 //! without the engine, the batcher or the prompt cache knowing about images.
 //!
 //! The chat prompt holds, for each image, a run of the model's image token (Gemma 3: 256
-//! `<image_soft_token>`, as its processor expands them; Gemma 4: one `<|image|>`, whose image
+//! `<image_soft_token>`, as its processor expands them, and with pan and scan one more run per
+//! crop, text between: `vision_lm/pan_and_scan.rs`; Gemma 4: one `<|image|>`, whose image
 //! decides how many tokens it takes). [`CausalLm::bind_images`] encodes each image (decode, the
 //! model's preprocessing, tower, projector: an [`ImageEncoder`]) and replaces its run with ids of
 //! its own, one per row the image became: `MEDIA_TOKEN_BASE + first + i`, where the range
@@ -37,6 +38,7 @@ use std::sync::Mutex;
 
 mod mrope_prompt;
 mod whole_video;
+mod pan_and_scan;
 
 pub use crate::chat::ImageData;
 pub use whole_video::WholeVideoPrompt;
@@ -90,6 +92,10 @@ pub struct ImagePrompt {
     pub placeholder_tokens: usize,
     /// How it marks a video (given as frames), for models that take them.
     pub video: Option<VideoPrompt>,
+    /// Gemma 3's processor with pan and scan on (None when off, and for other models): an image
+    /// it crops takes Gemma3Processor's sentence holding the expansion once for the whole image
+    /// and once per crop (`vision_lm/pan_and_scan.rs`), each a run of `placeholder_tokens` rows.
+    pub pan_and_scan: Option<Gemma3ImageProcessor>,
 }
 
 /// How a model's prompt marks a video given as frames: the template's marker becomes runs of one
@@ -174,8 +180,9 @@ pub trait ImageEncoder: Params {
     }
 }
 
-/// Gemma 3's SigLIP tower and projector with its processor (a fixed 256 tokens per image, rows
-/// divided by √hidden: see [`Gemma3Vision::merge_image_tokens`]).
+/// Gemma 3's SigLIP tower and projector with its processor (a fixed 256 tokens per image, and
+/// as many again per pan-and-scan crop, whole image first; rows divided by √hidden: see
+/// [`Gemma3Vision::merge_image_tokens`]).
 pub struct Gemma3Images {
     pub vision: Gemma3Vision,
     pub processor: Gemma3ImageProcessor,
@@ -186,7 +193,7 @@ impl ImageEncoder for Gemma3Images {
         let pv = self.processor.preprocess(image)?;
         let shape: Vec<i32> = pv.shape.iter().map(|&d| d as i32).collect();
         let pixels = Array::from_slice(&pv.data, &shape)?;
-        let t = self.vision.tokens_per_image() as i32;
+        let t = (pv.shape[0] * self.vision.tokens_per_image()) as i32;
         self.vision.merge_scale(&self.vision.encode(&pixels)?)?.reshape(&[t, -1])
     }
 
@@ -322,8 +329,8 @@ impl VisionLm {
         self
     }
 
-    /// Gemma 3. `processor`: the checkpoint's preprocessing (pan and scan must be off: its crops
-    /// take prompt text of their own, which is not reproduced).
+    /// Gemma 3. `processor`: the checkpoint's preprocessing; with pan and scan on, an image it
+    /// crops is the whole image and its crops, in the prompt as Gemma3Processor writes them.
     pub fn gemma3(text: Box<dyn CausalLm>, vision: Gemma3Vision, image_token: u32, processor: Gemma3ImageProcessor) -> Self {
         let t = vision.tokens_per_image();
         let prompt = ImagePrompt {
@@ -332,6 +339,7 @@ impl VisionLm {
             image_token,
             placeholder_tokens: t,
             video: None,
+            pan_and_scan: processor.do_pan_and_scan.then(|| processor.clone()),
         };
         VisionLm::new(text, Box::new(Gemma3Images { vision, processor }), prompt)
     }
@@ -363,6 +371,7 @@ impl VisionLm {
                     processor: p.clone(),
                 },
             }),
+            pan_and_scan: None,
         };
         let video = video.map(|(_, p)| p);
         VisionLm::new(text, Box::new(Gemma4Images { vision, processor, video }), prompt)
@@ -627,8 +636,18 @@ impl CausalLm for VisionLm {
         // A video encoded whole, being placed unit by unit.
         let mut whole = whole_video::Binding::default();
         let audio_token = self.audio.as_ref().map(|(p, _)| p.audio_token);
+        // A pan-and-scan image whose crops' runs are still to come: its number (1-based), the
+        // next id offset, the ids left (a run of `t` per crop).
+        let mut crops: Option<(usize, u32, u32)> = None;
         let mut i = 0;
         while i < ids.len() {
+            if let Some((n, ..)) = crops {
+                if Some(ids[i]) == audio_token || video.is_some_and(|v| ids[i] == v.video_token) {
+                    return Err(Error::InvalidArgument(format!(
+                        "the prompt has another media part's place at position {i} among image {n}'s pan-and-scan crops"
+                    )));
+                }
+            }
             if Some(ids[i]) == audio_token {
                 let (n, part) = next.next().ok_or_else(|| {
                     Error::InvalidArgument("the prompt has more audio places than the messages have audio clips".into())
@@ -717,6 +736,15 @@ impl CausalLm for VisionLm {
                     "the prompt holds a run of {run} image tokens at position {i}; an image takes {t}"
                 )));
             }
+            if let Some((n, at, left)) = crops.take() {
+                // The next crop of a pan-and-scan image (Gemma3Processor's sentence in between).
+                out.extend((0..t as u32).map(|k| MEDIA_TOKEN_BASE + at + k));
+                if left > t as u32 {
+                    crops = Some((n, at + t as u32, left - t as u32));
+                }
+                i += run;
+                continue;
+            }
             let (n, part) = next.next().ok_or_else(|| {
                 Error::InvalidArgument("the prompt has more image places than the messages have images".into())
             })?;
@@ -731,8 +759,20 @@ impl CausalLm for VisionLm {
                 Error::InvalidArgument(m) => Error::InvalidArgument(format!("image {n} of the conversation: {m}")),
                 other => other,
             })?;
-            out.extend((0..len).map(|k| MEDIA_TOKEN_BASE + first + k));
+            // With pan and scan each run of `t` stands for `t` rows: the whole image's here, its
+            // crops' in the runs that follow. Otherwise the run stands for all the image's rows.
+            let take = if self.prompt.pan_and_scan.is_some() { len.min(t as u32) } else { len };
+            out.extend((0..take).map(|k| MEDIA_TOKEN_BASE + first + k));
+            if take < len {
+                crops = Some((n, first + take, len - take));
+            }
             i += run;
+        }
+        if let Some((n, _, left)) = crops {
+            return Err(Error::InvalidArgument(format!(
+                "the prompt has places for {} fewer pan-and-scan crops than image {n} of the conversation takes",
+                left as usize / t.max(1)
+            )));
         }
         if !frames.1.is_empty() || whole.open() {
             return Err(Error::InvalidArgument(format!(

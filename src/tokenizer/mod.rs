@@ -273,7 +273,14 @@ impl Tokenizer {
                     prompt.marker
                 )));
             }
-            text = text.replace(prompt.marker.as_str(), &prompt.expansion);
+            // Per image where the expansion depends on it (Gemma 3's pan and scan).
+            let bytes: Vec<&[u8]> = messages
+                .iter()
+                .flat_map(|m| &m.images)
+                .filter(|i| i.video.is_none() && !i.audio)
+                .map(|i| &i.image.bytes[..])
+                .collect();
+            text = prompt.expand_markers(&text, &bytes)?;
         }
         if let Some(v) = video {
             // After the images' expansion (which holds no video marker); each video's own.

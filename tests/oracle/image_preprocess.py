@@ -81,6 +81,13 @@ def cases():
         ("palette_transparent_250x190", gif, "GIF", {"transparency": 0}, False),
         ("rgb_1001x37_lossy", rgb(1001, 37, 14), "WEBP", {"quality": 80}, False),
         ("rgb_1500x500_pan_and_scan", rgb(1500, 500, 15), "PNG", {}, True),
+        # Pan and scan: tall (3 crops down it, the last clipped), capped at 4, under the ratio
+        # threshold (none), crops under the 256 minimum (none), a lossy JPEG cropped in 2.
+        ("rgb_300x1000_pan_and_scan", rgb(300, 1000, 18), "PNG", {}, True),
+        ("rgb_2500x300_pan_and_scan", rgb(2500, 300, 19), "PNG", {}, True),
+        ("rgb_1190x1000_pan_and_scan", rgb(1190, 1000, 20), "PNG", {}, True),
+        ("rgb_500x255_pan_and_scan", rgb(500, 255, 21), "PNG", {}, True),
+        ("rgb_613x1301_pan_and_scan_q90", rgb(613, 1301, 22), "JPEG", {"quality": 90}, True),
         # Either side of where Pillow runs the vertical resize pass first (height > 100 x width).
         ("rgb_17x1700", rgb(17, 1700, 16), "PNG", {}, False),
         ("rgb_17x1701", rgb(17, 1701, 17), "PNG", {}, False),
