@@ -14,6 +14,7 @@
 //! | `MLEX_ABLATE_CUDA_QMV` | our CUDA decode matrix-vector kernel |
 //! | `MLEX_ABLATE_CUDA_EPILOGUE` | the residual add and SwiGLU folded into that kernel |
 //! | `MLEX_ABLATE_CUDA_NORM_FOLD` | a layer's pre-norm (RMSNorm) folded into that kernel |
+//! | `MLEX_ABLATE_CPU_NORM_FOLD` | a layer's pre-norm folded into our CPU quantized matmul |
 //! | `MLEX_ABLATE_CUDA_QK_ROPE` | our CUDA kernel for q/k norms + rope (MLX's four kernels instead) |
 //! | `MLEX_ABLATE_GATED_DELTA` | our gated delta kernels (CPU and CUDA) |
 use crate::mlx::sys;
@@ -50,6 +51,7 @@ impl Ablations {
             ("MLEX_ABLATE_GATED_DELTA", sys::MLEX_ABLATE_KERNEL_GATED_DELTA),
             ("MLEX_ABLATE_CUDA_NORM_FOLD", sys::MLEX_ABLATE_KERNEL_CUDA_NORM_FOLD),
             ("MLEX_ABLATE_CUDA_QK_ROPE", sys::MLEX_ABLATE_KERNEL_CUDA_QK_ROPE),
+            ("MLEX_ABLATE_CPU_NORM_FOLD", sys::MLEX_ABLATE_KERNEL_CPU_NORM_FOLD),
         ]
         .iter()
         .filter(|(name, _)| on(name))

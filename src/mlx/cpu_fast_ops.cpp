@@ -40,14 +40,7 @@ class CpuRmsNorm : public CpuPrimitive {
       const float* xp = x.data<float>();
       const float* wp = w ? w->data<float>() : nullptr;
       const int64_t ws = w ? w->strides()[0] : 0;
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* xr = xp + row_offset(x, r);
-        float ss = 0.f;
-        for (int64_t i = 0; i < d; ++i) ss += xr[i * xs] * xr[i * xs];
-        const float inv = 1.0f / std::sqrt(ss / static_cast<float>(d) + eps);
-        float* orow = o + r * d;
-        for (int64_t i = 0; i < d; ++i) orow[i] = wp ? (xr[i * xs] * inv) * wp[i * ws] : xr[i * xs] * inv;
-      }
+      for (int64_t r = 0; r < rows; ++r) rms_norm_row(xp + row_offset(x, r), xs, d, wp, ws, eps, o + r * d);
     });
   }
   const char* name() const override { return "CpuRmsNorm"; }
@@ -284,6 +277,15 @@ class CpuSwiglu : public CpuPrimitive {
 bool ablated() { return mlex::ablated(MLEX_ABLATE_KERNEL_CPU_FAST_OPS); }
 
 }  // namespace
+
+void rms_norm_row(const float* x, int64_t stride, int64_t d, const float* w, int64_t w_stride, float eps, float* out) {
+  float ss = 0.f;
+  for (int64_t i = 0; i < d; ++i) ss += x[i * stride] * x[i * stride];
+  const float inv = 1.0f / std::sqrt(ss / static_cast<float>(d) + eps);
+  for (int64_t i = 0; i < d; ++i) out[i] = w ? (x[i * stride] * inv) * w[i * w_stride] : x[i * stride] * inv;
+}
+
+bool cpu_fast_ops_ablated() { return ablated(); }
 
 std::optional<mx::array> cpu_rms_norm(const mx::array& x, const std::optional<mx::array>& weight, float eps) {
   if (ablated() || !on_cpu() || x.ndim() < 1 || x.dtype() != mx::float32 ||

@@ -18,6 +18,14 @@ namespace mlex {
 std::optional<mlx::core::array> cpu_rms_norm(const mlx::core::array& x, const std::optional<mlx::core::array>& weight,
                                              float eps);
 
+// One row of cpu_rms_norm: `d` elements of x `stride` apart, w (may be null) `w_stride` apart,
+// into `out`. The one definition both that op and the quantized matmul's folded norm run, so
+// their results are the same bits.
+void rms_norm_row(const float* x, int64_t stride, int64_t d, const float* w, int64_t w_stride, float eps, float* out);
+
+// Whether cpu_rms_norm is switched off (the benchmark ablation MLEX_ABLATE_CPU_FAST_OPS).
+bool cpu_fast_ops_ablated();
+
 // `freqs` (per-pair wavelength divisors) replaces `base` when given, as in mx::fast::rope;
 // `offsets` (`[B]`) replaces `offset` per row of the batch when given (continuous batching).
 std::optional<mlx::core::array> cpu_rope(const mlx::core::array& x, int dims, bool traditional, float base, float scale,

@@ -5,6 +5,8 @@
 // and the per-group sums of x are computed once per call and shared by every output row.
 #include "cpu_quantized_matmul.h"
 
+#include "cpu_fast_ops.h"
+
 #include "ablation.h"
 #include "cpu_bitstream.h"
 #include "cpu_primitive.h"
@@ -345,7 +347,9 @@ void compute(const Problem& p) {
 
 class CpuQuantizedMatmul : public CpuPrimitive {
  public:
-  CpuQuantizedMatmul(mx::Stream s, int group_size, int bits) : CpuPrimitive(s), group_size_(group_size), bits_(bits) {}
+  // norm: inputs[4] is an RMSNorm weight, applied to x (with eps) before the product.
+  CpuQuantizedMatmul(mx::Stream s, int group_size, int bits, bool norm = false, float eps = 0.0f)
+      : CpuPrimitive(s), group_size_(group_size), bits_(bits), norm_(norm), eps_(eps) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto& x = inputs[0];
@@ -358,10 +362,20 @@ class CpuQuantizedMatmul : public CpuPrimitive {
     // A view as x is gathered into rows here, on the CPU thread, rather than by a copy op in the
     // graph (one op per matmul of a decode step).
     const bool gather = !x.flags().row_contiguous;
-    dispatch(inputs, out, [p, gather, x](float* o) mutable {
+    const std::optional<mx::array> nw = norm_ ? std::optional<mx::array>(inputs[4]) : std::nullopt;
+    const float eps = eps_;
+    dispatch(inputs, out, [p, gather, x, nw, eps](float* o) mutable {
       p.out = o;
       std::vector<float> rows;
-      if (gather) {
+      if (nw) {
+        // The normalized rows, as cpu_rms_norm writes them (views read in place).
+        rows.resize(static_cast<size_t>(p.M) * p.K);
+        for (int m = 0; m < p.M; ++m) {
+          rms_norm_row(p.x + mlex::row_offset(x, m), x.strides().back(), p.K, nw->data<float>(), nw->strides()[0], eps,
+                       rows.data() + static_cast<size_t>(m) * p.K);
+        }
+        p.x = rows.data();
+      } else if (gather) {
         rows.resize(static_cast<size_t>(p.M) * p.K);
         const int64_t step = x.strides().back();
         for (int m = 0; m < p.M; ++m) {
@@ -376,11 +390,13 @@ class CpuQuantizedMatmul : public CpuPrimitive {
   const char* name() const override { return "CpuQuantizedMatmul"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const CpuQuantizedMatmul*>(&other);
-    return o != nullptr && o->group_size_ == group_size_ && o->bits_ == bits_;
+    return o != nullptr && o->group_size_ == group_size_ && o->bits_ == bits_ && o->norm_ == norm_ && o->eps_ == eps_;
   }
 
  private:
   int group_size_, bits_;
+  bool norm_;
+  float eps_;
 };
 
 bool ready_row_contiguous(const mx::array& a) { return a.is_available() && a.flags().row_contiguous; }
@@ -389,7 +405,8 @@ bool ready_row_contiguous(const mx::array& a) { return a.is_available() && a.fla
 
 std::optional<mx::array> cpu_quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
                                               const std::optional<mx::array>& biases, bool transpose, int group_size,
-                                              int bits, const std::string& mode) {
+                                              int bits, const std::string& mode,
+                                              const std::optional<mx::array>& norm_weight, float eps) {
   // Benchmark ablation only (BENCHMARKS.md): MLX's own CPU kernel everywhere.
   const bool ablated = mlex::ablated(MLEX_ABLATE_KERNEL_CPU_QMM);
   auto stream = mx::to_stream({});
@@ -406,10 +423,16 @@ std::optional<mx::array> cpu_quantized_matmul(const mx::array& x, const mx::arra
       !ready_row_contiguous(scales) || !ready_row_contiguous(*biases)) {
     return std::nullopt;
   }
+  if (norm_weight && (mlex::ablated(MLEX_ABLATE_KERNEL_CPU_NORM_FOLD) || cpu_fast_ops_ablated() ||
+                      norm_weight->dtype() != mx::float32 || norm_weight->ndim() != 1 || norm_weight->shape(0) != K)) {
+    return std::nullopt;
+  }
   auto shape = x.shape();
   shape.back() = N;
-  return mx::array(shape, mx::float32, std::make_shared<CpuQuantizedMatmul>(stream, group_size, bits),
-                   {x, w, scales, *biases});
+  std::vector<mx::array> inputs{x, w, scales, *biases};
+  if (norm_weight) inputs.push_back(*norm_weight);
+  return mx::array(shape, mx::float32,
+                   std::make_shared<CpuQuantizedMatmul>(stream, group_size, bits, norm_weight.has_value(), eps), inputs);
 }
 
 }  // namespace mlex

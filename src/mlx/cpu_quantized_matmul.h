@@ -13,10 +13,14 @@ namespace mlex {
 
 // The product as a lazy array, or nothing when this kernel does not cover the case (not on the
 // CPU, another mode or bit width, other dtypes, weights not evaluated and row-contiguous): the
-// caller then uses mx::quantized_matmul.
+// caller then uses mx::quantized_matmul. With `norm_weight` (float32 [K]) the product is of
+// cpu_rms_norm(x, norm_weight, eps), the same bits, normalized inside this op (a decoder layer's
+// pre-norm folded in: one op fewer in the graph).
 std::optional<mlx::core::array> cpu_quantized_matmul(const mlx::core::array& x, const mlx::core::array& w,
                                                      const mlx::core::array& scales,
                                                      const std::optional<mlx::core::array>& biases, bool transpose,
-                                                     int group_size, int bits, const std::string& mode);
+                                                     int group_size, int bits, const std::string& mode,
+                                                     const std::optional<mlx::core::array>& norm_weight = std::nullopt,
+                                                     float eps = 0.0f);
 
 }  // namespace mlex

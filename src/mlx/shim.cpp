@@ -676,10 +676,15 @@ int mlex_quantized_matmul_fused(mlex_array x, mlex_array norm_weight, float eps,
       *out = wrap(*fast);
       return;
     }
-    // The norm on its own (our kernel may still take the product and its epilogue), else the
-    // same ops unfused, as the model would write them.
-    mx::array xn = unwrap(x);
-    if (norm_weight) {
+    // Our CPU kernel with the norm folded in (the same bits as the norm's own op), or the norm on
+    // its own (our CUDA kernel may still take the product and its epilogue), else the same ops
+    // unfused, as the model would write them.
+    std::optional<mx::array> product =
+        norm_weight ? mlex::cpu_quantized_matmul(unwrap(x), unwrap(w), unwrap(scales), opt(biases), true, group_size,
+                                                 bits, m, opt(norm_weight), eps)
+                    : std::nullopt;
+    if (norm_weight && !product) {
+      mx::array xn = unwrap(x);
       auto cpu = mlex::cpu_rms_norm(xn, opt(norm_weight), eps);
       xn = cpu ? *cpu : mx::fast::rms_norm(xn, opt(norm_weight), eps);
       if (auto fast = mlex::cuda_quantized_matvec(xn, unwrap(w), unwrap(scales), opt(biases), true, group_size, bits,
@@ -687,8 +692,10 @@ int mlex_quantized_matmul_fused(mlex_array x, mlex_array norm_weight, float eps,
         *out = wrap(*fast);
         return;
       }
+      product = quantized_matmul(xn, unwrap(w), unwrap(scales), opt(biases), true, group_size, bits, m);
     }
-    auto y = quantized_matmul(xn, unwrap(w), unwrap(scales), opt(biases), true, group_size, bits, m);
+    if (!product) product = quantized_matmul(unwrap(x), unwrap(w), unwrap(scales), opt(biases), true, group_size, bits, m);
+    const mx::array& y = *product;
     if (epilogue == 0) {
       *out = wrap(y);
     } else if (epilogue == 1) {

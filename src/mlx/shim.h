@@ -267,6 +267,7 @@ int mlex_random_categorical(mlex_array logits, int32_t axis, mlex_array key, mle
 #define MLEX_ABLATE_KERNEL_CPU_GEMM 32u
 #define MLEX_ABLATE_KERNEL_CUDA_NORM_FOLD 64u
 #define MLEX_ABLATE_KERNEL_CUDA_QK_ROPE 128u
+#define MLEX_ABLATE_KERNEL_CPU_NORM_FOLD 256u
 void mlex_set_ablations(uint32_t kernels);
 
 /* ---- compile: fused element-wise helpers used by the models ---- */
