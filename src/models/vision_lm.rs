@@ -178,6 +178,13 @@ pub trait ImageEncoder: Params {
     fn mrope_grid(&self, _size: (u32, u32)) -> Option<(usize, usize)> {
         None
     }
+
+    /// Deepstack (Qwen3-VL): how many features each of [`Self::encode`]'s rows carries after its
+    /// own, side by side (the rows `(1 + this) · hidden` wide), for the text model to add to its
+    /// hidden states at the image's positions ([`CausalLm::forward_embeddings_deepstack`]).
+    fn deepstack_layers(&self) -> usize {
+        0
+    }
 }
 
 /// Gemma 3's SigLIP tower and projector with its processor (a fixed 256 tokens per image, and
