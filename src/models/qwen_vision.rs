@@ -285,6 +285,14 @@ impl QwenVision {
         let deepstack = (config.deepstack_visual_indexes.iter().enumerate())
             .map(|(k, &i)| Ok((i, Merger::load(&root.pp("deepstack_merger_list").pp(k), &config, true)?)))
             .collect::<Result<Vec<_>>>()?;
+        let extra = root.pp("deepstack_merger_list").pp(deepstack.len());
+        if extra.holds_any() {
+            return Err(Error::InvalidArgument(format!(
+                "the weights hold {}.*, a deepstack merger vision_config.deepstack_visual_indexes does not list ({} listed)",
+                extra.prefix(),
+                deepstack.len()
+            )));
+        }
         Ok(Some(QwenVision {
             patch_bias: pe.get("bias", &[d])?,
             pos_embed: Embedding::load(&root.pp("pos_embed"), config.num_position_embeddings, d)?,
