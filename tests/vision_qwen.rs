@@ -1,4 +1,4 @@
-//! Qwen3.5 vision against mlx-vlm 0.7.10 (issue 15).
+//! Qwen3.5, Qwen3-VL and Qwen2.5-VL vision against mlx-vlm 0.7.10 (issue 15).
 //!
 //! tests/oracle/qwen3_5_vlm.py builds mlx-vlm's whole qwen3_5 Model (the Qwen3-VL vision tower
 //! and the hybrid Qwen3.5 text model with interleaved multimodal rope) on tiny random weights:
@@ -17,6 +17,12 @@
 //! tests/oracle/qwen2_5_vl_vlm.py does the same for Qwen2.5-VL (the window-attention tower, the
 //! Qwen2 decoder with chunked multimodal rope, a flat config.json): tower within 1e-4, first
 //! logits 1e-4, 32 greedy tokens for a two-image prompt, directly and through a Session.
+//!
+//! tests/oracle/qwen3_vl_vlm.py does the same for Qwen3-VL (the Qwen3-VL tower with two deepstack
+//! mergers, the Qwen3 decoder with q/k norms and interleaved multimodal rope, the deepstack
+//! features added after its first two layers): tower rows and deepstack features within 1e-4
+//! (images and video), first logits 1e-4 and 32 greedy tokens for image, two-image, 4-bit and
+//! video prompts, through a Session, text-only and Hugging Face layouts, bad checkpoints.
 //!
 //! Video (given as frames), with `--video`: both scripts run mlx-vlm's numpy
 //! Qwen3VLVideoProcessor (its own pixel budget, from video_preprocessor_config.json) on a 3-frame

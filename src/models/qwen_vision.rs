@@ -1,4 +1,4 @@
-//! Qwen3.5's vision side (issue 15): the Qwen3-VL vision tower that turns an image, at its own
+//! Qwen3.5's and Qwen3-VL's vision side (issue 15): the Qwen3-VL vision tower that turns an image, at its own
 //! resolution, into one row per 2 × 2 block of patches at the text model's width, and the
 //! [`ImageEncoder`] that runs the processor ([`QwenImageProcessor`]) in front of it. Follows
 //! mlx-vlm 0.7.10 `models/qwen3_vl/vision.py` (`VisionModel`, which `qwen3_5/vision.py` reuses;
