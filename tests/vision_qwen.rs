@@ -954,6 +954,13 @@ fn qwen3_vl_text_only_and_hugging_face_layouts_load() {
     assert!(text_only.image_prompt().is_none(), "no tower, no images");
     let d = max_abs_diff(&logits(text_only.as_ref()), &logits(whole.as_ref()));
     assert!(d <= 1e-5, "the text-only conversion's logits differ from the whole model's by {d}");
+    // Without tie_word_embeddings in config.json, the stored lm_head says the head is untied.
+    common::edit_json(&dir.path().join("config.json"), |c| {
+        c.as_object_mut().unwrap().remove("tie_word_embeddings");
+        c["text_config"].as_object_mut().unwrap().remove("tie_word_embeddings");
+    });
+    let d = max_abs_diff(&logits(load(dir.path()).as_ref()), &logits(whole.as_ref()));
+    assert!(d <= 1e-5, "without tie_word_embeddings the logits differ by {d}");
 
     let dir = model_dir(out.path(), &CHECKPOINT);
     let st = dir.path().join("model.safetensors");

@@ -45,8 +45,10 @@ pub struct Config {
     /// Newer Hugging Face configs: `rope_theta` and `mrope_section` here.
     #[serde(default)]
     pub rope_parameters: Option<Value>,
+    /// Unset: tied when the weights hold no `lm_head` (mlx-vlm's default is untied, mlx-lm's
+    /// qwen3 tied; real Qwen3-VL configs say).
     #[serde(default)]
-    pub tie_word_embeddings: bool,
+    pub tie_word_embeddings: Option<bool>,
     #[serde(default)]
     pub attention_bias: bool,
 }
@@ -286,6 +288,8 @@ impl Loadable for Qwen3VlText {
         } else {
             (vb.pp("model"), vb.clone())
         };
+        let head = head_root.pp("lm_head");
+        let tied = c.tie_word_embeddings.unwrap_or(!head.contains("weight") && !head.contains("scales"));
         let h = c.hidden_size;
         let layers = (0..c.num_hidden_layers)
             .map(|i| {
@@ -302,7 +306,7 @@ impl Loadable for Qwen3VlText {
             embed_tokens: Embedding::load(&m.pp("embed_tokens"), c.vocab_size, h)?,
             layers,
             norm: RmsNorm::load(&m.pp("norm"), h, c.rms_norm_eps)?,
-            lm_head: LmHead::load(&head_root, c.tie_word_embeddings, h, c.vocab_size)?,
+            lm_head: LmHead::load(&head_root, tied, h, c.vocab_size)?,
             vocab_size: c.vocab_size,
         })
     }
