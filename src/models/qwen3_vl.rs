@@ -340,3 +340,47 @@ pub const ARCH: Architecture = Architecture {
     check: super::check_as::<Qwen3VlText>,
     load: load_with_vision,
 };
+
+#[cfg(test)]
+mod tests {
+    use crate::loader::ModelConfig;
+
+    /// Qwen3-VL-2B-Instruct's config.json as Hugging Face (and mlx-community) ship it, in short:
+    /// the text model's fields under `text_config`, rope in `rope_scaling` or (newer) in
+    /// `rope_parameters` with its theta.
+    fn config(rope: serde_json::Value) -> ModelConfig {
+        let mut text = serde_json::json!({
+            "model_type": "qwen3_vl_text", "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
+            "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-6,
+            "vocab_size": 151936, "max_position_embeddings": 262144, "tie_word_embeddings": true,
+        });
+        for (k, v) in rope.as_object().unwrap() {
+            text[k] = v.clone();
+        }
+        let json = serde_json::json!({
+            "architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl",
+            "image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652,
+            "tie_word_embeddings": true, "text_config": text,
+            "vision_config": {"model_type": "qwen3_vl", "depth": 24, "hidden_size": 1024, "intermediate_size": 4096,
+                              "num_heads": 16, "out_hidden_size": 2048, "patch_size": 16, "spatial_merge_size": 2,
+                              "temporal_patch_size": 2, "num_position_embeddings": 2304,
+                              "deepstack_visual_indexes": [5, 11, 17], "hidden_act": "gelu_pytorch_tanh"},
+        });
+        ModelConfig::from_json(&json.to_string(), std::path::Path::new("config.json")).unwrap()
+    }
+
+    #[test]
+    fn real_configs_check() {
+        let scaling = serde_json::json!({"rope_theta": 5000000, "rope_scaling": {"mrope_interleaved": true, "mrope_section": [24, 20, 20], "rope_type": "default"}});
+        let params = serde_json::json!({"rope_parameters": {"mrope_interleaved": true, "mrope_section": [24, 20, 20], "rope_type": "default", "rope_theta": 5000000}});
+        for rope in [scaling, params] {
+            let c = config(rope);
+            crate::models::check_config(&c).unwrap();
+            let parsed = crate::models::parse_config::<super::Qwen3VlText>(&c).unwrap();
+            assert_eq!((parsed.theta(), parsed.mrope_section().unwrap(), parsed.head_dim()), (5e6, [24, 20, 20], 128));
+        }
+        let bad = config(serde_json::json!({"rope_scaling": {"mrope_section": [24, 20, 80], "rope_type": "default"}}));
+        let err = crate::models::check_config(&bad).unwrap_err().to_string();
+        assert!(err.contains("mrope_section"), "{err}");
+    }
+}
