@@ -1,4 +1,4 @@
-//! Qwen3.5 vision against mlx-vlm 0.7.10 (issue 15).
+//! Qwen3.5, Qwen3-VL and Qwen2.5-VL vision against mlx-vlm 0.7.10 (issue 15).
 //!
 //! tests/oracle/qwen3_5_vlm.py builds mlx-vlm's whole qwen3_5 Model (the Qwen3-VL vision tower
 //! and the hybrid Qwen3.5 text model with interleaved multimodal rope) on tiny random weights:
@@ -17,6 +17,12 @@
 //! tests/oracle/qwen2_5_vl_vlm.py does the same for Qwen2.5-VL (the window-attention tower, the
 //! Qwen2 decoder with chunked multimodal rope, a flat config.json): tower within 1e-4, first
 //! logits 1e-4, 32 greedy tokens for a two-image prompt, directly and through a Session.
+//!
+//! tests/oracle/qwen3_vl_vlm.py does the same for Qwen3-VL (the Qwen3-VL tower with two deepstack
+//! mergers, the Qwen3 decoder with q/k norms and interleaved multimodal rope, the deepstack
+//! features added after its first two layers): tower rows and deepstack features within 1e-4
+//! (images and video), first logits 1e-4 and 32 greedy tokens for image, two-image, 4-bit and
+//! video prompts, through a Session, text-only and Hugging Face layouts, bad checkpoints.
 //!
 //! Video (given as frames), with `--video`: both scripts run mlx-vlm's numpy
 //! Qwen3VLVideoProcessor (its own pixel budget, from video_preprocessor_config.json) on a 3-frame
@@ -819,4 +825,254 @@ fn qwen3_5_video_through_a_session() {
 #[test]
 fn qwen2_5_vl_video_through_a_session() {
     video_through_a_session(QWEN2_5_VL, "qwen2_5_vl_video_through_a_session");
+}
+
+// ---- Qwen3-VL ------------------------------------------------------------------------------
+
+/// tests/oracle/qwen3_vl_vlm.py: mlx-vlm's qwen3_vl Model (the Qwen3-VL tower with deepstack
+/// mergers after blocks 0 and 2, the Qwen3 decoder with q/k norms and interleaved multimodal
+/// rope, the deepstack features added after text layers 0 and 1).
+const QWEN3_VL: &str = "qwen3_vl_vlm.py";
+
+/// The tower's rows and both deepstack features for the two images and the video (as temporal
+/// groups), within 1e-4 of mlx-vlm's; the rows `forward` gives carry the features side by side.
+#[test]
+fn qwen3_vl_tower_and_deepstack_match_mlx_vlm() {
+    let Some(out) = run_script(QWEN3_VL, &["--video"], "qwen3_vl_tower_and_deepstack_match_mlx_vlm") else { return };
+    let io = read_tensors(&out.path().join("io.safetensors"));
+    let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
+    let dir = model_dir(out.path(), &CHECKPOINT);
+    let path = dir.path().join("config.json");
+    let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+    let store = RefCell::new(WeightStore::open(dir.path()).unwrap());
+    let vb = Vb::new(&store, None);
+    let err = QwenVision::load(&cfg.raw, &vb).err().expect("qwen3_5's loader refuses deepstack").to_string();
+    assert!(err.contains("deepstack"), "{err}");
+    let vision = QwenVision::load_deepstack(&cfg.raw, &vb).unwrap().expect("a vision_config");
+    assert_eq!(vision.deepstack_layers(), 2);
+    vb.pp("language_model").discard_all();
+    store.into_inner().finish().expect("the tower takes every vision tensor, the deepstack mergers' too");
+    let check = |what: &str, rows: &Array, deep: &[Array], tower: &str, deep_want: &str| {
+        let d = max_abs_diff(rows, &f32_array(get(tower)));
+        assert!(d <= 1e-4, "{what}: the tower differs from mlx-vlm's by {d}");
+        let want = f32_array(get(deep_want));
+        assert_eq!(deep.len(), 2);
+        let mut worst = 0f32;
+        for (k, f) in deep.iter().enumerate() {
+            let w = want.slice_axis(0, k as i32, k as i32 + 1).unwrap().reshape(&f.shape()).unwrap();
+            let dk = max_abs_diff(f, &w);
+            assert!(dk <= 1e-4, "{what}: deepstack feature {k} differs from mlx-vlm's by {dk}");
+            worst = worst.max(dk);
+        }
+        eprintln!("qwen3-vl {what}: rows max |Δ| {d:e}, deepstack max |Δ| {worst:e}");
+    };
+    for (tag, tokens) in [("a", 15), ("b", 12)] {
+        let grid = i32_values(get(&format!("grid_{tag}")));
+        let (gh, gw) = (grid[1] as usize, grid[2] as usize);
+        let pixels = f32_array(get(&format!("pixels_{tag}")));
+        let (rows, deep) = vision.forward_deepstack(&pixels, gh, gw).unwrap();
+        assert_eq!(rows.shape(), [tokens, 64]);
+        check(&format!("image {tag}"), &rows, &deep, &format!("tower_{tag}"), &format!("deep_{tag}"));
+        let wide = vision.forward(&pixels, gh, gw).unwrap();
+        assert_eq!(wide.shape(), [tokens, 3 * 64]);
+        let d = max_abs_diff(&wide.slice_axis(1, 128, 192).unwrap(), &deep[1]);
+        assert!(d <= 1e-5, "the wide rows carry the second feature: {d}");
+    }
+    // The video: two temporal groups of 6 x 10 patches, each through the tower alone.
+    let grid = i32_values(get("video_grid"));
+    let (t, gh, gw) = (grid[0] as usize, grid[1] as usize, grid[2] as usize);
+    let rows = QwenTower::forward_groups(&vision, &f32_array(get("video_pixels")), t, gh, gw).unwrap();
+    assert_eq!(rows.shape(), [30, 3 * 64]);
+    let parts: Vec<Array> = (0..3).map(|k| rows.slice_axis(1, 64 * k, 64 * (k + 1)).unwrap()).collect();
+    check("video", &parts[0], &parts[1..], "video_tower", "video_deep");
+}
+
+#[test]
+fn qwen3_vl_image_prompt_matches_mlx_vlm_greedy() {
+    image_prompt_matches(QWEN3_VL, "qwen3_vl_image_prompt_matches_mlx_vlm_greedy", &[]);
+}
+
+#[test]
+fn qwen3_vl_two_image_prompt_matches_mlx_vlm_greedy() {
+    image_prompt_matches(QWEN3_VL, "qwen3_vl_two_image_prompt_matches_mlx_vlm_greedy", &["--two-images"]);
+}
+
+/// 4 bits, groups of 32 (the tower's linears, deepstack mergers and position table too).
+#[test]
+fn qwen3_vl_quantized_image_prompt_matches_mlx_vlm_greedy() {
+    image_prompt_matches(QWEN3_VL, "qwen3_vl_quantized_image_prompt_matches_mlx_vlm_greedy", &["--two-images", "--quantize"]);
+}
+
+#[test]
+fn qwen3_vl_images_through_a_session() {
+    images_through_a_session(QWEN3_VL, "qwen3_vl_images_through_a_session");
+}
+
+#[test]
+fn qwen3_vl_video_prompt_matches_mlx_vlm_greedy() {
+    let marker = "<|vision_start|><|video_pad|><|vision_end|>";
+    video_prompt_matches(QWEN3_VL, "qwen3_vl_video_prompt_matches_mlx_vlm_greedy", marker, &[]);
+    video_prompt_matches(QWEN3_VL, "qwen3_vl_video_prompt_matches_mlx_vlm_greedy", marker, &["--quantize"]);
+}
+
+#[test]
+fn qwen3_vl_video_through_a_session() {
+    video_through_a_session(QWEN3_VL, "qwen3_vl_video_through_a_session");
+}
+
+/// The oracle's checkpoint as mlx-lm converts qwen3_vl for text (config.json keeps its
+/// vision_config, the tower's tensors are gone) loads as the text model alone, with the logits the
+/// whole model gives for a text prompt; and rewritten in Hugging Face's layout
+/// (`model.language_model.*`, `model.visual.*`, `lm_head`, the Conv3d as `[out, C, T, p, p]`) it
+/// gives mlx-vlm's 32 greedy tokens.
+#[test]
+fn qwen3_vl_text_only_and_hugging_face_layouts_load() {
+    let Some(out) = run_script(QWEN3_VL, &[], "qwen3_vl_text_only_and_hugging_face_layouts_load") else { return };
+    let io = read_tensors(&out.path().join("io.safetensors"));
+    let get = |name: &str| io.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
+    let ids: Vec<u32> = i32_values(get("input_ids")).into_iter().map(|t| t as u32).collect();
+    let want: Vec<u32> = i32_values(get("tokens")).into_iter().map(|t| t as u32).collect();
+    let load = |dir: &Path| {
+        let path = dir.join("config.json");
+        let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+        let store = RefCell::new(WeightStore::open(dir).unwrap());
+        let model = mlex::models::build_model(&cfg, &Vb::new(&store, None)).unwrap();
+        store.into_inner().finish().expect("every tensor of the checkpoint is used");
+        model
+    };
+    let text: Vec<u32> = b"look: what is it?".iter().map(|&b| b as u32).collect();
+    let logits = |model: &dyn mlex::models::CausalLm| {
+        let mut caches = model.make_caches();
+        model.forward_prompt(&text, &mut caches).unwrap()
+    };
+    let whole = load(model_dir(out.path(), &CHECKPOINT).path());
+    let dir = model_dir(out.path(), &CHECKPOINT);
+    let st = dir.path().join("model.safetensors");
+    let tensors: Vec<RawTensor> = read_tensors(&st).into_iter().filter(|t| !t.name.starts_with("vision_tower.")).collect();
+    common::write_safetensors(&st, &tensors);
+    let text_only = load(dir.path());
+    assert!(text_only.image_prompt().is_none(), "no tower, no images");
+    let d = max_abs_diff(&logits(text_only.as_ref()), &logits(whole.as_ref()));
+    assert!(d <= 1e-5, "the text-only conversion's logits differ from the whole model's by {d}");
+    // Without tie_word_embeddings in config.json, the stored lm_head says the head is untied.
+    common::edit_json(&dir.path().join("config.json"), |c| {
+        c.as_object_mut().unwrap().remove("tie_word_embeddings");
+        c["text_config"].as_object_mut().unwrap().remove("tie_word_embeddings");
+    });
+    let d = max_abs_diff(&logits(load(dir.path()).as_ref()), &logits(whole.as_ref()));
+    assert!(d <= 1e-5, "without tie_word_embeddings the logits differ by {d}");
+
+    let dir = model_dir(out.path(), &CHECKPOINT);
+    let st = dir.path().join("model.safetensors");
+    let tensors: Vec<RawTensor> = read_tensors(&st)
+        .into_iter()
+        .map(|mut t| {
+            t.name = if let Some(rest) = t.name.strip_prefix("language_model.model.") {
+                format!("model.language_model.{rest}")
+            } else if let Some(rest) = t.name.strip_prefix("language_model.") {
+                rest.to_string()
+            } else {
+                t.name.replace("vision_tower.", "model.visual.")
+            };
+            if t.name == "model.visual.patch_embed.proj.weight" {
+                // [out, T, p, p, C] → [out, C, T, p, p], float32.
+                let (o, tt, p, c) = (t.shape[0], t.shape[1], t.shape[2], t.shape[4]);
+                let src: Vec<f32> = t.data.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+                let mut dst = vec![0f32; src.len()];
+                for oi in 0..o {
+                    for ti in 0..tt {
+                        for y in 0..p {
+                            for x in 0..p {
+                                for ci in 0..c {
+                                    dst[(((oi * c + ci) * tt + ti) * p + y) * p + x] = src[(((oi * tt + ti) * p + y) * p + x) * c + ci];
+                                }
+                            }
+                        }
+                    }
+                }
+                t.shape = vec![o, c, tt, p, p];
+                t.data = dst.iter().flat_map(|v| v.to_le_bytes()).collect();
+            }
+            t
+        })
+        .collect();
+    common::write_safetensors(&st, &tensors);
+    let model = load(dir.path());
+    let images: Vec<ImageData> = oracle_images(out.path(), false).into_iter().map(ImageData::new).collect();
+    let bound = model.bind_images(collapsed(&ids), &[&images[0]]).unwrap();
+    let mut caches = model.make_caches();
+    let logits = model.forward_prompt(&bound, &mut caches).unwrap();
+    let l = bound.len() as i32;
+    let argmax = |a: &Array| a.argmax(0, false).unwrap().astype(Dtype::Uint32).unwrap().to_vec::<u32>().unwrap()[0];
+    let mut next = argmax(&logits.slice_axis(1, l - 1, l).unwrap().reshape(&[-1]).unwrap());
+    let mut got = vec![next];
+    while got.len() < want.len() {
+        let logits = model.forward(&Array::from_slice(&[next], &[1, 1]).unwrap(), &mut caches).unwrap();
+        next = argmax(&logits.reshape(&[-1]).unwrap());
+        got.push(next);
+    }
+    assert_eq!(got, want, "the Hugging Face layout's greedy tokens differ from mlx-vlm's");
+}
+
+/// Bad checkpoints are errors naming the problem: a missing or mis-shaped deepstack tensor, bad
+/// deepstack indexes, a bad rope field.
+#[test]
+fn qwen3_vl_bad_checkpoints_name_the_problem() {
+    let Some(out) = run_script(QWEN3_VL, &[], "qwen3_vl_bad_checkpoints_name_the_problem") else { return };
+    let load = |dir: &Path| -> String {
+        let path = dir.join("config.json");
+        let cfg = ModelConfig::from_json(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+        let store = RefCell::new(WeightStore::open(dir).unwrap());
+        match mlex::models::build_model(&cfg, &Vb::new(&store, None)) {
+            Ok(_) => panic!("loaded"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let missing = "vision_tower.deepstack_merger_list.1.linear_fc2.bias";
+    let dir = model_dir(out.path(), &CHECKPOINT);
+    let st = dir.path().join("model.safetensors");
+    let tensors: Vec<RawTensor> = read_tensors(&st).into_iter().filter(|t| t.name != missing).collect();
+    common::write_safetensors(&st, &tensors);
+    let err = load(dir.path());
+    assert!(err.contains(missing), "{err}");
+    // A deepstack norm over one patch (the main merger's shape), not the merge block's.
+    let bad = "vision_tower.deepstack_merger_list.0.norm.weight";
+    let dir = model_dir(out.path(), &CHECKPOINT);
+    let st = dir.path().join("model.safetensors");
+    let tensors: Vec<RawTensor> = read_tensors(&st)
+        .into_iter()
+        .map(|mut t| {
+            if t.name == bad {
+                t.shape = vec![32];
+                t.data.truncate(32 * 4);
+            }
+            t
+        })
+        .collect();
+    common::write_safetensors(&st, &tensors);
+    let err = load(dir.path());
+    assert!(err.contains(bad) && err.contains("128"), "{err}");
+    // An unlisted deepstack merger is a tensor left over.
+    let dir = model_dir(out.path(), &CHECKPOINT);
+    common::edit_json(&dir.path().join("config.json"), |c| c["vision_config"]["deepstack_visual_indexes"] = serde_json::json!([0]));
+    let err = load(dir.path());
+    assert!(err.contains("vision_tower.deepstack_merger_list.1") && err.contains("config.json"), "{err}");
+    for (field, value, says) in [
+        ("deepstack_visual_indexes", serde_json::json!([0, 3]), "past the tower's depth"),
+        ("deepstack_visual_indexes", serde_json::json!([2, 2]), "twice"),
+        ("deepstack_visual_indexes", serde_json::json!([0, 1, 2, 0, 1]), "twice"),
+    ] {
+        let dir = model_dir(out.path(), &CHECKPOINT);
+        common::edit_json(&dir.path().join("config.json"), |c| c["vision_config"][field] = value.clone());
+        let err = load(dir.path());
+        assert!(err.contains(says) && err.contains("config.json"), "{field} {value}: {err}");
+    }
+    let dir = model_dir(out.path(), &CHECKPOINT);
+    common::edit_json(&dir.path().join("config.json"), |c| c["text_config"]["rope_scaling"]["rope_type"] = "yarn".into());
+    let err = load(dir.path());
+    assert!(err.contains("rope_scaling.type"), "{err}");
+    let dir = model_dir(out.path(), &CHECKPOINT);
+    common::edit_json(&dir.path().join("config.json"), |c| c["text_config"]["rope_scaling"]["mrope_section"] = serde_json::json!([3, 3]));
+    let err = load(dir.path());
+    assert!(err.contains("mrope_section"), "{err}");
 }

@@ -26,6 +26,7 @@ pub mod qwen2_moe;
 pub mod qwen3;
 pub mod qwen3_moe;
 pub mod qwen3_next;
+pub mod qwen3_vl;
 pub mod qwen_vision;
 pub mod registry;
 pub mod smollm3;
@@ -71,6 +72,19 @@ pub trait CausalLm: Params {
     fn forward_embeddings_at(&self, h: Array, positions: &mrope::RopePositions, caches: &mut LayerCaches) -> Result<Array> {
         let _ = (h, positions, caches);
         Err(crate::error::Error::InvalidArgument("this model takes no multimodal rope positions".into()))
+    }
+
+    /// [`Self::forward_embeddings_at`], with deepstack features (Qwen3-VL): `deepstack[i]`
+    /// `[1, L, hidden]` (zero at text positions) added to the hidden states after layer `i`.
+    fn forward_embeddings_deepstack(
+        &self,
+        h: Array,
+        positions: &mrope::RopePositions,
+        deepstack: &[Array],
+        caches: &mut LayerCaches,
+    ) -> Result<Array> {
+        let _ = (h, positions, deepstack, caches);
+        Err(crate::error::Error::InvalidArgument("this model takes no deepstack features".into()))
     }
 
     /// How many of the prompt ids `ids` (the rest of a prompt being prefilled) the next prefill

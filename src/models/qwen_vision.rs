@@ -1,4 +1,4 @@
-//! Qwen3.5's vision side (issue 15): the Qwen3-VL vision tower that turns an image, at its own
+//! Qwen3.5's and Qwen3-VL's vision side (issue 15): the Qwen3-VL vision tower that turns an image, at its own
 //! resolution, into one row per 2 × 2 block of patches at the text model's width, and the
 //! [`ImageEncoder`] that runs the processor ([`QwenImageProcessor`]) in front of it. Follows
 //! mlx-vlm 0.7.10 `models/qwen3_vl/vision.py` (`VisionModel`, which `qwen3_5/vision.py` reuses;
@@ -14,7 +14,13 @@
 //!   them; softmax scale `head_dim^-½`, every patch of the image sees every other) → residual,
 //!   LayerNorm → fc1 → GELU (tanh form) → fc2 → residual;
 //! - the merger: LayerNorm (eps 1e-6) per patch, each merge block's `merge²` patches concatenated,
-//!   fc1 → GELU (erf form) → fc2 to `out_hidden_size` (the text model's width).
+//!   fc1 → GELU (erf form) → fc2 to `out_hidden_size` (the text model's width);
+//! - deepstack (Qwen3-VL, `vision_config.deepstack_visual_indexes`, none for Qwen3.5): after each
+//!   listed block, its output through a merger of its own (`deepstack_merger_list.{i}`, the i-th
+//!   listed block's; its LayerNorm over each merge block's concatenated patches, "postshuffle"),
+//!   the features taken in block order. [`QwenVision::forward`] gives them after the main rows,
+//!   side by side (`[rows, (1 + deepstack) · out_hidden_size]`): the text model adds them to its
+//!   hidden states at the image's positions after its first layers (`qwen3_vl.rs`).
 //!
 //! A video (given as frames) goes through the video processor ([`QwenVideoProcessor`]) whole,
 //! then each temporal group through the tower as an image ([`QwenTower::forward_groups`]).
@@ -90,9 +96,12 @@ impl VisionConfig {
         if side * side != self.num_position_embeddings {
             return Err(format!("vision_config.num_position_embeddings {} is not a square", self.num_position_embeddings));
         }
-        if !self.deepstack_visual_indexes.is_empty() {
-            // mlx-vlm's qwen3_5 refuses them too ("deepstack is disabled for qwen3.5").
-            return Err("vision_config.deepstack_visual_indexes must be empty for qwen3_5".into());
+        let ds = &self.deepstack_visual_indexes;
+        if let Some(&i) = ds.iter().find(|&&i| i >= self.depth) {
+            return Err(format!("vision_config.deepstack_visual_indexes holds {i}, past the tower's depth {}", self.depth));
+        }
+        if ds.iter().enumerate().any(|(k, i)| ds[..k].contains(i)) {
+            return Err(format!("vision_config.deepstack_visual_indexes {ds:?} names a block twice"));
         }
         Ok(())
     }
@@ -181,19 +190,70 @@ pub struct QwenVision {
     /// The learned position table (quantized in some mlx-community conversions).
     pos_embed: Embedding,
     blocks: Vec<Block>,
-    merger_norm: LayerNorm,
-    merger_fc1: Linear,
-    merger_fc2: Linear,
+    merger: Merger,
+    /// Deepstack: (block index, its merger), in `deepstack_visual_indexes` order.
+    deepstack: Vec<(usize, Merger)>,
+}
+
+/// A patch merger: LayerNorm, each merge block's patches concatenated, fc1 → GELU (erf) → fc2.
+/// `postshuffle` (deepstack's): the norm over the concatenated patches, else over each patch.
+struct Merger {
+    norm: LayerNorm,
+    fc1: Linear,
+    fc2: Linear,
+    postshuffle: bool,
+}
+
+impl Merger {
+    fn load(vb: &Vb, c: &VisionConfig, postshuffle: bool) -> Result<Self> {
+        let merged = c.hidden_size * c.spatial_merge_size * c.spatial_merge_size;
+        Ok(Merger {
+            norm: LayerNorm::load(&vb.pp("norm"), if postshuffle { merged } else { c.hidden_size }, 1e-6)?,
+            fc1: Linear::load(&vb.pp("linear_fc1"), merged, merged, true)?,
+            fc2: Linear::load(&vb.pp("linear_fc2"), merged, c.out_hidden_size, true)?,
+            postshuffle,
+        })
+    }
+
+    /// Patches `[L, hidden]` (merge-block order) to `[L / merge², out_hidden_size]`.
+    fn forward(&self, x: &Array, merged: i32) -> Result<Array> {
+        let x = if self.postshuffle {
+            self.norm.forward(&x.reshape(&[-1, merged])?)?
+        } else {
+            self.norm.forward(x)?.reshape(&[-1, merged])?
+        };
+        self.fc2.forward(&gelu_erf(&self.fc1.forward(&x)?)?)
+    }
+}
+
+impl Params for Merger {
+    fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
+        crate::params!(out; self.norm, self.fc1, self.fc2);
+    }
 }
 
 impl QwenVision {
     /// The vision side of a qwen3_5 checkpoint (`raw`: its config.json as `ModelConfig::raw`
-    /// holds it), or `None` when it has no `vision_config`.
+    /// holds it), or `None` when it has no `vision_config`. Qwen3.5 takes no deepstack (mlx-vlm's
+    /// qwen3_5 refuses it too).
     pub fn load(raw: &Value, vb: &Vb) -> Result<Option<Self>> {
+        Self::load_with(raw, vb, false)
+    }
+
+    /// The vision side of a qwen3_vl checkpoint: as [`Self::load`], with the deepstack mergers
+    /// `vision_config.deepstack_visual_indexes` lists.
+    pub fn load_deepstack(raw: &Value, vb: &Vb) -> Result<Option<Self>> {
+        Self::load_with(raw, vb, true)
+    }
+
+    fn load_with(raw: &Value, vb: &Vb, deepstack: bool) -> Result<Option<Self>> {
         let Some(vc) = raw.get("vision_config").filter(|v| !v.is_null()) else { return Ok(None) };
         let config: VisionConfig = serde_path_to_error::deserialize(vc.clone())
             .map_err(|e| Error::InvalidArgument(format!("config.json: vision_config.{e}")))?;
         config.validate().map_err(|e| Error::InvalidArgument(format!("config.json: {e}")))?;
+        if !deepstack && !config.deepstack_visual_indexes.is_empty() {
+            return Err(Error::InvalidArgument("config.json: vision_config.deepstack_visual_indexes must be empty for qwen3_5".into()));
+        }
         let text_hidden = raw.get("hidden_size").and_then(Value::as_u64).unwrap_or(0) as usize;
         if text_hidden != config.out_hidden_size {
             return Err(Error::InvalidArgument(format!(
@@ -222,15 +282,23 @@ impl QwenVision {
         };
         let patch_weight_t = w.reshape(&[d as i32, -1])?.transpose(&[1, 0])?.contiguous()?;
         let blocks = (0..config.depth).map(|i| Block::load(&root.pp("blocks").pp(i), &config)).collect::<Result<Vec<_>>>()?;
-        let merged = d * config.spatial_merge_size * config.spatial_merge_size;
-        let merger = root.pp("merger");
+        let deepstack = (config.deepstack_visual_indexes.iter().enumerate())
+            .map(|(k, &i)| Ok((i, Merger::load(&root.pp("deepstack_merger_list").pp(k), &config, true)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let extra = root.pp("deepstack_merger_list").pp(deepstack.len());
+        if extra.holds_any() {
+            return Err(Error::InvalidArgument(format!(
+                "the weights hold {}.*, a deepstack merger vision_config.deepstack_visual_indexes does not list ({} listed)",
+                extra.prefix(),
+                deepstack.len()
+            )));
+        }
         Ok(Some(QwenVision {
             patch_bias: pe.get("bias", &[d])?,
             pos_embed: Embedding::load(&root.pp("pos_embed"), config.num_position_embeddings, d)?,
             blocks,
-            merger_norm: LayerNorm::load(&merger.pp("norm"), d, 1e-6)?,
-            merger_fc1: Linear::load(&merger.pp("linear_fc1"), merged, merged, true)?,
-            merger_fc2: Linear::load(&merger.pp("linear_fc2"), merged, config.out_hidden_size, true)?,
+            merger: Merger::load(&root.pp("merger"), &config, false)?,
+            deepstack,
             patch_weight_t,
             config,
         }))
@@ -293,8 +361,26 @@ impl QwenVision {
     }
 
     /// The tower (`VisionModel.__call__` for one image): processed patches `[gh·gw, C·T·p·p]`
-    /// (merge-block order) to rows `[gh·gw / merge², out_hidden_size]`.
+    /// (merge-block order) to rows `[gh·gw / merge², out_hidden_size]`, and with deepstack each
+    /// listed block's features after them, side by side (`[…, (1 + deepstack) · out_hidden_size]`).
     pub fn forward(&self, patches: &Array, gh: usize, gw: usize) -> Result<Array> {
+        let (rows, deep) = self.forward_deepstack(patches, gh, gw)?;
+        if deep.is_empty() {
+            return Ok(rows);
+        }
+        let mut all = vec![&rows];
+        all.extend(deep.iter());
+        Array::concatenate(&all, 1)
+    }
+
+    /// How many deepstack features [`Self::forward`] gives after each row's own.
+    pub fn deepstack_layers(&self) -> usize {
+        self.deepstack.len()
+    }
+
+    /// The tower's rows `[gh·gw / merge², out_hidden_size]` and its deepstack features (one such
+    /// array per listed block, in block order, as mlx-vlm lists them).
+    pub fn forward_deepstack(&self, patches: &Array, gh: usize, gw: usize) -> Result<(Array, Vec<Array>)> {
         let c = &self.config;
         let m = c.spatial_merge_size;
         let dim = c.in_channels * c.temporal_patch_size * c.patch_size * c.patch_size;
@@ -308,12 +394,15 @@ impl QwenVision {
         let x = patches.astype(dt)?.matmul(&self.patch_weight_t)?.add(&self.patch_bias)?;
         let mut x = x.add(&self.positions(gh, gw)?)?;
         let rope = vision_rope(c.head_dim(), m, gh, gw)?;
-        for b in &self.blocks {
-            x = b.forward(&x, &rope, c.num_heads as i32)?;
-        }
         let merged = (c.hidden_size * m * m) as i32;
-        let x = self.merger_norm.forward(&x)?.reshape(&[-1, merged])?;
-        self.merger_fc2.forward(&gelu_erf(&self.merger_fc1.forward(&x)?)?)
+        let mut deep = vec![];
+        for (i, b) in self.blocks.iter().enumerate() {
+            x = b.forward(&x, &rope, c.num_heads as i32)?;
+            if let Some((_, merger)) = self.deepstack.iter().find(|(at, _)| *at == i) {
+                deep.push(merger.forward(&x, merged)?);
+            }
+        }
+        Ok((self.merger.forward(&x, merged)?, deep))
     }
 }
 
@@ -324,7 +413,10 @@ impl Params for QwenVision {
         for b in &self.blocks {
             b.params(out);
         }
-        crate::params!(out; self.merger_norm, self.merger_fc1, self.merger_fc2);
+        self.merger.params(out);
+        for (_, m) in &self.deepstack {
+            m.params(out);
+        }
     }
 }
 
@@ -332,6 +424,12 @@ impl Params for QwenVision {
 /// image's merged rows from its patches on a `gh × gw` grid.
 pub trait QwenTower: Params {
     fn forward(&self, patches: &Array, gh: usize, gw: usize) -> Result<Array>;
+
+    /// How many deepstack features each row carries after its own (Qwen3-VL; none for the
+    /// others): [`Self::forward`]'s rows are `(1 + this) · out_hidden_size` wide.
+    fn deepstack_layers(&self) -> usize {
+        0
+    }
 
     /// A video's rows from its patches, `t` temporal groups of `gh × gw` in order: each group
     /// through the tower as an image is (mlx-vlm's towers attend within a group only: one
@@ -351,6 +449,10 @@ pub trait QwenTower: Params {
 impl QwenTower for QwenVision {
     fn forward(&self, patches: &Array, gh: usize, gw: usize) -> Result<Array> {
         QwenVision::forward(self, patches, gh, gw)
+    }
+
+    fn deepstack_layers(&self) -> usize {
+        self.deepstack.len()
     }
 }
 
@@ -385,6 +487,10 @@ impl<V: QwenTower> ImageEncoder for QwenImages<V> {
 
     fn mrope_grid(&self, size: (u32, u32)) -> Option<(usize, usize)> {
         self.processor.merged_grid(size.1, size.0).ok()
+    }
+
+    fn deepstack_layers(&self) -> usize {
+        self.vision.deepstack_layers()
     }
 }
 

@@ -14,6 +14,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
     super::qwen3_next::ARCH,
     super::qwen3_next::ARCH_QWEN3_5,
     super::qwen3_next::ARCH_QWEN3_5_MOE,
+    super::qwen3_vl::ARCH,
     super::qwen2_moe::ARCH,
     super::mixtral::ARCH,
     super::minicpm::ARCH,

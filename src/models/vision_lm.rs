@@ -20,7 +20,7 @@
 //! temporal groups each take a video token (Qwen3.5, after their timestamps) or one token takes
 //! them all (Qwen2.5-VL): `vision_lm/whole_video.rs`.
 //!
-//! Qwen3.5 and Qwen2.5-VL (`qwen_vision.rs`, `qwen2_5_vision.rs`): the template's `<|image_pad|>`
+//! Qwen3.5, Qwen3-VL and Qwen2.5-VL (`qwen_vision.rs`, `qwen2_5_vision.rs`): the template's `<|image_pad|>`
 //! is one token standing for the image's merged patches, and their text models place tokens on a
 //! 3-D rope (`mrope.rs`): [`VisionLm::with_mrope`] (in `vision_lm/mrope_prompt.rs`) gives each
 //! prompt chunk its positions from its ids and keeps each image's shift in a cache of its own.
@@ -177,6 +177,13 @@ pub trait ImageEncoder: Params {
     /// (Qwen: [`super::mrope`]); None for the others.
     fn mrope_grid(&self, _size: (u32, u32)) -> Option<(usize, usize)> {
         None
+    }
+
+    /// Deepstack (Qwen3-VL): how many features each of [`Self::encode`]'s rows carries after its
+    /// own, side by side (the rows `(1 + this) · hidden` wide), for the text model to add to its
+    /// hidden states at the image's positions ([`CausalLm::forward_embeddings_deepstack`]).
+    fn deepstack_layers(&self) -> usize {
+        0
     }
 }
 

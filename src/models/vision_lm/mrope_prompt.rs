@@ -19,28 +19,60 @@ impl VisionLm {
     }
 
     /// A prompt chunk: text rows from the embedding, image rows as kept (no scaling: Qwen merges
-    /// the tower's rows into the embeddings as they are), at their 3-D positions.
+    /// the tower's rows into the embeddings as they are), at their 3-D positions. With deepstack
+    /// (Qwen3-VL) the kept rows carry their features after them: those go to the text model as
+    /// arrays of the chunk's length, zero at the text positions (mlx-vlm adds them at the image
+    /// and video positions only; adding zero leaves a row as it is).
     pub(super) fn forward_prompt_mrope(&self, ids: &[u32], caches: &mut LayerCaches) -> Result<Array> {
+        let k = if ids.iter().any(|&t| is_media_token(t)) { self.encoder.deepstack_layers() } else { 0 };
         let mut parts = vec![];
+        let mut deep: Vec<Vec<Array>> = (0..k).map(|_| vec![]).collect();
         let mut i = 0;
         while i < ids.len() {
             let media = is_media_token(ids[i]);
             let j = i + ids[i..].iter().take_while(|&&t| is_media_token(t) == media).count();
-            parts.push(if media {
-                self.media_rows(&ids[i..j])?.astype(self.text.dtype())?.expand_dims(0)?
+            if media {
+                let rows = self.media_rows(&ids[i..j])?.astype(self.text.dtype())?.expand_dims(0)?;
+                if k == 0 {
+                    parts.push(rows);
+                } else {
+                    let w = rows.shape()[2];
+                    let hidden = w / (k as i32 + 1);
+                    if hidden * (k as i32 + 1) != w {
+                        return Err(Error::Mlx(format!("image rows {w} wide do not hold {k} deepstack features")));
+                    }
+                    parts.push(rows.slice_axis(2, 0, hidden)?);
+                    for (d, out) in deep.iter_mut().enumerate() {
+                        let at = (d as i32 + 1) * hidden;
+                        out.push(rows.slice_axis(2, at, at + hidden)?);
+                    }
+                }
             } else {
-                self.text.embed(&Array::from_slice(&ids[i..j], &[1, (j - i) as i32])?)?
-            });
+                let rows = self.text.embed(&Array::from_slice(&ids[i..j], &[1, (j - i) as i32])?)?;
+                for out in deep.iter_mut() {
+                    out.push(Array::zeros(&rows.shape(), rows.dtype())?);
+                }
+                parts.push(rows);
+            }
             i = j;
         }
-        let refs: Vec<&Array> = parts.iter().collect();
-        let h = Array::concatenate(&refs, 1)?;
-        self.forward_mrope(Some(ids), h, caches)
+        let cat = |parts: &[Array]| -> Result<Array> {
+            let refs: Vec<&Array> = parts.iter().collect();
+            Array::concatenate(&refs, 1)
+        };
+        let h = cat(&parts)?;
+        let deep = deep.iter().map(|p| cat(p)).collect::<Result<Vec<_>>>()?;
+        self.forward_mrope_deepstack(Some(ids), h, &deep, caches)
     }
 
     /// Rows `h` `[1, L, hidden]` through the text model at their positions: `ids`' (a prompt
     /// chunk's) when they hold an image, else `offset + shift` on every axis.
     pub(super) fn forward_mrope(&self, ids: Option<&[u32]>, h: Array, caches: &mut LayerCaches) -> Result<Array> {
+        self.forward_mrope_deepstack(ids, h, &[], caches)
+    }
+
+    /// [`Self::forward_mrope`], with deepstack features (none: the text model's plain call).
+    fn forward_mrope_deepstack(&self, ids: Option<&[u32]>, h: Array, deep: &[Array], caches: &mut LayerCaches) -> Result<Array> {
         let mut boxed = caches.0.pop().ok_or_else(|| Error::InvalidArgument("no caches".into()))?;
         let out = (|| -> Result<Array> {
             let pc = position_cache(boxed.as_mut())?;
@@ -53,7 +85,11 @@ impl VisionLm {
                     RopePositions::Start(usize::try_from(p).map_err(|_| Error::Mlx(format!("negative rope position {p}")))?)
                 }
             };
-            let out = self.text.forward_embeddings_at(h, &positions, caches)?;
+            let out = if deep.is_empty() {
+                self.text.forward_embeddings_at(h, &positions, caches)?
+            } else {
+                self.text.forward_embeddings_deepstack(h, &positions, deep, caches)?
+            };
             pc.advance(l);
             Ok(out)
         })();

@@ -1,10 +1,10 @@
-//! Videos a model encodes whole (Qwen3.5 and Qwen2.5-VL, given as frames): the frames go
+//! Videos a model encodes whole (Qwen3.5, Qwen3-VL and Qwen2.5-VL, given as frames): the frames go
 //! through the model's video processor together (their count sets the resize, consecutive frames
 //! pair into temporal groups) and the tower, so the video is kept as one entry, keyed on all of
 //! its frames' bytes, with its merged grid for the 3-D rope ([`MediaGrid`]).
 //!
 //! How the prompt writes it, as mlx-vlm 0.7.10's processors do for a frames list:
-//! - Qwen3.5 (`Qwen3VLProcessor`): the template's `<|vision_start|><|video_pad|><|vision_end|>`
+//! - Qwen3.5 and Qwen3-VL (`Qwen3VLProcessor`): the template's `<|vision_start|><|video_pad|><|vision_end|>`
 //!   becomes, per temporal group, `<t.t seconds>` and that block, its one video token standing
 //!   for the group's rows; each group sits on the rope as an image would;
 //! - Qwen2.5-VL (`Qwen2_5_VLProcessor`): the template's `<|video_pad|>` stands for all rows, one
