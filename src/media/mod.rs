@@ -4,6 +4,7 @@
 //! the output is plain `Vec<f32>` plus a shape, so it is tested against the reference processor
 //! without a device (tests/image_preprocess.rs).
 pub mod audio;
+pub mod animation;
 pub mod audio_features;
 pub mod gemma4;
 pub mod image;
