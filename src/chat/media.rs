@@ -195,6 +195,16 @@ fn video_file(url: &str, access: MediaAccess) -> Result<Vec<ImageData>> {
     animated_video(image_from_url(url, access)?)
 }
 
+/// A video file (an animated GIF, WebP or PNG, or a still image) read from `path` and decoded
+/// into its timed frames, as a video part naming the path is (a video container refused).
+pub fn video_from_path(path: &std::path::Path) -> Result<Vec<ImageData>> {
+    let name = path.to_str().ok_or_else(|| invalid(format!("video path {} is not UTF-8", path.display())))?;
+    if name.starts_with("data:") || name.to_ascii_lowercase().starts_with("http") {
+        return read_file(path).and_then(animated_video);
+    }
+    video_file(name, MediaAccess::LocalFiles)
+}
+
 /// A video given as one file: an animated GIF, WebP or PNG becomes its frames, each timed (see
 /// [`crate::media::animation`]: at most [`MAX_VIDEO_FRAMES`] frames, [`MAX_VIDEO_BYTES`] bytes
 /// of re-encoded frames); a still image is a one-frame video at time 0; a video container is

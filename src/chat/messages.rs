@@ -240,7 +240,9 @@ impl ToolCall {
 pub enum ContentPart {
     Text(String),
     Image(super::media::ImageData),
-    /// A video as its frames (each an image), in order; an empty one is left out.
+    /// A video as its frames (each an image), in order; an empty one is left out. An animated
+    /// GIF, WebP or PNG becomes its timed frames through [`super::media::animated_video`] (bytes)
+    /// or [`super::media::video_from_path`] (a file).
     Video(Vec<super::media::ImageData>),
     /// An audio clip's encoded bytes (WAV, FLAC or MP3).
     Audio(super::media::ImageData),
