@@ -502,7 +502,7 @@ fn gemma4_bad_video_input_names_the_part() {
         let err = parse(serde_json::json!([{"type": "text", "text": "what happens?"}, {"type": "video", "video": file}]));
         assert_eq!(err.code(), "INVALID_ARGUMENT");
         let msg = err.to_string();
-        assert!(msg.contains("content part 1 (video)") && msg.contains("not decoded here") && msg.contains("frames"), "{msg}");
+        assert!(msg.contains("content part 1 (video)") && msg.contains("decodes no video codecs") && msg.contains("frames"), "{msg}");
     }
     let err = parse(serde_json::json!([{"type": "video", "video": []}])).to_string();
     assert!(err.contains("content part 0 (video): a video part needs at least one frame"), "{err}");

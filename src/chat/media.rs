@@ -167,6 +167,21 @@ pub fn video_from_part(part: &Map<String, Value>, access: MediaAccess) -> Result
         }
         out.push(frame);
     }
+    // The times of a decoded video's frames, as `content_parts_json` writes them.
+    if let Some(times) = part.get("frame_times").filter(|t| !t.is_null()) {
+        let bad = || invalid("\"frame_times\" must hold one [start, end] a frame, in seconds, in order");
+        let times = times.as_array().filter(|t| t.len() == out.len()).ok_or_else(bad)?;
+        let mut last = 0.0;
+        for (f, t) in out.iter_mut().zip(times) {
+            let pair = t.as_array().filter(|p| p.len() == 2).ok_or_else(bad)?;
+            let (s, e) = (pair[0].as_f64().ok_or_else(bad)?, pair[1].as_f64().ok_or_else(bad)?);
+            if !(s.is_finite() && e.is_finite() && s >= last && e >= s) {
+                return Err(bad());
+            }
+            last = s;
+            f.time = Some([s, e]);
+        }
+    }
     Ok(out)
 }
 

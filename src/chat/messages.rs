@@ -110,7 +110,12 @@ impl ChatMessage {
             }
             if let Some(frames) = &img.video {
                 parts.push(if with_data {
-                    serde_json::json!({"type": "video", "video": frames.iter().map(|f| url(&f.bytes)).collect::<Vec<_>>()})
+                    let mut v = serde_json::json!({"type": "video", "video": frames.iter().map(|f| url(&f.bytes)).collect::<Vec<_>>()});
+                    // A decoded video's frames keep their times (read back by `video_from_part`).
+                    if frames.iter().all(|f| f.time.is_some()) {
+                        v["frame_times"] = frames.iter().map(|f| f.time.map(|t| serde_json::json!(t))).collect();
+                    }
+                    v
                 } else {
                     serde_json::json!({"type": "video"})
                 });
@@ -602,6 +607,7 @@ mod tests {
             {"type": "text", "text": "b"}]));
         let back: ChatMessage = serde_json::from_value(serde_json::to_value(m).unwrap()).unwrap();
         assert_eq!(&back, m);
+        assert!(back.images[1].video.as_ref().unwrap().iter().all(|f| f.time.is_none()));
         // The server: frames inline only. A video file: refused, naming the part.
         let bad = |part: serde_json::Value, access: MediaAccess| {
             let json = json!([{"role": "user", "content": [{"type": "text", "text": "x"}, part]}]);
@@ -639,7 +645,13 @@ mod tests {
             let times: Vec<_> = v.iter().map(|f| f.time.unwrap()).collect();
             assert_eq!(times, [[0.0, 0.5], [0.5, 1.0], [1.0, 1.5]]);
             assert_eq!(crate::chat::media::video_times(v), Some((vec![0.0, 0.5, 1.0], 1.5)));
+            // Serialized and read back, the frames keep their times.
+            let back: Vec<ChatMessage> = serde_json::from_value(serde_json::to_value(&m).unwrap()).unwrap();
+            let bv = back[0].images[0].video.as_ref().unwrap();
+            assert_eq!((bv, bv.iter().map(|f| f.time.unwrap()).collect::<Vec<_>>()), (v, times));
         }
+        let e = bad(json!({"type": "video", "video": ["data:image/png;base64,YWJjZA=="], "frame_times": [[1.0, 0.5]]}), MediaAccess::InlineOnly);
+        assert!(e.to_string().contains("frame_times"), "{e}");
         // The server reads no file, even for a video.
         let e = bad(json!({"type": "video", "video": path.display().to_string()}), MediaAccess::InlineOnly);
         assert!(e.to_string().contains("content part 1 (video): images must be sent inline"), "{e}");
