@@ -476,6 +476,40 @@ fn video_through_a_session(test: &str, args: &[&str]) {
     let again = session.generate(&parsed, opts).unwrap();
     assert_eq!(again.tokens, want);
     assert!(again.usage.cached_tokens >= ids.len() - 20, "{} cached of {}", again.usage.cached_tokens, ids.len());
+    // The same frames as one animated image at 2 frames a second (mlx-vlm's timing of a frames
+    // list), when sampling keeps every frame (a sampled video's stamps are its frames' real
+    // times): a lossless WebP gives mlx-vlm's prompt and tokens, as bytes and as a data: URL; a
+    // GIF (its palette is lossy) the prompt and tokens of its own decoded frames given as a list.
+    if !args.contains(&"--num-frames") {
+        use mlex::chat::media::animated_video;
+        let ask_with = |video: Vec<ImageData>| {
+            vec![ChatMessage::user_with_images(vec![
+                ContentPart::Text("look: ".into()),
+                ContentPart::Image(ImageData::new(png.clone())),
+                ContentPart::Text(" and ".into()),
+                ContentPart::Video(video),
+                ContentPart::Text(" what is it?".into()),
+            ])]
+        };
+        let opts = GenerateOptions { max_tokens: want.len(), ignore_eos: true, ..Default::default() };
+        let bytes: Vec<&[u8]> = frames.iter().map(|f| &f.bytes[..]).collect();
+        let webp = common::animated_webp(&bytes, 500);
+        let video = animated_video(ImageData::new(webp.clone())).unwrap();
+        assert_eq!(video.iter().map(|f| f.time.unwrap()).collect::<Vec<_>>(), [[0.0, 0.5], [0.5, 1.0], [1.0, 1.5]]);
+        let reply = Session::load(dir.path()).unwrap().generate(&ask_with(video), opts.clone()).unwrap();
+        assert_eq!((reply.usage.prompt_tokens, &reply.tokens), (ids.len(), &want), "an animated WebP of the frames");
+        let json = serde_json::json!([{"role": "user", "content": [
+            {"type": "text", "text": "look: "}, {"type": "image", "image": url(&png)}, {"type": "text", "text": " and "},
+            {"type": "video", "video": url(&webp)}, {"type": "text", "text": " what is it?"}]}]);
+        let reply = Session::load(dir.path()).unwrap().generate(&parse_messages_json(&json.to_string()).unwrap(), opts.clone()).unwrap();
+        assert_eq!((reply.usage.prompt_tokens, &reply.tokens), (ids.len(), &want), "an animated WebP as a data: URL");
+        let gif = animated_video(ImageData::new(common::animated_gif(&bytes, 500))).unwrap();
+        let listed: Vec<ImageData> = gif.iter().map(|f| ImageData::new(f.bytes.to_vec())).collect();
+        let a = Session::load(dir.path()).unwrap().generate(&ask_with(gif), opts.clone()).unwrap();
+        let b = Session::load(dir.path()).unwrap().generate(&ask_with(listed), opts).unwrap();
+        assert_eq!((a.usage.prompt_tokens, &a.tokens), (b.usage.prompt_tokens, &b.tokens), "a GIF and its frames as a list");
+        assert_eq!(a.usage.prompt_tokens, ids.len());
+    }
     // A video whose template place is missing (a template without video parts) is refused.
     let typed = vec![ChatMessage::user_with_images(vec![
         ContentPart::Text("<|video|> ".into()),
