@@ -27,8 +27,9 @@ use image::codecs::png::{CompressionType, FilterType, PngDecoder, PngEncoder};
 use image::codecs::webp::WebPDecoder;
 use image::{AnimationDecoder, DynamicImage, Frames, ImageDecoder, ImageEncoder, Limits};
 
-use super::image::{check_png_palette, to_rgb, MAX_IMAGE_PIXELS};
+// Through `crate::media` (not `super::image`): the fuzz crate compiles this file on its own.
 use crate::error::{Error, Result};
+use crate::media::{check_png_palette, image_size, to_rgb, MAX_IMAGE_PIXELS};
 
 /// The most RGB bytes an animation's frames may decode to together (each frame is dropped once
 /// encoded: this bounds the work, not the memory).
@@ -146,7 +147,7 @@ fn decode(bytes: &[u8], max_frames: usize, max_bytes: usize) -> Result<Animation
         return frames("WebP", d.into_frames(), size, max_frames, max_bytes);
     }
     // JPEG or anything else: a still image, if the image decoder takes it.
-    super::image_size(bytes).map_err(|e| match e {
+    image_size(bytes).map_err(|e| match e {
         Error::InvalidArgument(m) => invalid(format!(
             "not an image or animated image ({m}); a video part's file must be an animated GIF, WebP or PNG, or a still image"
         )),
@@ -252,11 +253,11 @@ mod tests {
         let times: Vec<(f64, f64)> = f.iter().map(|f| (f.start, f.end)).collect();
         // The 0 delay is played as 100 ms.
         assert_eq!(times, [(0.0, 0.5), (0.5, 0.75), (0.75, 0.85)]);
-        let px = super::super::decode_image(&f[1].png).unwrap();
+        let px = crate::media::decode_image(&f[1].png).unwrap();
         assert_eq!((px.width, px.height, &px.data[..3]), (6, 4, &[0, 0, 255][..]));
         // The encoder disposes each frame to the background: a transparent frame is flattened
         // over white.
-        let px = super::super::decode_image(&f[2].png).unwrap();
+        let px = crate::media::decode_image(&f[2].png).unwrap();
         assert_eq!(&px.data[..3], &[255, 255, 255]);
         assert_eq!((played_delay_ms(1, 100), played_delay_ms(20, 1), played_delay_ms(0, 0)), (100.0, 20.0, 100.0));
     }
@@ -281,7 +282,7 @@ mod tests {
         let apng = apng_bytes(&[([255, 0, 0], 300), ([0, 255, 0], 0)]);
         let Animation::Frames(f) = decode_animation(&apng, 8, 1 << 20).unwrap() else { panic!("still") };
         assert_eq!(f.iter().map(|f| (f.start, f.end)).collect::<Vec<_>>(), [(0.0, 0.3), (0.3, 0.4)]);
-        let px = super::super::decode_image(&f[1].png).unwrap();
+        let px = crate::media::decode_image(&f[1].png).unwrap();
         assert_eq!(&px.data[..], &[0, 255, 0, 0, 255, 0]);
     }
 
@@ -387,7 +388,7 @@ mod tests {
         let w = webp_bytes(3, 2, &[([200, 10, 10], 40), ([10, 10, 200], 5)]);
         let Animation::Frames(f) = decode_animation(&w, 8, 1 << 20).unwrap() else { panic!("still") };
         assert_eq!(f.iter().map(|f| (f.start, f.end)).collect::<Vec<_>>(), [(0.0, 0.04), (0.04, 0.14)]);
-        let px = super::super::decode_image(&f[1].png).unwrap();
+        let px = crate::media::decode_image(&f[1].png).unwrap();
         assert_eq!((px.width, px.height, &px.data[..3]), (3, 2, &[10, 10, 200][..]));
         let m = err(&w[..w.len() - 9]);
         assert!(m.contains("WebP"), "{m}");
@@ -426,6 +427,24 @@ mod tests {
         // Truncated APNG.
         let a = apng_bytes(&[([1, 2, 3], 100), ([4, 5, 6], 100)]);
         assert!(decode_animation(&a[..a.len() - 30], 8, 1 << 20).is_err());
+    }
+
+    /// The fuzz seeds written by Pillow (an APNG and a lossless animated WebP of two 6x4 frames,
+    /// 100 ms and 0 ms) and its two-frame GIF.
+    #[test]
+    fn pillow_animations_decode() {
+        let seed = |name: &str| std::fs::read(format!("{}/fuzz/corpus/media_image/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+        for name in ["seed-apng", "seed-webp-animated"] {
+            let Animation::Frames(f) = decode_animation(&seed(name), 8, 1 << 20).unwrap() else { panic!("{name}: still") };
+            assert_eq!(f.iter().map(|f| (f.start, f.end)).collect::<Vec<_>>(), [(0.0, 0.1), (0.1, 0.2)], "{name}");
+            let px: Vec<_> = f.iter().map(|f| crate::media::decode_image(&f.png).unwrap()).collect();
+            assert_eq!((px[0].width, px[0].height), (6, 4), "{name}");
+            // (libwebp's animation encoder gives one frame's blue as 254.)
+            let near = |a: &[u8], b: [u8; 3]| a.iter().zip(b).all(|(&x, y)| x.abs_diff(y) <= 1);
+            assert!(near(&px[0].data[..3], [255, 0, 0]) && near(&px[1].data[..3], [0, 0, 255]), "{name}");
+        }
+        let Animation::Frames(f) = decode_animation(&seed("seed-gif-animated"), 8, 1 << 20).unwrap() else { panic!("gif: still") };
+        assert_eq!(f.len(), 2);
     }
 
     #[test]
