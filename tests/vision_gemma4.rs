@@ -358,6 +358,17 @@ fn gemma4_video_prompt_matches_mlx_vlm_greedy() {
     store.into_inner().finish().expect("every tensor of the checkpoint is used");
     let video = model.image_prompt().and_then(|p| p.video.as_ref()).expect("a checkpoint with video_token_id takes video");
     assert_eq!((video.marker.as_str(), video.video_token), ("<|video|>", 304));
+    // A decoded video (frames timed: 40 frames, 3 s each) is sampled as a frames list is (32 of
+    // 40) and stamped at its kept frames' real starts; a frames list at j / 2 s.
+    let timed: Vec<ImageData> = (0..40u8).map(|k| ImageData::timed(vec![k], k as f64 * 3.0, (k + 1) as f64 * 3.0)).collect();
+    let stamps = |text: &str| {
+        text.split(' ').filter(|w| w.len() == 5 && w.as_bytes()[2] == b':').map(String::from).collect::<Vec<_>>()
+    };
+    let (real, listed) = (stamps(&video.expansion(&timed)), stamps(&video.expansion(&timed.iter().map(|f| ImageData::new(f.bytes.to_vec())).collect::<Vec<_>>())));
+    assert_eq!((real.len(), listed.len()), (32, 32));
+    // linspace(0, 39, 32).round(): 0, 1, 3, ... 38, 39 → 0 s, 3 s, 9 s, ... 114 s, 117 s.
+    assert_eq!((&real[..3], &real[30..]), (&["00:00", "00:03", "00:09"].map(String::from)[..], &["01:54", "01:57"].map(String::from)[..]));
+    assert_eq!((&listed[..3], &listed[31]), (&["00:00", "00:00", "00:01"].map(String::from)[..], &"00:15".to_string()));
 
     let image = ImageData::new(std::fs::read(out.path().join("image.png")).unwrap());
     let media = [Media::Image(&image), Media::Video(&frames)];

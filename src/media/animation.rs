@@ -447,6 +447,29 @@ mod tests {
         assert_eq!(f.len(), 2);
     }
 
+    /// A GIF of 10,000 frames is refused at frame 1025 (mlex's bound), never decoded whole.
+    #[test]
+    fn ten_thousand_frames_are_refused_early() {
+        let mut g = b"GIF89a\x01\x00\x01\x00\x80\x00\x00\x00\x00\x00\xff\xff\xff".to_vec();
+        // Each frame: a graphic control extension (10 cs) and a 1x1 image of index 0.
+        let frame = b"\x21\xf9\x04\x00\x0a\x00\x00\x00\x2c\x00\x00\x00\x00\x01\x00\x01\x00\x00\x02\x02\x44\x01\x00";
+        for _ in 0..10_000 {
+            g.extend(frame);
+        }
+        g.push(0x3b);
+        let m = match decode_animation(&g, crate::chat::media::MAX_VIDEO_FRAMES, 1 << 30) {
+            Err(Error::InvalidArgument(m)) => m,
+            other => panic!("{:?}", other.map(|_| ())),
+        };
+        assert!(m.contains("more than 1024 frames"), "{m}");
+        // 1024 of them are taken.
+        let cut = 13 + 6 + 1024 * frame.len();
+        let mut ok = g[..cut].to_vec();
+        ok.push(0x3b);
+        let Animation::Frames(f) = decode_animation(&ok, 1024, 1 << 30).unwrap() else { panic!("still") };
+        assert_eq!((f.len(), f[1023].end), (1024, 102.4));
+    }
+
     #[test]
     fn a_huge_canvas_is_refused_before_decoding() {
         // A GIF whose logical screen is 65535 x 65535.
