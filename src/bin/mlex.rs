@@ -392,8 +392,8 @@ struct GenerateArgs {
     #[arg(long, requires = "prompt")]
     image: Vec<PathBuf>,
     /// A video shown with --prompt, after the images, as its frames: image files, comma-separated,
-    /// in order (mlex decodes no video file). Needs a model that takes video (gemma4 with a
-    /// video_token_id, qwen3_5 or qwen2_5_vl with its vision tower).
+    /// in order (--video takes an animated GIF, WebP or PNG instead). Needs a model that takes
+    /// video (gemma4 with a video_token_id, qwen3_5 or qwen2_5_vl with its vision tower).
     #[arg(long, value_delimiter = ',', requires = "prompt", conflicts_with = "video")]
     video_frames: Vec<PathBuf>,
     /// A video shown with --prompt, after the images: an animated GIF, WebP or PNG (APNG),
