@@ -531,7 +531,7 @@ fn video_through_a_session(test: &str, args: &[&str]) {
     assert!(err.contains("placed 2 video marker(s)") && err.contains("for 1 video"), "{err}");
 }
 
-/// Bad video input, no Python: a video file is refused (frames only), naming the part; a text-only
+/// Bad video input, no Python: a video file is refused (no video codecs), naming the part; a text-only
 /// model refuses a video part.
 #[test]
 fn gemma4_bad_video_input_names_the_part() {
