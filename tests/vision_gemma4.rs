@@ -520,6 +520,30 @@ fn video_through_a_session(test: &str, args: &[&str]) {
         let b = Session::load(dir.path()).unwrap().generate(&ask_with(listed), opts).unwrap();
         assert_eq!((a.usage.prompt_tokens, &a.tokens), (b.usage.prompt_tokens, &b.tokens), "a GIF and its frames as a list");
         assert_eq!(a.usage.prompt_tokens, ids.len());
+        // The CLI: --video FILE gives what --video-frames of the same frames gives; an MP4 is refused.
+        let webp_path = out.path().join("clip.webp");
+        std::fs::write(&webp_path, &webp).unwrap();
+        let frame_paths: Vec<String> = (0..frames.len()).map(|k| out.path().join(format!("frame{k}.png")).display().to_string()).collect();
+        let cli = |video: &[&str]| {
+            std::process::Command::new(env!("CARGO_BIN_EXE_mlex"))
+                .args(["generate", "--model", dir.path().to_str().unwrap(), "--prompt", " what is it?"])
+                .args(video)
+                .args(["--max-tokens", "4", "--ignore-eos", "--json", "--device", "cpu"])
+                .output()
+                .unwrap()
+        };
+        let json_of = |run: std::process::Output| {
+            assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+            serde_json::from_slice::<serde_json::Value>(&run.stdout).unwrap()
+        };
+        let animated = json_of(cli(&["--video", webp_path.to_str().unwrap()]));
+        let listed = json_of(cli(&["--video-frames", &frame_paths.join(",")]));
+        assert_eq!((&animated["usage"]["prompt_tokens"], &animated["tokens"]), (&listed["usage"]["prompt_tokens"], &listed["tokens"]));
+        let mp4 = out.path().join("clip.mp4");
+        std::fs::write(&mp4, b"\0\0\0\x20ftypisom\0\0\x02\0").unwrap();
+        let run = cli(&["--video", mp4.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert!(!run.status.success() && err.contains("--video") && err.contains("decodes no video codecs"), "{err}");
     }
     // A video whose template place is missing (a template without video parts) is refused.
     let typed = vec![ChatMessage::user_with_images(vec![
