@@ -77,8 +77,8 @@ export interface ChatTemplateOptions {
 /**
  * One part of a multi-part message content: text, an image for models whose
  * `session.info.supportsImages` (PNG, JPEG, WebP or GIF bytes; remote URLs are not fetched), or
- * a video as its frames for models whose `session.info.supportsVideo` (a video file is refused:
- * pass its frames), or an audio clip (WAV, FLAC or MP3, at most 30 s) for models whose
+ * a video for models whose `session.info.supportsVideo` (its frames, or one animated GIF, WebP
+ * or PNG; a video file such as MP4 or WebM is refused: mlex decodes no video codecs), or an audio clip (WAV, FLAC or MP3, at most 30 s) for models whose
  * `session.info.supportsAudio`.
  */
 export interface ContentPart {
@@ -94,8 +94,12 @@ export interface ContentPart {
   image?: Uint8Array | string
   /** `{ url }` of an `'image_url'` part: a `data:` URL (base64), a `file:` URL or a path. */
   imageUrl?: { url: string }
-  /** A `'video'` part's frames, in order, each an image as `image` takes it. */
-  video?: Array<Uint8Array | string>
+  /**
+   * A `'video'` part's frames, in order, each an image as `image` takes it; or one animated
+   * GIF, WebP or PNG (APNG) as `image` takes an image (its bytes, a path, a `data:` / `file:`
+   * URL), decoded into its frames with their times (a still image: a one-frame video).
+   */
+  video?: Array<Uint8Array | string> | Uint8Array | string
   /** An `'audio'` part's clip (WAV, FLAC or MP3): its bytes, a file path, or a `data:` / `file:` URL. */
   audio?: Uint8Array | string
   /**

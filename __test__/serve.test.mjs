@@ -155,11 +155,11 @@ test('errors come in OpenAI shape and the server keeps serving', async () => {
   await assert.rejects(withImage('https://example.com/a.png'), (e) => e.status === 400 && /remote image URLs are not fetched/.test(e.message))
   await assert.rejects(withImage('/etc/hostname'), (e) => e.status === 400 && /inline here, as data: URLs/.test(e.message))
   // Video parts (frames): inline frames reach the model, which takes no video; frames from a
-  // server path are not read; a video file is refused (frames only).
+  // server path are not read; a video file is refused (no video codecs: frames or an animated image).
   const withVideo = (video) => client.chat.completions.create({ model: 'tiny', max_tokens: 4, messages: [{ role: 'user', content: [{ type: 'text', text: 'what happens?' }, { type: 'video', video }] }] })
   await assert.rejects(withVideo(['data:image/png;base64,iVBORw0KGgo=']), (e) => e.status === 400 && /holds a video part, and this model takes no video/.test(e.message))
   await assert.rejects(withVideo(['/etc/hostname']), (e) => e.status === 400 && /frame 0: images must be sent inline here/.test(e.message))
-  await assert.rejects(withVideo('clip.mp4'), (e) => e.status === 400 && /a video file is not decoded here/.test(e.message))
+  await assert.rejects(withVideo('clip.mp4'), (e) => e.status === 400 && /mlex decodes no video codecs/.test(e.message))
   // Audio parts (OpenAI's input_audio): an inline clip reaches the model, which takes no audio;
   // a server path is not read.
   const withAudio = (part) => client.chat.completions.create({ model: 'tiny', max_tokens: 4, messages: [{ role: 'user', content: [{ type: 'text', text: 'what is it?' }, part] }] })

@@ -75,7 +75,7 @@ fn bad_options_messages_and_tools_through_the_parsers() {
         ("no role", msgs(json!([{"content": "x"}])), "message 0: missing \"role\""),
         ("content a number", msgs(json!([{"role": "user", "content": 4}])), "message 0: \"content\" must be a string"),
         ("content part video without frames", msgs(json!([{"role": "user", "content": [{"type": "video"}]}])), "message 0: content part 0 (video): a video part needs \"video\": its frames"),
-        ("content part video file", msgs(json!([{"role": "user", "content": [{"type": "video", "video": "clip.mp4"}]}])), "message 0: content part 0 (video): a video file is not decoded here"),
+        ("content part video file", msgs(json!([{"role": "user", "content": [{"type": "video", "video": "clip.mp4"}]}])), "message 0: content part 0 (video): this is a MP4 video file, and mlex decodes no video codecs"),
         ("tool call without a name", msgs(json!([user, {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"arguments": "{}"}}]}])), "message 1: tool_calls[0]: missing function \"name\""),
         ("tool result for no call", msgs(json!([user, {"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "tool_call_id": "zz", "content": "r"}])), "message 2: tool_call_id \"zz\" matches no earlier tool call (ids: c1)"),
         // tool schemas

@@ -220,7 +220,7 @@ fn gemma3_images_through_a_session() {
     assert!(other.usage.cached_tokens <= image_start, "another image reused {} cached tokens", other.usage.cached_tokens);
     assert_ne!(other.logprobs, first.logprobs, "the image does not reach the model");
     // An image whose hash equals the first's (as a crafted collision would) is still another image.
-    let forged = ImageData { bytes: webp.clone().into(), hash: ImageData::new(png.clone()).hash };
+    let forged = ImageData { bytes: webp.clone().into(), hash: ImageData::new(png.clone()).hash, time: None };
     let msgs = vec![ChatMessage::user_with_images(vec![
         ContentPart::Text("look: ".into()),
         ContentPart::Image(forged),

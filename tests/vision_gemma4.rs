@@ -358,6 +358,17 @@ fn gemma4_video_prompt_matches_mlx_vlm_greedy() {
     store.into_inner().finish().expect("every tensor of the checkpoint is used");
     let video = model.image_prompt().and_then(|p| p.video.as_ref()).expect("a checkpoint with video_token_id takes video");
     assert_eq!((video.marker.as_str(), video.video_token), ("<|video|>", 304));
+    // A decoded video (frames timed: 40 frames, 3 s each) is sampled as a frames list is (32 of
+    // 40) and stamped at its kept frames' real starts; a frames list at j / 2 s.
+    let timed: Vec<ImageData> = (0..40u8).map(|k| ImageData::timed(vec![k], k as f64 * 3.0, (k + 1) as f64 * 3.0)).collect();
+    let stamps = |text: &str| {
+        text.split(' ').filter(|w| w.len() == 5 && w.as_bytes()[2] == b':').map(String::from).collect::<Vec<_>>()
+    };
+    let (real, listed) = (stamps(&video.expansion(&timed)), stamps(&video.expansion(&timed.iter().map(|f| ImageData::new(f.bytes.to_vec())).collect::<Vec<_>>())));
+    assert_eq!((real.len(), listed.len()), (32, 32));
+    // linspace(0, 39, 32).round(): 0, 1, 3, ... 38, 39 → 0 s, 3 s, 9 s, ... 114 s, 117 s.
+    assert_eq!((&real[..3], &real[30..]), (&["00:00", "00:03", "00:09"].map(String::from)[..], &["01:54", "01:57"].map(String::from)[..]));
+    assert_eq!((&listed[..3], &listed[31]), (&["00:00", "00:00", "00:01"].map(String::from)[..], &"00:15".to_string()));
 
     let image = ImageData::new(std::fs::read(out.path().join("image.png")).unwrap());
     let media = [Media::Image(&image), Media::Video(&frames)];
@@ -476,6 +487,64 @@ fn video_through_a_session(test: &str, args: &[&str]) {
     let again = session.generate(&parsed, opts).unwrap();
     assert_eq!(again.tokens, want);
     assert!(again.usage.cached_tokens >= ids.len() - 20, "{} cached of {}", again.usage.cached_tokens, ids.len());
+    // The same frames as one animated image at 2 frames a second (mlx-vlm's timing of a frames
+    // list), when sampling keeps every frame (a sampled video's stamps are its frames' real
+    // times): a lossless WebP gives mlx-vlm's prompt and tokens, as bytes and as a data: URL; a
+    // GIF (its palette is lossy) the prompt and tokens of its own decoded frames given as a list.
+    if !args.contains(&"--num-frames") {
+        use mlex::chat::media::animated_video;
+        let ask_with = |video: Vec<ImageData>| {
+            vec![ChatMessage::user_with_images(vec![
+                ContentPart::Text("look: ".into()),
+                ContentPart::Image(ImageData::new(png.clone())),
+                ContentPart::Text(" and ".into()),
+                ContentPart::Video(video),
+                ContentPart::Text(" what is it?".into()),
+            ])]
+        };
+        let opts = GenerateOptions { max_tokens: want.len(), ignore_eos: true, ..Default::default() };
+        let bytes: Vec<&[u8]> = frames.iter().map(|f| &f.bytes[..]).collect();
+        let webp = common::animated_webp(&bytes, 500);
+        let video = animated_video(ImageData::new(webp.clone())).unwrap();
+        assert_eq!(video.iter().map(|f| f.time.unwrap()).collect::<Vec<_>>(), [[0.0, 0.5], [0.5, 1.0], [1.0, 1.5]]);
+        let reply = Session::load(dir.path()).unwrap().generate(&ask_with(video), opts.clone()).unwrap();
+        assert_eq!((reply.usage.prompt_tokens, &reply.tokens), (ids.len(), &want), "an animated WebP of the frames");
+        let json = serde_json::json!([{"role": "user", "content": [
+            {"type": "text", "text": "look: "}, {"type": "image", "image": url(&png)}, {"type": "text", "text": " and "},
+            {"type": "video", "video": url(&webp)}, {"type": "text", "text": " what is it?"}]}]);
+        let reply = Session::load(dir.path()).unwrap().generate(&parse_messages_json(&json.to_string()).unwrap(), opts.clone()).unwrap();
+        assert_eq!((reply.usage.prompt_tokens, &reply.tokens), (ids.len(), &want), "an animated WebP as a data: URL");
+        let gif = animated_video(ImageData::new(common::animated_gif(&bytes, 500))).unwrap();
+        let listed: Vec<ImageData> = gif.iter().map(|f| ImageData::new(f.bytes.to_vec())).collect();
+        let a = Session::load(dir.path()).unwrap().generate(&ask_with(gif), opts.clone()).unwrap();
+        let b = Session::load(dir.path()).unwrap().generate(&ask_with(listed), opts).unwrap();
+        assert_eq!((a.usage.prompt_tokens, &a.tokens), (b.usage.prompt_tokens, &b.tokens), "a GIF and its frames as a list");
+        assert_eq!(a.usage.prompt_tokens, ids.len());
+        // The CLI: --video FILE gives what --video-frames of the same frames gives; an MP4 is refused.
+        let webp_path = out.path().join("clip.webp");
+        std::fs::write(&webp_path, &webp).unwrap();
+        let frame_paths: Vec<String> = (0..frames.len()).map(|k| out.path().join(format!("frame{k}.png")).display().to_string()).collect();
+        let cli = |video: &[&str]| {
+            std::process::Command::new(env!("CARGO_BIN_EXE_mlex"))
+                .args(["generate", "--model", dir.path().to_str().unwrap(), "--prompt", " what is it?"])
+                .args(video)
+                .args(["--max-tokens", "4", "--ignore-eos", "--json", "--device", "cpu"])
+                .output()
+                .unwrap()
+        };
+        let json_of = |run: std::process::Output| {
+            assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+            serde_json::from_slice::<serde_json::Value>(&run.stdout).unwrap()
+        };
+        let animated = json_of(cli(&["--video", webp_path.to_str().unwrap()]));
+        let listed = json_of(cli(&["--video-frames", &frame_paths.join(",")]));
+        assert_eq!((&animated["usage"]["prompt_tokens"], &animated["tokens"]), (&listed["usage"]["prompt_tokens"], &listed["tokens"]));
+        let mp4 = out.path().join("clip.mp4");
+        std::fs::write(&mp4, b"\0\0\0\x20ftypisom\0\0\x02\0").unwrap();
+        let run = cli(&["--video", mp4.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert!(!run.status.success() && err.contains("--video") && err.contains("decodes no video codecs"), "{err}");
+    }
     // A video whose template place is missing (a template without video parts) is refused.
     let typed = vec![ChatMessage::user_with_images(vec![
         ContentPart::Text("<|video|> ".into()),
@@ -486,7 +555,7 @@ fn video_through_a_session(test: &str, args: &[&str]) {
     assert!(err.contains("placed 2 video marker(s)") && err.contains("for 1 video"), "{err}");
 }
 
-/// Bad video input, no Python: a video file is refused (frames only), naming the part; a text-only
+/// Bad video input, no Python: a video file is refused (no video codecs), naming the part; a text-only
 /// model refuses a video part.
 #[test]
 fn gemma4_bad_video_input_names_the_part() {
@@ -502,7 +571,7 @@ fn gemma4_bad_video_input_names_the_part() {
         let err = parse(serde_json::json!([{"type": "text", "text": "what happens?"}, {"type": "video", "video": file}]));
         assert_eq!(err.code(), "INVALID_ARGUMENT");
         let msg = err.to_string();
-        assert!(msg.contains("content part 1 (video)") && msg.contains("not decoded here") && msg.contains("frames"), "{msg}");
+        assert!(msg.contains("content part 1 (video)") && msg.contains("decodes no video codecs") && msg.contains("frames"), "{msg}");
     }
     let err = parse(serde_json::json!([{"type": "video", "video": []}])).to_string();
     assert!(err.contains("content part 0 (video): a video part needs at least one frame"), "{err}");

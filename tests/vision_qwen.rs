@@ -775,6 +775,31 @@ fn video_through_a_session(script: &str, test: &str) {
         assert_eq!(reply.tokens, want, "prefill chunks of {step}: greedy tokens through the session differ from mlx-vlm's");
     }
 
+    // Four frames (an even count: no padded group, which a frames list times at its own index
+    // and a decoded video at its last frame's time) as one animated image at 2 frames a second:
+    // all kept (⌊2 s · 2 fps⌋ = 4), the same prompt and tokens as the frames list. A lossless
+    // WebP of the frames, and a GIF (its palette is lossy) against its own decoded frames.
+    {
+        use mlex::chat::media::animated_video;
+        let opts = || GenerateOptions { max_tokens: 8, ignore_eos: true, ..Default::default() };
+        let run = |video: Vec<ImageData>| Session::load(dir.path()).unwrap().generate(&ask(video), opts()).unwrap();
+        let four: Vec<ImageData> = [0, 1, 2, 0].iter().map(|&k| frames[k].clone()).collect();
+        let bytes: Vec<&[u8]> = four.iter().map(|f| &f.bytes[..]).collect();
+        let listed = run(four.clone());
+        let webp = run(animated_video(ImageData::new(common::animated_webp(&bytes, 500))).unwrap());
+        assert_eq!((webp.usage.prompt_tokens, &webp.tokens), (listed.usage.prompt_tokens, &listed.tokens), "an animated WebP");
+        let gif = animated_video(ImageData::new(common::animated_gif(&bytes, 500))).unwrap();
+        let gif_listed = run(gif.iter().map(|f| ImageData::new(f.bytes.to_vec())).collect());
+        let gif = run(gif);
+        assert_eq!((gif.usage.prompt_tokens, &gif.tokens), (gif_listed.usage.prompt_tokens, &gif_listed.tokens), "a GIF");
+        // Sampled: 8 frames over 2 s keep 4 (linspace(0, 7, 4): 0, 2, 5, 7), as many tokens as
+        // those 4 given as a list (the timestamps differ: their real times).
+        let eight: Vec<&[u8]> = [0, 1, 2, 0, 1, 2, 0, 1].iter().map(|&k| &frames[k].bytes[..]).collect();
+        let sampled = run(animated_video(ImageData::new(common::animated_webp(&eight, 250))).unwrap());
+        let kept = run([0, 2, 2, 1].iter().map(|&k| frames[k].clone()).collect());
+        assert_eq!(sampled.usage.prompt_tokens, kept.usage.prompt_tokens, "an 8-frame video sampled to 4");
+    }
+
     // A second turn resumes from the first prompt's cached prefix (the video's shifts carried)
     // with a fresh session's tokens.
     let mut turn2 = ask(frames.clone());

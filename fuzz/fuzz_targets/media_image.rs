@@ -14,9 +14,15 @@
 //! runs (1,250 inputs/s instead of thousands). Decoding them is the same code as decoding a small
 //! image; headers past the bound still go through `decode_image` (refused), and 2^18 pixels still
 //! admits a side of 65,535 (4 × 65,535).
+//!
+//! The same bytes also go through the animated path (src/media/animation.rs: a video part given
+//! as one animated GIF, WebP or PNG), with small bounds (16 frames, 4 MiB of frames): it returns
+//! a still, or frames in order, each timed (start not before the last one's, a positive delay)
+//! and re-encoded as a PNG that decodes to the canvas's size; or `InvalidArgument`.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use mlex_fuzz::error::Error;
+use mlex_fuzz::media::animation::{decode_animation, Animation};
 use mlex_fuzz::media::{decode_image, Gemma3ImageProcessor, MAX_IMAGE_PIXELS};
 use std::io::Cursor;
 
@@ -33,6 +39,24 @@ fn declared_pixels(data: &[u8]) -> Option<u64> {
 fuzz_target!(|data: &[u8]| {
     if declared_pixels(data).is_some_and(|n| n > FUZZ_MAX_PIXELS && n <= MAX_IMAGE_PIXELS) {
         return;
+    }
+    match decode_animation(data, 16, 4 << 20) {
+        Ok(Animation::Still) => {}
+        Ok(Animation::Frames(frames)) => {
+            assert!(!frames.is_empty() && frames.len() <= 16, "{} frames", frames.len());
+            let mut last = 0.0;
+            let mut size = None;
+            for (i, f) in frames.iter().enumerate() {
+                assert!(f.start.is_finite() && f.end.is_finite() && f.start >= last && f.end > f.start, "frame {i}: {} .. {}", f.start, f.end);
+                last = f.start;
+                let px = decode_image(&f.png).expect("a re-encoded frame decodes");
+                assert_eq!(px.data.len() as u64, px.width as u64 * px.height as u64 * 3);
+                assert!(size.is_none_or(|s| s == (px.width, px.height)), "frame {i} changes size");
+                size = Some((px.width, px.height));
+            }
+        }
+        Err(Error::InvalidArgument(msg)) => assert!(!msg.is_empty()),
+        Err(e) => panic!("bad animation bytes must be InvalidArgument, got {e:?}"),
     }
     let img = match decode_image(data) {
         Ok(img) => img,

@@ -85,6 +85,11 @@ pub mod template;
 #[doc(hidden)]
 pub mod media_image;
 
+/// mlex's animated-image decoding (a video part given as one animated GIF, WebP or PNG).
+#[path = "../../src/media/animation.rs"]
+#[doc(hidden)]
+pub mod media_animation;
+
 /// mlex's audio decoding (symphonia: WAV, FLAC, MP3), resampling and Gemma 4's log-mel features.
 #[path = "../../src/media/audio.rs"]
 #[doc(hidden)]
@@ -112,8 +117,10 @@ pub mod loader {
 /// `mlex::media`: image bytes to RGB, and Gemma 3's image processor.
 pub mod media {
     pub use super::media_image::{
-        decode_image, resize_bilinear, Gemma3ImageProcessor, PixelValues, RgbImage, MAX_IMAGE_PIXELS,
+        decode_image, image_size, resize_bilinear, Gemma3ImageProcessor, PixelValues, RgbImage, MAX_IMAGE_PIXELS,
     };
+    pub(crate) use super::media_image::{check_png_palette, to_rgb};
+    pub use super::media_animation as animation;
     pub use super::media_audio::{decode_audio, load_audio, resample_poly, Waveform, MAX_AUDIO_BYTES};
     pub use super::media_audio_features::{AudioFeatures, Gemma4AudioFeatureExtractor};
     // (chat/messages.rs, at the crate root here, reads `super::media` as mlex's `chat::media`)

@@ -392,10 +392,16 @@ struct GenerateArgs {
     #[arg(long, requires = "prompt")]
     image: Vec<PathBuf>,
     /// A video shown with --prompt, after the images, as its frames: image files, comma-separated,
-    /// in order (mlex decodes no video file). Needs a model that takes video (gemma4 with a
-    /// video_token_id, qwen3_5 or qwen2_5_vl with its vision tower).
-    #[arg(long, value_delimiter = ',', requires = "prompt")]
+    /// in order (--video takes an animated GIF, WebP or PNG instead). Needs a model that takes
+    /// video (gemma4 with a video_token_id, qwen3_5 or qwen2_5_vl with its vision tower).
+    #[arg(long, value_delimiter = ',', requires = "prompt", conflicts_with = "video")]
     video_frames: Vec<PathBuf>,
+    /// A video shown with --prompt, after the images: an animated GIF, WebP or PNG (APNG),
+    /// decoded into its frames with their times (a still image is a one-frame video). Video
+    /// files (MP4, WebM, MOV, MKV, AVI) are refused: mlex decodes no video codecs; pass their
+    /// frames with --video-frames.
+    #[arg(long, requires = "prompt")]
+    video: Option<PathBuf>,
     /// An audio file (WAV, FLAC, MP3; at most 30 s) heard with --prompt, after the images and
     /// video, before its text; repeatable. Needs a model with an audio tower (a gemma4 checkpoint
     /// with its audio_config).
@@ -665,9 +671,9 @@ fn generate(a: GenerateArgs) -> mlex::Result<()> {
     } else {
         let prompt = a.prompt.as_deref().unwrap_or_default();
         let templated = !a.raw && session.tokenizer()?.has_chat_template();
-        if (!a.image.is_empty() || !a.video_frames.is_empty() || !a.audio.is_empty()) && !templated {
+        if (!a.image.is_empty() || !a.video_frames.is_empty() || a.video.is_some() || !a.audio.is_empty()) && !templated {
             return Err(mlex::Error::InvalidArgument(
-                "--image, --video-frames and --audio need the model's chat template (not --raw)".into(),
+                "--image, --video-frames, --video and --audio need the model's chat template (not --raw)".into(),
             )
             .into());
         }
@@ -679,6 +685,13 @@ fn generate(a: GenerateArgs) -> mlex::Result<()> {
                 .collect::<mlex::Result<Vec<_>>>()?;
             if !a.video_frames.is_empty() {
                 let frames = a.video_frames.iter().map(|p| mlex::chat::media::read_file(p)).collect::<mlex::Result<Vec<_>>>()?;
+                parts.push(mlex::chat::ContentPart::Video(frames));
+            }
+            if let Some(path) = &a.video {
+                let frames = mlex::chat::media::video_from_path(path).map_err(|e| match e {
+                    mlex::Error::InvalidArgument(m) => mlex::Error::InvalidArgument(format!("--video {}: {m}", path.display())),
+                    other => other,
+                })?;
                 parts.push(mlex::chat::ContentPart::Video(frames));
             }
             for p in &a.audio {

@@ -19,12 +19,29 @@ pub const MAX_IMAGE_BYTES: usize = 64 << 20;
 pub struct ImageData {
     pub bytes: Arc<[u8]>,
     pub hash: u64,
+    /// A frame of a video decoded by mlex (an animated image): when it is shown, `[start, end)`
+    /// in seconds. `None` for images and for the frames of a frames list (which carry no times:
+    /// the model's processor times them at its own fps).
+    pub time: Option<[f64; 2]>,
 }
 
 impl ImageData {
     pub fn new(bytes: Vec<u8>) -> Self {
-        ImageData { hash: fnv1a64(&bytes), bytes: bytes.into() }
+        ImageData { hash: fnv1a64(&bytes), bytes: bytes.into(), time: None }
     }
+
+    /// A decoded video frame shown from `start` to `end` seconds.
+    pub fn timed(bytes: Vec<u8>, start: f64, end: f64) -> Self {
+        ImageData { time: Some([start, end]), ..ImageData::new(bytes) }
+    }
+}
+
+/// A video's frame times when all its frames carry them (a video mlex decoded): each frame's
+/// start (seconds) and the video's duration (the last frame's end).
+pub fn video_times(frames: &[ImageData]) -> Option<(Vec<f64>, f64)> {
+    let starts = frames.iter().map(|f| f.time.map(|t| t[0])).collect::<Option<Vec<f64>>>()?;
+    let end = frames.last()?.time?[1];
+    Some((starts, end))
 }
 
 impl PartialEq for ImageData {
@@ -111,19 +128,24 @@ pub fn is_video_part(kind: &str) -> bool {
 
 /// The frames of a content part whose type [`is_video_part`]: `{"type": "video", "video": [frame,
 /// ...]}`, each frame an image source as an image part takes it (a path, a `file:` or `data:`
-/// URL; bytes arrive from JavaScript as data: URLs), read as `access` allows. A video file is
-/// refused: mlex decodes no video, the caller passes its frames.
+/// URL; bytes arrive from JavaScript as data: URLs), read as `access` allows; or one such source
+/// (also `{"url": ...}`, OpenAI's shape) holding an animated GIF, WebP or PNG, decoded here into
+/// timed frames ([`animated_video`]). Real video files (MP4, WebM, ...) are refused: mlex decodes
+/// no video codecs.
 pub fn video_from_part(part: &Map<String, Value>, access: MediaAccess) -> Result<Vec<ImageData>> {
-    let field = ["video", "video_url", "input_video", "url"].iter().find_map(|k| part.get(*k));
+    let field = ["video", "video_url", "videoUrl", "input_video", "url"].iter().find_map(|k| part.get(*k));
     let frames = match field {
         Some(Value::Array(frames)) => frames,
-        Some(Value::String(_)) | Some(Value::Object(_)) => {
+        Some(Value::String(url)) => return video_file(url, access),
+        Some(Value::Object(o)) => match o.get("url") {
+            Some(Value::String(url)) => return video_file(url, access),
+            _ => return Err(invalid("\"video_url\" must hold a string \"url\"")),
+        },
+        _ => {
             return Err(invalid(
-                "a video file is not decoded here (mlex has no video decoder): pass the video's frames, \
-                 {\"type\": \"video\", \"video\": [frame, ...]}, each frame an image (a path, a file: or data: URL, or bytes)",
+                "a video part needs \"video\": its frames, [frame, ...], each an image, or an animated GIF, WebP or PNG",
             ))
         }
-        _ => return Err(invalid("a video part needs \"video\": its frames, [frame, ...], each an image")),
     };
     if frames.is_empty() {
         return Err(invalid("a video part needs at least one frame"));
@@ -145,7 +167,69 @@ pub fn video_from_part(part: &Map<String, Value>, access: MediaAccess) -> Result
         }
         out.push(frame);
     }
+    // The times of a decoded video's frames, as `content_parts_json` writes them.
+    if let Some(times) = part.get("frame_times").filter(|t| !t.is_null()) {
+        let bad = || invalid("\"frame_times\" must hold one [start, end] a frame, in seconds, in order");
+        let times = times.as_array().filter(|t| t.len() == out.len()).ok_or_else(bad)?;
+        let mut last = 0.0;
+        for (f, t) in out.iter_mut().zip(times) {
+            let pair = t.as_array().filter(|p| p.len() == 2).ok_or_else(bad)?;
+            let (s, e) = (pair[0].as_f64().ok_or_else(bad)?, pair[1].as_f64().ok_or_else(bad)?);
+            if !(s.is_finite() && e.is_finite() && s >= last && e >= s) {
+                return Err(bad());
+            }
+            last = s;
+            f.time = Some([s, e]);
+        }
+    }
     Ok(out)
+}
+
+/// A video part's single source: refused by its name when it names a video container (a path's
+/// extension, a data: URL's `video/` type), else read and decoded by [`animated_video`].
+fn video_file(url: &str, access: MediaAccess) -> Result<Vec<ImageData>> {
+    use crate::media::animation::no_codec;
+    let lower = url.get(..url.len().min(64)).unwrap_or(url).to_ascii_lowercase();
+    let container = if let Some(mime) = lower.strip_prefix("data:video/") {
+        let sub = mime.split([';', ',']).next().unwrap_or("");
+        (!matches!(sub, "gif" | "webp" | "png" | "apng")).then(|| sub.to_ascii_uppercase())
+    } else if url.starts_with("data:") {
+        None
+    } else {
+        let ext = std::path::Path::new(url).extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+        match ext.as_deref() {
+            Some(e @ ("mp4" | "m4v" | "mov" | "webm" | "mkv" | "avi" | "mpg" | "mpeg" | "ts" | "flv" | "ogv" | "3gp" | "wmv")) => {
+                Some(e.to_ascii_uppercase())
+            }
+            _ => None,
+        }
+    };
+    if let Some(c) = container {
+        return Err(invalid(no_codec(&c)));
+    }
+    animated_video(image_from_url(url, access)?)
+}
+
+/// A video file (an animated GIF, WebP or PNG, or a still image) read from `path` and decoded
+/// into its timed frames, as a video part naming the path is (a video container refused).
+pub fn video_from_path(path: &std::path::Path) -> Result<Vec<ImageData>> {
+    let name = path.to_str().ok_or_else(|| invalid(format!("video path {} is not UTF-8", path.display())))?;
+    if name.starts_with("data:") || name.to_ascii_lowercase().starts_with("http") {
+        return read_file(path).and_then(animated_video);
+    }
+    video_file(name, MediaAccess::LocalFiles)
+}
+
+/// A video given as one file: an animated GIF, WebP or PNG becomes its frames, each timed (see
+/// [`crate::media::animation`]: at most [`MAX_VIDEO_FRAMES`] frames, [`MAX_VIDEO_BYTES`] bytes
+/// of re-encoded frames); a still image is a one-frame video at time 0; a video container is
+/// refused.
+pub fn animated_video(file: ImageData) -> Result<Vec<ImageData>> {
+    use crate::media::animation::{decode_animation, Animation};
+    match decode_animation(&file.bytes, MAX_VIDEO_FRAMES, MAX_VIDEO_BYTES)? {
+        Animation::Still => Ok(vec![ImageData { time: Some([0.0, 0.0]), ..file }]),
+        Animation::Frames(frames) => Ok(frames.into_iter().map(|f| ImageData::timed(f.png, f.start, f.end)).collect()),
+    }
 }
 
 fn strip(e: &Error) -> String {

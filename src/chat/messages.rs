@@ -110,7 +110,12 @@ impl ChatMessage {
             }
             if let Some(frames) = &img.video {
                 parts.push(if with_data {
-                    serde_json::json!({"type": "video", "video": frames.iter().map(|f| url(&f.bytes)).collect::<Vec<_>>()})
+                    let mut v = serde_json::json!({"type": "video", "video": frames.iter().map(|f| url(&f.bytes)).collect::<Vec<_>>()});
+                    // A decoded video's frames keep their times (read back by `video_from_part`).
+                    if frames.iter().all(|f| f.time.is_some()) {
+                        v["frame_times"] = frames.iter().map(|f| f.time.map(|t| serde_json::json!(t))).collect();
+                    }
+                    v
                 } else {
                     serde_json::json!({"type": "video"})
                 });
@@ -240,7 +245,9 @@ impl ToolCall {
 pub enum ContentPart {
     Text(String),
     Image(super::media::ImageData),
-    /// A video as its frames (each an image), in order; an empty one is left out.
+    /// A video as its frames (each an image), in order; an empty one is left out. An animated
+    /// GIF, WebP or PNG becomes its timed frames through [`super::media::animated_video`] (bytes)
+    /// or [`super::media::video_from_path`] (a file).
     Video(Vec<super::media::ImageData>),
     /// An audio clip's encoded bytes (WAV, FLAC or MP3).
     Audio(super::media::ImageData),
@@ -600,6 +607,7 @@ mod tests {
             {"type": "text", "text": "b"}]));
         let back: ChatMessage = serde_json::from_value(serde_json::to_value(m).unwrap()).unwrap();
         assert_eq!(&back, m);
+        assert!(back.images[1].video.as_ref().unwrap().iter().all(|f| f.time.is_none()));
         // The server: frames inline only. A video file: refused, naming the part.
         let bad = |part: serde_json::Value, access: MediaAccess| {
             let json = json!([{"role": "user", "content": [{"type": "text", "text": "x"}, part]}]);
@@ -609,7 +617,56 @@ mod tests {
         assert!(e.to_string().contains("content part 1 (video): frame 0: images must be sent inline"), "{e}");
         let e = bad(json!({"type": "video", "video": "clip.mp4"}), MediaAccess::LocalFiles);
         assert_eq!(e.code(), "INVALID_ARGUMENT");
-        assert!(e.to_string().contains("content part 1 (video): a video file is not decoded here"), "{e}");
+        assert!(e.to_string().contains("content part 1 (video): this is a MP4 video file, and mlex decodes no video codecs"), "{e}");
+        // An MP4 by its content (bytes arrive from JavaScript as octet-stream data: URLs).
+        use base64::Engine as _;
+        let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+        let mp4 = format!("data:application/octet-stream;base64,{}", b64(b"\0\0\0\x20ftypisom\0\0\x02\0isomiso2avc1mp41"));
+        let e = bad(json!({"type": "video", "video": mp4}), MediaAccess::InlineOnly);
+        assert!(e.to_string().contains("content part 1 (video): this is a MP4/MOV video file"), "{e}");
+        let e = bad(json!({"type": "video_url", "video_url": {"url": "data:video/webm;base64,GkXfow=="}}), MediaAccess::InlineOnly);
+        assert!(e.to_string().contains("WEBM video file, and mlex decodes no video codecs"), "{e}");
+        // An animated GIF: its frames, timed; inline, from a file (OpenAI's {url} shape too).
+        let frame = |c: u8| image::Frame::from_parts(image::RgbaImage::from_pixel(4, 4, image::Rgba([c, 0, 0, 255])), 0, 0,
+            image::Delay::from_numer_denom_ms(500, 1));
+        let mut gif = vec![];
+        image::codecs::gif::GifEncoder::new(&mut gif).encode_frames([frame(0), frame(200), frame(90)]).unwrap();
+        let path = dir.path().join("anim.gif");
+        std::fs::write(&path, &gif).unwrap();
+        let inline = format!("data:image/gif;base64,{}", b64(&gif));
+        for (part, access) in [
+            (json!({"type": "video", "video": inline}), MediaAccess::InlineOnly),
+            (json!({"type": "video_url", "video_url": {"url": inline}}), MediaAccess::InlineOnly),
+            (json!({"type": "video", "video": path.display().to_string()}), MediaAccess::LocalFiles),
+        ] {
+            let json = json!([{"role": "user", "content": [part]}]);
+            let m = parse_messages_json_with(&json.to_string(), access).unwrap();
+            let v = m[0].images[0].video.as_ref().unwrap();
+            let times: Vec<_> = v.iter().map(|f| f.time.unwrap()).collect();
+            assert_eq!(times, [[0.0, 0.5], [0.5, 1.0], [1.0, 1.5]]);
+            assert_eq!(crate::chat::media::video_times(v), Some((vec![0.0, 0.5, 1.0], 1.5)));
+            // Serialized and read back, the frames keep their times.
+            let back: Vec<ChatMessage> = serde_json::from_value(serde_json::to_value(&m).unwrap()).unwrap();
+            let bv = back[0].images[0].video.as_ref().unwrap();
+            assert_eq!((bv, bv.iter().map(|f| f.time.unwrap()).collect::<Vec<_>>()), (v, times));
+        }
+        let e = bad(json!({"type": "video", "video": ["data:image/png;base64,YWJjZA=="], "frame_times": [[1.0, 0.5]]}), MediaAccess::InlineOnly);
+        assert!(e.to_string().contains("frame_times"), "{e}");
+        // The server reads no file, even for a video.
+        let e = bad(json!({"type": "video", "video": path.display().to_string()}), MediaAccess::InlineOnly);
+        assert!(e.to_string().contains("content part 1 (video): images must be sent inline"), "{e}");
+        // A still image is a one-frame video; a truncated GIF and garbage are refused.
+        let png = format!("data:image/png;base64,{}", b64(&{
+            let mut c = std::io::Cursor::new(vec![]);
+            image::DynamicImage::ImageRgb8(image::RgbImage::new(3, 3)).write_to(&mut c, image::ImageFormat::Png).unwrap();
+            c.into_inner()
+        }));
+        let json = json!([{"role": "user", "content": [{"type": "video", "video": png}]}]);
+        let m = parse_messages_json_with(&json.to_string(), MediaAccess::InlineOnly).unwrap();
+        assert_eq!(m[0].images[0].video.as_ref().map(|v| (v.len(), v[0].time)), Some((1, Some([0.0, 0.0]))));
+        let cut = format!("data:image/gif;base64,{}", b64(&gif[..gif.len() - 20]));
+        let e = bad(json!({"type": "video", "video": cut}), MediaAccess::InlineOnly);
+        assert!(e.code() == "INVALID_ARGUMENT" && e.to_string().contains("content part 1 (video): cannot decode frame"), "{e}");
     }
 
     #[test]

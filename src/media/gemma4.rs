@@ -208,25 +208,27 @@ impl Gemma4VideoProcessor {
         Ok(p)
     }
 
-    /// Which of `n` frames are kept (indices, in order).
+    /// Which of `n` frames are kept (indices, in order). A decoded video (an animated image) is
+    /// sampled the same way: mlx-vlm's `linspace(0, n − 1, num_frames).round()` (transformers'
+    /// default sampler takes `arange(num_frames) · n // num_frames` instead, and refuses videos
+    /// shorter than `num_frames`; mlex keeps mlx-vlm's, so a video and its frames list agree).
     pub fn sample(&self, n: usize) -> Vec<usize> {
-        let m = self.num_frames;
-        if n <= m {
+        if n <= self.num_frames {
             return (0..n).collect();
         }
-        // numpy.linspace(0, n − 1, m): step = (stop − start) / (m − 1), y = j · step, the last
-        // value set to stop; then round half to even.
-        let stop = (n - 1) as f64;
-        let step = stop / (m - 1) as f64;
-        (0..m)
-            .map(|j| if j == m - 1 { stop } else { j as f64 * step })
-            .map(|y| y.round_ties_even() as usize)
-            .collect()
+        super::qwen_video::linspace_round(n, self.num_frames)
     }
 
-    /// The timestamp written before kept frame `j`: `mm:ss` of `j / fps` seconds.
+    /// The timestamp written before kept frame `j` of a frames list: `mm:ss` of `j / fps`
+    /// seconds (mlx-vlm's timing of frames it did not decode).
     pub fn timestamp(&self, j: usize) -> String {
-        let secs = j as f64 / self.fps;
+        Self::timestamp_at(j as f64 / self.fps)
+    }
+
+    /// The timestamp written before a frame shown at `secs` seconds (a decoded video's frames:
+    /// their real start, as transformers' `Gemma4Processor` writes `metadata.timestamps`):
+    /// `mm:ss`, each floored.
+    pub fn timestamp_at(secs: f64) -> String {
         let (mm, ss) = ((secs / 60.0).floor() as u64, (secs % 60.0).floor() as u64);
         format!("{mm:02}:{ss:02}")
     }

@@ -135,7 +135,7 @@ fn open_image(bytes: &[u8]) -> Result<(image::ImageFormat, impl ImageDecoder + '
 /// panics expanding an indexed image's pixels through it (`create_rgba_palette` slices the
 /// leftover 1 or 2 bytes as 3; image-rs/image-png#694). Found by fuzz/'s `media_image` target.
 /// Walks the chunk headers only (a truncated file is left to the decoder).
-fn check_png_palette(bytes: &[u8]) -> Result<()> {
+pub(crate) fn check_png_palette(bytes: &[u8]) -> Result<()> {
     let mut at = 8usize; // the signature
     while let Some(head) = at.checked_add(8).and_then(|end| bytes.get(at..end)) {
         let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
@@ -201,7 +201,7 @@ fn check_jpeg_sampling(bytes: &[u8]) -> Result<()> {
 
 /// RGB conversion as transformers' `convert_to_rgb` on a PIL image: without transparency PIL's
 /// `convert("RGB")`; with it, `alpha_composite` over opaque white, then RGB.
-fn to_rgb(img: DynamicImage) -> RgbImage {
+pub(crate) fn to_rgb(img: DynamicImage) -> RgbImage {
     let (width, height) = (img.width(), img.height());
     if !img.color().has_alpha() {
         return RgbImage { width, height, data: img.into_rgb8().into_raw() };

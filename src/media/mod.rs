@@ -4,6 +4,7 @@
 //! the output is plain `Vec<f32>` plus a shape, so it is tested against the reference processor
 //! without a device (tests/image_preprocess.rs).
 pub mod audio;
+pub mod animation;
 pub mod audio_features;
 pub mod gemma4;
 pub mod image;
@@ -16,4 +17,5 @@ pub use audio_features::{AudioFeatures, Gemma4AudioFeatureExtractor};
 pub use gemma4::{Gemma4ImageProcessor, Gemma4VideoProcessor};
 pub use qwen::{QwenImageProcessor, QwenPixels};
 pub use qwen_video::QwenVideoProcessor;
+pub(crate) use image::{check_png_palette, to_rgb};
 pub use image::{decode_image, image_size, Gemma3ImageProcessor, PixelValues, RgbImage, MAX_IMAGE_PIXELS};

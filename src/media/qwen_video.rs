@@ -36,8 +36,10 @@ pub struct QwenVideoProcessor {
     pub frame: QwenImageProcessor,
     /// Frames per second assumed for a frames list (timestamps).
     pub fps: f64,
-    /// The most frames a video may have.
+    /// The most frames a video may have (a decoded video: the most sampled).
     pub max_frames: usize,
+    /// The fewest frames sampled from a decoded video (fewer when it has fewer).
+    pub min_frames: usize,
 }
 
 impl Default for QwenVideoProcessor {
@@ -47,6 +49,7 @@ impl Default for QwenVideoProcessor {
             frame: QwenImageProcessor { min_pixels: 128 * 32 * 32, max_pixels: 32 * 32 * 768, ..Default::default() },
             fps: 2.0,
             max_frames: 768,
+            min_frames: 4,
         }
     }
 }
@@ -68,7 +71,8 @@ impl QwenVideoProcessor {
             Some(v) => v.as_f64().filter(|f| f.is_finite() && *f > 0.0).ok_or_else(|| ProcessorConfig::bad("fps", v))?,
         };
         let max_frames = c.size("max_frames", 1 << 20)?.unwrap_or(d.max_frames);
-        Ok(QwenVideoProcessor { frame, fps, max_frames })
+        let min_frames = c.size("min_frames", 1 << 20)?.unwrap_or(d.min_frames);
+        Ok(QwenVideoProcessor { frame, fps, max_frames, min_frames })
     }
 
     /// The temporal groups a video of `frames` frames becomes.
@@ -140,11 +144,47 @@ impl QwenVideoProcessor {
         (0..self.groups(frames)).map(|g| ((g * t) as f64 / self.fps + ((g + 1) * t - 1) as f64 / self.fps) / 2.0).collect()
     }
 
+    /// Which frames of a decoded video (one whose frames carry times: an animated image) are
+    /// kept, as transformers' `Qwen3VLVideoProcessor.sample_frames` samples a decoded video with
+    /// metadata: `n = ⌊duration · fps⌋` (transformers: `int(total_frames / video_fps · fps)`, the
+    /// same for a constant frame rate), clamped to `[min_frames, max_frames]` and to the frame
+    /// count, then `linspace(0, T − 1, n)` rounded (ties to even). mlx-vlm samples nothing itself.
+    pub fn sample_timed(&self, frames: usize, duration: f64) -> Vec<usize> {
+        let n = (duration * self.fps).floor().max(0.0) as usize;
+        let n = n.max(self.min_frames).min(self.max_frames).min(frames).max(1);
+        linspace_round(frames, n)
+    }
+
+    /// The time (seconds) of each temporal group of a decoded video whose kept frames start at
+    /// `starts`: the mean of its first and last frame's, the last frame repeated to fill the last
+    /// group (transformers' and mlx-vlm's Qwen3-VL `_calculate_timestamps` with metadata, a
+    /// frame's time its real start rather than `index / video_fps`).
+    pub fn timestamps_at(&self, starts: &[f64]) -> Vec<f64> {
+        let t = self.frame.temporal_patch_size;
+        let Some(&last) = starts.last() else { return vec![] };
+        let mut times = starts.to_vec();
+        times.resize(self.groups(starts.len()) * t, last);
+        times.chunks(t).map(|g| (g[0] + g[t - 1]) / 2.0).collect()
+    }
+
     /// The text before a temporal group's vision block: `<s.s seconds>` (one decimal, rounded
     /// as Python's format rounds: the exact binary value, ties to even).
     pub fn timestamp_text(seconds: f64) -> String {
         format!("<{seconds:.1} seconds>")
     }
+}
+
+/// numpy's `linspace(0, frames − 1, n).round()` (ties to even): `n` indices of `frames`.
+pub fn linspace_round(frames: usize, n: usize) -> Vec<usize> {
+    if n == 0 || frames == 0 {
+        return vec![];
+    }
+    if n == 1 {
+        return vec![0];
+    }
+    let stop = (frames - 1) as f64;
+    let step = stop / (n - 1) as f64;
+    (0..n).map(|j| if j == n - 1 { stop } else { j as f64 * step }).map(|y| y.round_ties_even() as usize).collect()
 }
 
 #[cfg(test)]
@@ -202,5 +242,31 @@ mod tests {
         let d = QwenVideoProcessor::from_config(&serde_json::json!({}), 14).unwrap();
         assert_eq!((d.frame.patch_size, d.frame.min_pixels, d.frame.max_pixels), (14, 131072, 786432));
         assert!(QwenVideoProcessor::from_config(&serde_json::json!({"fps": 0}), 16).is_err());
+        assert_eq!(QwenVideoProcessor::from_config(&serde_json::json!({"min_frames": 2}), 16).unwrap().min_frames, 2);
+    }
+
+    #[test]
+    fn decoded_video_sampling_and_timestamps() {
+        let v = QwenVideoProcessor::default();
+        // 10 frames over 5 s at 2 fps: all kept.
+        assert_eq!(v.sample_timed(10, 5.0), (0..10).collect::<Vec<_>>());
+        // 100 frames over 10 s: 20 frames, np.linspace(0, 99, 20).round().
+        let want = [0, 5, 10, 16, 21, 26, 31, 36, 42, 47, 52, 57, 63, 68, 73, 78, 83, 89, 94, 99];
+        assert_eq!(v.sample_timed(100, 10.0), want.to_vec());
+        // Short: min_frames (4), but never more than the video has.
+        assert_eq!(v.sample_timed(30, 0.5), vec![0, 10, 19, 29]);
+        assert_eq!(v.sample_timed(3, 0.3), vec![0, 1, 2]);
+        assert_eq!(v.sample_timed(1, 0.0), vec![0]);
+        // Long: max_frames.
+        let few = QwenVideoProcessor { max_frames: 5, ..v.clone() };
+        assert_eq!(few.sample_timed(1000, 100.0), vec![0, 250, 500, 749, 999]);
+        // Group times: the mean of first and last, the last repeated.
+        assert_eq!(v.timestamps_at(&[0.0, 0.1, 0.5, 0.9, 2.0]), vec![0.05, 0.7, 2.0]);
+        // A steady 2 fps video is timed as a frames list is, but for a padded last group: the
+        // repeated frame is the last frame (its time), where mlx-vlm times a frames list's
+        // padding at its own index.
+        let starts: Vec<f64> = (0..5).map(|i| i as f64 * 0.5).collect();
+        assert_eq!(v.timestamps_at(&starts[..4]), v.timestamps(4));
+        assert_eq!((v.timestamps_at(&starts), v.timestamps(5)), (vec![0.25, 1.25, 2.0], vec![0.25, 1.25, 2.25]));
     }
 }

@@ -130,13 +130,26 @@ pub enum VideoLayout {
 }
 
 impl VideoPrompt {
-    /// What the processor writes for a video of `frames` frames (before sampling).
-    pub fn expansion(&self, frames: usize) -> String {
+    /// What the processor writes for a video of `frames` (before sampling): a frames list's
+    /// kept frames timed at the processor's fps, a decoded video's at their real times.
+    pub fn expansion(&self, frames: &[ImageData]) -> String {
         match &self.layout {
-            VideoLayout::Frames { video_token_text, boi, eoi, processor } => (0..processor.sample(frames).len())
-                .map(|j| format!("{} {boi}{video_token_text}{eoi}", processor.timestamp(j)))
-                .collect::<Vec<_>>()
-                .join(" "),
+            VideoLayout::Frames { video_token_text, boi, eoi, processor } => {
+                let times = crate::chat::media::video_times(frames);
+                processor
+                    .sample(frames.len())
+                    .into_iter()
+                    .enumerate()
+                    .map(|(j, k)| {
+                        let stamp = match &times {
+                            Some((starts, _)) => Gemma4VideoProcessor::timestamp_at(starts[k]),
+                            None => processor.timestamp(j),
+                        };
+                        format!("{stamp} {boi}{video_token_text}{eoi}")
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            }
             VideoLayout::Whole(w) => w.expansion(frames),
         }
     }
@@ -614,8 +627,9 @@ impl CausalLm for VisionLm {
                             distinct.insert((true, frames[k].hash, frames[k].bytes.len()));
                         }
                     }
-                    VideoLayout::Whole(_) => {
-                        distinct.insert((true, whole_video::key(frames), frames.iter().map(|f| f.bytes.len()).sum()));
+                    VideoLayout::Whole(w) => {
+                        let kept: Vec<ImageData> = w.kept(frames).into_iter().map(|k| frames[k].clone()).collect();
+                        distinct.insert((true, whole_video::key(&kept), kept.iter().map(|f| f.bytes.len()).sum()));
                     }
                 },
                 (Media::Video(_), None) => {}

@@ -139,8 +139,8 @@ pub struct ToolCall {
 
 /// One part of a multi-part message content: text, an image for models whose
 /// `session.info.supportsImages` (PNG, JPEG, WebP or GIF bytes; remote URLs are not fetched), or
-/// a video as its frames for models whose `session.info.supportsVideo` (a video file is refused:
-/// pass its frames), or an audio clip (WAV, FLAC or MP3, at most 30 s) for models whose
+/// a video for models whose `session.info.supportsVideo` (its frames, or one animated GIF, WebP
+/// or PNG; a video file such as MP4 or WebM is refused: mlex decodes no video codecs), or an audio clip (WAV, FLAC or MP3, at most 30 s) for models whose
 /// `session.info.supportsAudio`.
 #[napi(object, object_to_js = false)]
 pub struct ContentPart {
@@ -157,8 +157,10 @@ pub struct ContentPart {
     /// `{ url }` of an `'image_url'` part: a `data:` URL (base64), a `file:` URL or a path.
     #[napi(ts_type = "{ url: string }")]
     pub image_url: Option<Value>,
-    /// A `'video'` part's frames, in order, each an image as `image` takes it.
-    #[napi(ts_type = "Array<Uint8Array | string>")]
+    /// A `'video'` part's frames, in order, each an image as `image` takes it; or one animated
+    /// GIF, WebP or PNG (APNG) as `image` takes an image (its bytes, a path, a `data:` / `file:`
+    /// URL), decoded into its frames with their times (a still image: a one-frame video).
+    #[napi(ts_type = "Array<Uint8Array | string> | Uint8Array | string")]
     pub video: Option<Value>,
     /// An `'audio'` part's clip (WAV, FLAC or MP3): its bytes, a file path, or a `data:` / `file:` URL.
     #[napi(ts_type = "Uint8Array | string")]

@@ -623,4 +623,28 @@ mod tests {
         let msgs = json!([{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}]}]);
         assert!(chat_messages(msgs.as_array().unwrap()).is_err());
     }
+
+    #[test]
+    fn a_video_may_be_an_inline_animated_image() {
+        use base64::Engine as _;
+        let frame = |c: u8| image::Frame::from_parts(image::RgbaImage::from_pixel(2, 2, image::Rgba([c, c, 0, 255])), 0, 0,
+            image::Delay::from_numer_denom_ms(250, 1));
+        let mut gif = vec![];
+        image::codecs::gif::GifEncoder::new(&mut gif).encode_frames([frame(10), frame(200)]).unwrap();
+        let url = format!("data:image/gif;base64,{}", base64::engine::general_purpose::STANDARD.encode(&gif));
+        let body = |part: Value| json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "what?"}, part]}]});
+        for part in [json!({"type": "video", "video": url}), json!({"type": "video_url", "video_url": {"url": url}})] {
+            let (m, _) = chat_request(body(part).as_object().unwrap()).unwrap();
+            let times: Vec<_> = m[0].images[0].video.as_ref().unwrap().iter().map(|f| f.time).collect();
+            assert_eq!(times, [Some([0.0, 0.25]), Some([0.25, 0.5])]);
+        }
+        // A video file by name or content is a 400 naming the missing codecs; a path is not read.
+        for part in [json!({"type": "video", "video": "clip.mp4"}), json!({"type": "video", "video": "data:video/mp4;base64,AAAAIGZ0eXA="}),
+            json!({"type": "video", "video": "data:application/octet-stream;base64,AAAAIGZ0eXBpc29t"})] {
+            let e = chat_request(body(part.clone()).as_object().unwrap()).unwrap_err();
+            assert!(format!("{e:?}").contains("decodes no video codecs"), "{part}: {e:?}");
+        }
+        let e = chat_request(body(json!({"type": "video", "video": "/tmp/clip.gif"})).as_object().unwrap()).unwrap_err();
+        assert!(format!("{e:?}").contains("inline"), "{e:?}");
+    }
 }

@@ -230,8 +230,8 @@ impl Tokenizer {
     ) -> Result<Vec<u32>> {
         let images = messages.iter().flat_map(|m| &m.images).filter(|i| i.video.is_none() && !i.audio).count();
         let clips = messages.iter().flat_map(|m| &m.images).filter(|i| i.audio).count();
-        let videos: Vec<usize> =
-            messages.iter().flat_map(|m| &m.images).filter_map(|i| i.video.as_ref().map(Vec::len)).collect();
+        let videos: Vec<&[crate::chat::media::ImageData]> =
+            messages.iter().flat_map(|m| &m.images).filter_map(|i| i.video.as_deref()).collect();
         if images == 0 && videos.is_empty() && clips == 0 {
             return self.encode_chat(messages, tools, enable_thinking);
         }
@@ -296,7 +296,7 @@ impl Tokenizer {
             let mut joined = String::with_capacity(text.len());
             for (k, piece) in pieces.iter().enumerate() {
                 joined.push_str(piece);
-                if let Some(&frames) = videos.get(k) {
+                if let Some(frames) = videos.get(k) {
                     joined.push_str(&v.expansion(frames));
                 }
             }

@@ -622,3 +622,55 @@ pub fn edit_json(path: &Path, edit: impl FnOnce(&mut Value)) {
     edit(&mut v);
     std::fs::write(path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Animated images (a video part given as one file)
+
+/// An animated GIF of `frames` (encoded images, all of one size), each shown `delay_ms`; the
+/// encoder quantizes to a palette (lossy beyond 256 colours).
+pub fn animated_gif(frames: &[&[u8]], delay_ms: u32) -> Vec<u8> {
+    let mut out = vec![];
+    {
+        let mut enc = image::codecs::gif::GifEncoder::new(&mut out);
+        for f in frames {
+            let rgba = image::load_from_memory(f).unwrap().to_rgba8();
+            enc.encode_frame(image::Frame::from_parts(rgba, 0, 0, image::Delay::from_numer_denom_ms(delay_ms, 1))).unwrap();
+        }
+    }
+    out
+}
+
+/// A lossless animated WebP of `frames` (encoded images, all of one size), each shown
+/// `delay_ms`: each frame's lossless still (VP8L, from the `image` crate's encoder) in an ANMF
+/// chunk.
+pub fn animated_webp(frames: &[&[u8]], delay_ms: u32) -> Vec<u8> {
+    fn chunk(out: &mut Vec<u8>, kind: &[u8; 4], data: &[u8]) {
+        out.extend(kind);
+        out.extend((data.len() as u32).to_le_bytes());
+        out.extend(data);
+        if data.len() % 2 == 1 {
+            out.push(0);
+        }
+    }
+    let u24 = |v: u32| v.to_le_bytes()[..3].to_vec();
+    let first = image::load_from_memory(frames[0]).unwrap();
+    let (w, h) = (first.width(), first.height());
+    let mut body = b"WEBP".to_vec();
+    chunk(&mut body, b"VP8X", &[vec![0x02, 0, 0, 0], u24(w - 1), u24(h - 1)].concat());
+    chunk(&mut body, b"ANIM", &[255, 255, 255, 255, 0, 0]);
+    for f in frames {
+        let rgb = image::DynamicImage::ImageRgb8(image::load_from_memory(f).unwrap().to_rgb8());
+        let mut still = std::io::Cursor::new(vec![]);
+        rgb.write_to(&mut still, image::ImageFormat::WebP).unwrap();
+        let still = still.into_inner();
+        assert_eq!(&still[12..16], b"VP8L", "a lossless still");
+        let mut anmf = [u24(0), u24(0), u24(w - 1), u24(h - 1), u24(delay_ms)].concat();
+        anmf.push(0b10);
+        anmf.extend(&still[12..]);
+        chunk(&mut body, b"ANMF", &anmf);
+    }
+    let mut out = b"RIFF".to_vec();
+    out.extend((body.len() as u32).to_le_bytes());
+    out.extend(body);
+    out
+}

@@ -29,13 +29,31 @@ pub struct WholeVideoPrompt {
 }
 
 impl WholeVideoPrompt {
-    /// What the processor writes for a video of `frames` frames.
-    pub fn expansion(&self, frames: usize) -> String {
+    /// Which of a video's frames the processor keeps: a frames list, all of them (mlx-vlm
+    /// samples none); a decoded video (its frames timed), sampled at the processor's fps over
+    /// its real duration ([`QwenVideoProcessor::sample_timed`]).
+    pub fn kept(&self, frames: &[ImageData]) -> Vec<usize> {
+        match crate::chat::media::video_times(frames) {
+            Some((_, duration)) => self.processor.sample_timed(frames.len(), duration),
+            None => (0..frames.len()).collect(),
+        }
+    }
+
+    /// The temporal groups' times (seconds) of a video's kept frames.
+    fn group_times(&self, frames: &[ImageData]) -> Vec<f64> {
+        let kept = self.kept(frames);
+        match crate::chat::media::video_times(frames) {
+            Some((starts, _)) => self.processor.timestamps_at(&kept.iter().map(|&k| starts[k]).collect::<Vec<_>>()),
+            None => self.processor.timestamps(kept.len()),
+        }
+    }
+
+    /// What the processor writes for a video of `frames` (before sampling).
+    pub fn expansion(&self, frames: &[ImageData]) -> String {
         match &self.groups {
             None => self.video_token_text.clone(),
             Some((start, end)) => self
-                .processor
-                .timestamps(frames)
+                .group_times(frames)
                 .into_iter()
                 .map(|s| format!("{}{start}{}{end}", QwenVideoProcessor::timestamp_text(s), self.video_token_text))
                 .collect(),
@@ -106,7 +124,10 @@ impl VisionLm {
                     media_kind(part)
                 )));
             };
-            if frames.len() > w.processor.max_frames {
+            let timed = crate::chat::media::video_times(frames).is_some();
+            let frames: Vec<ImageData> = w.kept(frames).into_iter().map(|k| frames[k].clone()).collect();
+            let frames = &frames[..];
+            if !timed && frames.len() > w.processor.max_frames {
                 return Err(naming(n)(Error::InvalidArgument(format!(
                     "it has {} frames, more than the {} this model's video processor takes",
                     frames.len(),
