@@ -21,12 +21,12 @@
 //! Without `MLEX_ORACLE_VENV` (the venv holding mlx-vlm) the oracle tests skip, saying so.
 mod common;
 
-use common::oracle_arrays::{f32_values, f32_array, i32_values, max_abs_diff};
+use common::oracle_arrays::{f32_array, f32_values, greedy, i32_values, max_abs_diff};
 use common::{read_tensors, repo_root, require_oracle};
 use mlex::chat::{ContentPart, Media};
 use mlex::loader::{ModelConfig, Vb, WeightStore};
 use mlex::media::{decode_audio, Gemma4AudioFeatureExtractor};
-use mlex::mlx::{Array, Dtype};
+use mlex::mlx::Array;
 use mlex::models::gemma4_audio::Gemma4Audio;
 use mlex::models::vision_lm::{ImageData, MEDIA_TOKEN_BASE};
 use mlex::{ChatMessage, GenerateOptions, Session};
@@ -138,14 +138,9 @@ fn gemma4_audio_prompt_matches_mlx_vlm_greedy() {
     let d = max_abs_diff(&last, &f32_array(get("logits0")));
     assert!(d <= 1e-4, "first logits differ from mlx-vlm's by {d}");
     eprintln!("first logits: max |Δ| {d:e}");
-    let argmax = |a: &Array| a.argmax(0, false).unwrap().astype(Dtype::Uint32).unwrap().to_vec::<u32>().unwrap()[0];
-    let mut next = argmax(&last);
-    let mut got = vec![next];
-    while got.len() < want.len() {
-        let logits = model.forward(&Array::from_slice(&[next], &[1, 1]).unwrap(), &mut caches).unwrap();
-        next = argmax(&logits.reshape(&[-1]).unwrap());
-        got.push(next);
-    }
+    let got = greedy(&last, want.len(), |t| {
+        model.forward(&Array::from_slice(&[t], &[1, 1]).unwrap(), &mut caches).unwrap()
+    });
     assert_eq!(got, want, "greedy tokens differ from mlx-vlm's");
 
     // The same clip again reuses its ids (a prompt-cache hit); another clip gets its own.

@@ -20,7 +20,7 @@
 //! Without `MLEX_ORACLE_VENV` (the venv holding mlx-vlm) the oracle tests skip, saying so.
 mod common;
 
-use common::oracle_arrays::{f32_array, i32_values, max_abs_diff};
+use common::oracle_arrays::{f32_array, greedy, i32_values, max_abs_diff};
 use common::{read_tensors, repo_root, require_oracle, RawTensor};
 use mlex::loader::{ModelConfig, Vb, WeightStore};
 use mlex::media::{Gemma4ImageProcessor, RgbImage};
@@ -193,14 +193,9 @@ fn image_prompt_matches(test: &str, args: &[&str]) {
     let d = max_abs_diff(&last, &f32_array(get("logits0")));
     assert!(d <= 1e-4, "first logits differ from mlx-vlm's by {d}");
     eprintln!("first logits: max |Δ| {d:e}");
-    let argmax = |a: &Array| a.argmax(0, false).unwrap().astype(Dtype::Uint32).unwrap().to_vec::<u32>().unwrap()[0];
-    let mut next = argmax(&last);
-    let mut got = vec![next];
-    while got.len() < want.len() {
-        let logits = model.forward(&Array::from_slice(&[next], &[1, 1]).unwrap(), &mut caches).unwrap();
-        next = argmax(&logits.reshape(&[-1]).unwrap());
-        got.push(next);
-    }
+    let got = greedy(&last, want.len(), |t| {
+        model.forward(&Array::from_slice(&[t], &[1, 1]).unwrap(), &mut caches).unwrap()
+    });
     assert_eq!(got, want, "greedy tokens differ from mlx-vlm's");
 
     // The same images again reuse their ids; another image gets ids of its own.
@@ -388,14 +383,9 @@ fn gemma4_video_prompt_matches_mlx_vlm_greedy() {
     let d = max_abs_diff(&last, &f32_array(get("logits0")));
     assert!(d <= 1e-4, "first logits differ from mlx-vlm's by {d}");
     eprintln!("first logits: max |Δ| {d:e}");
-    let argmax = |a: &Array| a.argmax(0, false).unwrap().astype(Dtype::Uint32).unwrap().to_vec::<u32>().unwrap()[0];
-    let mut next = argmax(&last);
-    let mut got = vec![next];
-    while got.len() < want.len() {
-        let logits = model.forward(&Array::from_slice(&[next], &[1, 1]).unwrap(), &mut caches).unwrap();
-        next = argmax(&logits.reshape(&[-1]).unwrap());
-        got.push(next);
-    }
+    let got = greedy(&last, want.len(), |t| {
+        model.forward(&Array::from_slice(&[t], &[1, 1]).unwrap(), &mut caches).unwrap()
+    });
     assert_eq!(got, want, "greedy tokens differ from mlx-vlm's");
 
     // The same video again reuses its ids; frames are keyed apart from the same bytes as an image.

@@ -37,7 +37,7 @@
 //! Without `MLEX_ORACLE_VENV` (the venv holding mlx-vlm) the oracle tests skip, saying so.
 mod common;
 
-use common::oracle_arrays::{f32_values, f32_array, i32_values, max_abs_diff};
+use common::oracle_arrays::{f32_array, f32_values, greedy, i32_values, max_abs_diff};
 use common::{read_tensors, repo_root, require_oracle, RawTensor};
 use mlex::loader::{ModelConfig, Vb, WeightStore};
 use mlex::media::{decode_image, QwenImageProcessor, QwenVideoProcessor, RgbImage};
@@ -200,14 +200,9 @@ fn image_prompt_matches(script: &str, test: &str, args: &[&str]) {
     let d = max_abs_diff(&last, &f32_array(get("logits0")));
     assert!(d <= 1e-4, "first logits differ from mlx-vlm's by {d}");
     eprintln!("first logits: max |Δ| {d:e}");
-    let argmax = |a: &Array| a.argmax(0, false).unwrap().astype(Dtype::Uint32).unwrap().to_vec::<u32>().unwrap()[0];
-    let mut next = argmax(&last);
-    let mut got = vec![next];
-    while got.len() < want.len() {
-        let logits = model.forward(&Array::from_slice(&[next], &[1, 1]).unwrap(), &mut caches).unwrap();
-        next = argmax(&logits.reshape(&[-1]).unwrap());
-        got.push(next);
-    }
+    let got = greedy(&last, want.len(), |t| {
+        model.forward(&Array::from_slice(&[t], &[1, 1]).unwrap(), &mut caches).unwrap()
+    });
     assert_eq!(got, want, "greedy tokens differ from mlx-vlm's");
 
     // In two chunks (the text before the first image, the rest): the same logits.
@@ -502,14 +497,9 @@ fn qwen3_5_hugging_face_layout_gives_the_same_tokens() {
     let mut caches = model.make_caches();
     let logits = model.forward_prompt(&bound, &mut caches).unwrap();
     let l = bound.len() as i32;
-    let argmax = |a: &Array| a.argmax(0, false).unwrap().astype(Dtype::Uint32).unwrap().to_vec::<u32>().unwrap()[0];
-    let mut next = argmax(&logits.slice_axis(1, l - 1, l).unwrap().reshape(&[-1]).unwrap());
-    let mut got = vec![next];
-    while got.len() < want.len() {
-        let logits = model.forward(&Array::from_slice(&[next], &[1, 1]).unwrap(), &mut caches).unwrap();
-        next = argmax(&logits.reshape(&[-1]).unwrap());
-        got.push(next);
-    }
+    let got = greedy(&logits.slice_axis(1, l - 1, l).unwrap().reshape(&[-1]).unwrap(), want.len(), |t| {
+        model.forward(&Array::from_slice(&[t], &[1, 1]).unwrap(), &mut caches).unwrap()
+    });
     assert_eq!(got, want, "the Hugging Face layout gives other tokens");
 }
 
@@ -701,14 +691,9 @@ fn video_prompt_matches(script: &str, test: &str, marker: &str, args: &[&str]) {
     let last = logits.slice_axis(1, l - 1, l).unwrap().reshape(&[-1]).unwrap();
     let d = max_abs_diff(&last, &f32_array(get("logits0")));
     assert!(d <= 1e-4, "first logits differ from mlx-vlm's by {d}");
-    let argmax = |a: &Array| a.argmax(0, false).unwrap().astype(Dtype::Uint32).unwrap().to_vec::<u32>().unwrap()[0];
-    let mut next = argmax(&last);
-    let mut got = vec![next];
-    while got.len() < want.len() {
-        let logits = model.forward(&Array::from_slice(&[next], &[1, 1]).unwrap(), &mut caches).unwrap();
-        next = argmax(&logits.reshape(&[-1]).unwrap());
-        got.push(next);
-    }
+    let got = greedy(&last, want.len(), |t| {
+        model.forward(&Array::from_slice(&[t], &[1, 1]).unwrap(), &mut caches).unwrap()
+    });
     assert_eq!(got, want, "greedy tokens for the video prompt differ from mlx-vlm's");
     eprintln!("{script}: video prompt of {} ids: first logits max |Δ| {d:e}, {} greedy tokens identical", ids.len(), got.len());
 
@@ -1028,14 +1013,9 @@ fn qwen3_vl_text_only_and_hugging_face_layouts_load() {
     let mut caches = model.make_caches();
     let logits = model.forward_prompt(&bound, &mut caches).unwrap();
     let l = bound.len() as i32;
-    let argmax = |a: &Array| a.argmax(0, false).unwrap().astype(Dtype::Uint32).unwrap().to_vec::<u32>().unwrap()[0];
-    let mut next = argmax(&logits.slice_axis(1, l - 1, l).unwrap().reshape(&[-1]).unwrap());
-    let mut got = vec![next];
-    while got.len() < want.len() {
-        let logits = model.forward(&Array::from_slice(&[next], &[1, 1]).unwrap(), &mut caches).unwrap();
-        next = argmax(&logits.reshape(&[-1]).unwrap());
-        got.push(next);
-    }
+    let got = greedy(&logits.slice_axis(1, l - 1, l).unwrap().reshape(&[-1]).unwrap(), want.len(), |t| {
+        model.forward(&Array::from_slice(&[t], &[1, 1]).unwrap(), &mut caches).unwrap()
+    });
     assert_eq!(got, want, "the Hugging Face layout's greedy tokens differ from mlx-vlm's");
 }
 

@@ -1,5 +1,6 @@
 //! Reading an oracle's tensors (safetensors written by tests/oracle/*.py) as arrays, and comparing
-//! arrays: what the media oracle tests (vision, vision_gemma4, vision_qwen, audio_gemma4) share.
+//! arrays, and greedy decoding: what the media oracle tests (vision, vision_gemma4, vision_qwen,
+//! audio_gemma4) share.
 use super::RawTensor;
 use mlex::mlx::{Array, Dtype};
 
@@ -27,4 +28,16 @@ pub fn max_abs_diff(a: &Array, b: &Array) -> f32 {
     let f = |x: &Array| x.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
     let (a, b) = (f(a), f(b));
     a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// `n` greedy tokens after a prompt whose last logits are `last` (`[V]`): its argmax, then each
+/// next one the argmax of `step(previous token)`'s logits (the model's one-token forward).
+pub fn greedy(last: &Array, n: usize, mut step: impl FnMut(u32) -> Array) -> Vec<u32> {
+    let argmax = |a: &Array| a.reshape(&[-1]).unwrap().argmax(0, false).unwrap().astype(Dtype::Uint32).unwrap().to_vec::<u32>().unwrap()[0];
+    let mut got = vec![argmax(last)];
+    while got.len() < n {
+        let next = argmax(&step(*got.last().unwrap()));
+        got.push(next);
+    }
+    got
 }
