@@ -18,6 +18,7 @@ pub mod llama;
 pub mod minicpm;
 pub mod mixtral;
 pub mod mrope;
+pub mod mrope_text;
 pub mod nemotron_h;
 pub mod qwen2;
 pub mod qwen2_5_vision;

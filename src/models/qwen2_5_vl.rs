@@ -11,12 +11,11 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::mrope::{rotate_grid, MropeStyle, RopePositions};
-use super::{run_layers, ArchConfig, Architecture, CausalLm, LmHead, Loadable};
+use super::mrope::MropeStyle;
+use super::mrope_text::{AttentionSpec, MropeText, TextDims};
+use super::{ArchConfig, Architecture, CausalLm, Loadable};
 use crate::error::{Error, Result};
-use crate::loader::{check_size, ModelConfig, RopeConfig, RopeScaling, Vb};
-use crate::mlx::{fast, Array, Dtype};
-use crate::nn::{Cache, Embedding, GateActivation, GatedMlp, KvCache, LayerCaches, Linear, Params, RmsNorm, Rope};
+use crate::loader::{check_size, ModelConfig, Vb};
 
 // ---- config -------------------------------------------------------------------------------
 
@@ -102,173 +101,37 @@ impl ArchConfig for Config {
     }
 }
 
-// ---- attention ----------------------------------------------------------------------------
+// ---- model --------------------------------------------------------------------------------
 
-struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
-    rope: Rope,
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    theta: f32,
-    section: [usize; 3],
-}
-
-impl Attention {
-    fn load(vb: &Vb, c: &Config) -> Result<Self> {
-        let (h, hd) = (c.hidden_size, c.head_dim());
-        let (hq, hkv) = (c.num_attention_heads * hd, c.kv_heads() * hd);
-        let rope_cfg = RopeConfig { theta: c.rope_theta, traditional: false, scaling: RopeScaling::Default };
-        Ok(Attention {
-            q_proj: Linear::load(&vb.pp("q_proj"), h, hq, true)?,
-            k_proj: Linear::load(&vb.pp("k_proj"), h, hkv, true)?,
-            v_proj: Linear::load(&vb.pp("v_proj"), h, hkv, true)?,
-            o_proj: Linear::load(&vb.pp("o_proj"), hq, h, false)?,
-            rope: Rope::new(hd, &rope_cfg, None)?,
-            heads: c.num_attention_heads,
-            kv_heads: c.kv_heads(),
-            head_dim: hd,
-            theta: c.rope_theta,
-            section: c.mrope_section().map_err(Error::InvalidArgument)?,
-        })
-    }
-
-    fn forward(&self, x: &Array, cache: &mut dyn Cache, pos: &RopePositions) -> Result<Array> {
-        let s = x.shape();
-        let (b, l) = (s[0], s[1]);
-        let hd = self.head_dim as i32;
-        let heads = |y: Array, n: usize| y.reshape(&[b, l, n as i32, hd])?.transpose(&[0, 2, 1, 3]);
-        let q = heads(self.q_proj.forward(x)?, self.heads)?;
-        let k = heads(self.k_proj.forward(x)?, self.kv_heads)?;
-        let v = heads(self.v_proj.forward(x)?, self.kv_heads)?;
-        let (q, k) = match pos {
-            RopePositions::Start(start) => (self.rope.forward(&q, *start)?, self.rope.forward(&k, *start)?),
-            RopePositions::Grid(p) => {
-                if p.iter().any(|a| a.len() != l as usize) {
-                    return Err(Error::InvalidArgument(format!("{l} tokens with {} rope positions", p[0].len())));
-                }
-                let r = |t: &Array| rotate_grid(t, p, self.head_dim, self.theta, self.section, MropeStyle::Chunked);
-                (r(&q)?, r(&k)?)
-            }
-        };
-        let (k, v, mask) = cache.update_and_fetch(&k, &v)?;
-        let scale = (self.head_dim as f64).powf(-0.5) as f32;
-        let o = fast::scaled_dot_product_attention(&q, &k, &v, scale, mask.as_attention()?)?;
-        self.o_proj.forward(&o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
-    }
-}
-
-impl Params for Attention {
-    fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
-        crate::params!(out; self.q_proj, self.k_proj, self.v_proj, self.o_proj);
-    }
-}
-
-// ---- block, model -------------------------------------------------------------------------
-
-struct Block {
-    input_layernorm: RmsNorm,
-    self_attn: Attention,
-    post_attention_layernorm: RmsNorm,
-    mlp: GatedMlp,
-}
-
-impl Params for Block {
-    fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
-        crate::params!(out; self.input_layernorm, self.self_attn, self.post_attention_layernorm, self.mlp);
-    }
-}
-
-/// Qwen2.5-VL's text model.
-pub struct Qwen2_5VlText {
-    embed_tokens: Embedding,
-    layers: Vec<Block>,
-    norm: RmsNorm,
-    lm_head: LmHead,
-    vocab_size: usize,
-}
-
-impl Qwen2_5VlText {
-    fn run(&self, h: Array, pos: &RopePositions, caches: &mut LayerCaches) -> Result<Array> {
-        let h = run_layers(h, &self.layers, caches, |l, _, x, c| {
-            let h = x.add(&l.self_attn.forward(&l.input_layernorm.forward(x)?, c, pos)?)?;
-            h.add(&l.mlp.forward(&l.post_attention_layernorm.forward(&h)?)?)
-        })?;
-        self.lm_head.forward(&self.norm.forward(&h)?, &self.embed_tokens)
-    }
-}
-
-impl CausalLm for Qwen2_5VlText {
-    fn embed(&self, tokens: &Array) -> Result<Array> {
-        self.embed_tokens.forward(tokens)
-    }
-
-    fn forward_embeddings(&self, h: Array, caches: &mut LayerCaches) -> Result<Array> {
-        let start = caches.offset();
-        self.run(h, &RopePositions::Start(start), caches)
-    }
-
-    fn forward_embeddings_at(&self, h: Array, positions: &RopePositions, caches: &mut LayerCaches) -> Result<Array> {
-        self.run(h, positions, caches)
-    }
-
-    fn make_caches(&self) -> LayerCaches {
-        LayerCaches(self.layers.iter().map(|_| Box::new(KvCache::new()) as Box<dyn Cache>).collect())
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.vocab_size
-    }
-
-    fn dtype(&self) -> Dtype {
-        self.norm.weight.dtype()
-    }
-}
-
-impl Params for Qwen2_5VlText {
-    fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
-        crate::params!(out; self.embed_tokens, self.layers, self.norm, self.lm_head);
-    }
-}
+/// Qwen2.5-VL's text model (the skeleton of `mrope_text.rs`: biased q/k/v, no q/k norms, rope
+/// sections in chunks).
+pub type Qwen2_5VlText = MropeText<Config>;
 
 impl Loadable for Qwen2_5VlText {
     type Config = Config;
 
     fn load(c: Config, _: &ModelConfig, vb: &Vb) -> Result<Self> {
-        vb.pp("vision_tower").discard_all();
-        vb.pp("visual").discard_all();
-        vb.pp("model").pp("visual").discard_all();
-        let has = |v: &Vb| v.pp("embed_tokens").contains("weight") || v.pp("embed_tokens").contains("scales");
-        let lm = vb.pp("language_model");
-        let (m, head_root) = if has(&lm.pp("model")) {
-            (lm.pp("model"), lm)
-        } else if has(&vb.pp("model").pp("language_model")) {
-            (vb.pp("model").pp("language_model"), vb.clone())
-        } else {
-            (vb.pp("model"), vb.clone())
+        let dims = TextDims {
+            hidden: c.hidden_size,
+            intermediate: c.intermediate_size,
+            layers: c.num_hidden_layers,
+            vocab: c.vocab_size,
+            eps: c.rms_norm_eps,
+            tie: Some(c.tie_word_embeddings),
         };
-        let h = c.hidden_size;
-        let layers = (0..c.num_hidden_layers)
-            .map(|i| {
-                let lv = m.pp("layers").pp(i);
-                Ok(Block {
-                    input_layernorm: RmsNorm::load(&lv.pp("input_layernorm"), h, c.rms_norm_eps)?,
-                    self_attn: Attention::load(&lv.pp("self_attn"), &c)?,
-                    post_attention_layernorm: RmsNorm::load(&lv.pp("post_attention_layernorm"), h, c.rms_norm_eps)?,
-                    mlp: GatedMlp::load(&lv.pp("mlp"), h, c.intermediate_size, false, GateActivation::Silu)?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Qwen2_5VlText {
-            embed_tokens: Embedding::load(&m.pp("embed_tokens"), c.vocab_size, h)?,
-            layers,
-            norm: RmsNorm::load(&m.pp("norm"), h, c.rms_norm_eps)?,
-            lm_head: LmHead::load(&head_root, c.tie_word_embeddings, h, c.vocab_size)?,
-            vocab_size: c.vocab_size,
-        })
+        let attention = AttentionSpec {
+            hidden: c.hidden_size,
+            heads: c.num_attention_heads,
+            kv_heads: c.kv_heads(),
+            head_dim: c.head_dim(),
+            qkv_bias: true,
+            o_bias: false,
+            qk_norm_eps: None,
+            theta: c.rope_theta,
+            section: c.mrope_section().map_err(Error::InvalidArgument)?,
+            style: MropeStyle::Chunked,
+        };
+        MropeText::load(vb, &dims, &attention)
     }
 }
 
