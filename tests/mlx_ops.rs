@@ -916,6 +916,98 @@ fn cuda_qk_norm_rope_matches_norm_then_rope() {
     }
 }
 
+/// A decode step's q/k/v straight into the key/value cache in one CUDA kernel, against MLX's ops
+/// (q/k norms or none, rope, then the two cache writes): q and the written rows within two
+/// roundings as above, every other row of the caches unchanged to the bit. With the caches held
+/// by nothing else the kernel writes them in place (no copy counted); with the caller still
+/// holding them it writes fresh copies and leaves the originals as they were. Off CUDA the
+/// kernel does not apply.
+#[test]
+fn cuda_qkv_rope_into_cache_matches_ops_then_slice_update() {
+    use mlex::mlx::{gpu_available, set_default_device, Device};
+    let cuda = gpu_available() && !cfg!(target_os = "macos");
+    if cuda {
+        set_default_device(Device::Gpu).unwrap();
+    }
+    let (hq, hkv, cap) = (4i32, 2i32, 512i32);
+    let bits = |a: &Array| a.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
+    for d in [64i32, 128] {
+        for &dtype in &[Dtype::Bfloat16, Dtype::Float16] {
+            for b in [1i32, 2] {
+                for norm in [true, false] {
+                    for (slot, held) in [(0i32, false), (300, false), (511, true), (37, true)] {
+                        let what = format!("d {d} {dtype:?} b {b} norm {norm} slot {slot} held {held}");
+                        let seed = (d + slot) as u64;
+                        let qkv = arr(&rand_vec((b * (hq + 2 * hkv) * d) as usize, seed), &[b, hq + 2 * hkv, 1, d])
+                            .multiply(&Array::scalar_f32(4.0, Dtype::Float32).unwrap())
+                            .unwrap()
+                            .astype(dtype)
+                            .unwrap();
+                        let one = Array::scalar_f32(1.0, Dtype::Float32).unwrap();
+                        let qn = arr(&rand_vec(d as usize, 72), &[d]).add(&one).unwrap().astype(dtype).unwrap();
+                        let kn = arr(&rand_vec(d as usize, 73), &[d]).add(&one).unwrap().astype(dtype).unwrap();
+                        let cache = |s: u64| arr(&rand_vec((b * hkv * cap * d) as usize, s), &[b, hkv, cap, d]).astype(dtype).unwrap();
+                        let (kc, vc) = (cache(seed + 1), cache(seed + 2));
+                        let at = Array::from_slice(&[slot, cap], &[2]).unwrap();
+                        mlex::mlx::eval(&[&qkv, &qn, &kn, &kc, &vc, &at]).unwrap();
+                        let (k_before, v_before) = (bits(&kc), bits(&vc));
+                        // The reference, from the same inputs.
+                        let parts = qkv.split_at(&[hq, hq + hkv], 1).unwrap();
+                        let prep = |x: &Array, w: &Array| -> Array {
+                            let x = if norm { fast::rms_norm(x, Some(w), 1e-6).unwrap() } else { x.clone() };
+                            fast::rope(&x, d, false, 1e6, 1.0, slot, None).unwrap()
+                        };
+                        let (want_q, want_k, want_v) = (prep(&parts[0], &qn), prep(&parts[1], &kn), parts[2].clone());
+                        mlex::mlx::eval(&[&want_q, &want_k, &want_v]).unwrap();
+                        let copies = fast::cuda_inplace_copies();
+                        let norms = if norm { Some((&qn, &kn, 1e-6f32)) } else { None };
+                        let got = fast::cuda_qkv_rope_into_cache(&qkv, (hq, hkv), norms, false, 1e6, 1.0, None, &at, &kc, &vc).unwrap();
+                        let Some((q, k2, v2)) = got else {
+                            assert!(!cuda, "{what}: the kernel applies on CUDA");
+                            continue;
+                        };
+                        let census = mlex::mlx::graph_census(&[&q, &k2, &v2]).unwrap();
+                        let kernels: usize = census.iter().filter(|(p, _)| is_our_cuda_kernel(p)).map(|(_, c)| c).sum();
+                        assert_eq!(kernels, 1, "{what}: one kernel: {census:?}");
+                        let (kc, vc) = if held { (Some(kc), Some(vc)) } else { (None, None) };
+                        mlex::mlx::eval(&[&q, &k2, &v2]).unwrap();
+                        let copied = fast::cuda_inplace_copies() - copies;
+                        assert_eq!(copied, if held { 2 } else { 0 }, "{what}: caches copied");
+                        if let (Some(kc), Some(vc)) = (kc, vc) {
+                            assert!(bits(&kc) == k_before && bits(&vc) == v_before, "{what}: the held caches changed");
+                        }
+                        let row = (d) as usize;
+                        let (k2, v2) = (bits(&k2), bits(&v2));
+                        for (name, got, before, want) in [("k", &k2, &k_before, bits(&want_k)), ("v", &v2, &v_before, bits(&want_v))] {
+                            for bh in 0..(b * hkv) as usize {
+                                for tok in 0..cap as usize {
+                                    let at = (bh * cap as usize + tok) * row;
+                                    let g = &got[at..at + row];
+                                    if tok != slot as usize {
+                                        assert!(g == &before[at..at + row], "{what}: {name} row {tok} of head {bh} changed");
+                                        continue;
+                                    }
+                                    let w = &want[bh * row..(bh + 1) * row];
+                                    for (i, (a, c)) in g.iter().zip(w).enumerate() {
+                                        let tol = if name == "v" { 0.0 } else { c.abs() / 64.0 + 4.0 / 256.0 };
+                                        assert!((a - c).abs() <= tol, "{what} {name}: head {bh} element {i}: {a} vs {c}");
+                                    }
+                                }
+                            }
+                        }
+                        let (g, w) = (bits(&q), bits(&want_q));
+                        for (i, (a, c)) in g.iter().zip(&w).enumerate() {
+                            assert!((a - c).abs() <= c.abs() / 64.0 + 4.0 / 256.0, "{what} q: element {i}: {a} vs {c}");
+                        }
+                        let equal = g.iter().zip(&w).filter(|(a, c)| a.to_bits() == c.to_bits()).count();
+                        assert!(equal * 10 >= g.len() * 8, "{what} q: only {equal} of {} equal", g.len());
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn cuda_gated_delta_kernel_matches_ops_reference() {
     use mlex::mlx::{gpu_available, set_default_device, Device};

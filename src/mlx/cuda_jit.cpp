@@ -354,21 +354,39 @@ std::shared_ptr<const Entry> build(const KernelSpec& spec, const std::vector<mx:
   return entry;
 }
 
+// An instantiation's key: the spec, then the dtypes and constants as numbers. It is made on
+// every launch (a decode step launches our kernels ~100 times), so it is built from integers,
+// not formatted as a string.
+struct InstanceKey {
+  std::vector<uint64_t> words;
+  bool operator==(const InstanceKey& o) const { return words == o.words; }
+};
+
+struct InstanceKeyHash {
+  size_t operator()(const InstanceKey& k) const {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (uint64_t w : k.words) h = (h ^ w) * 0x100000001b3ull;
+    return static_cast<size_t>(h);
+  }
+};
+
 // The instantiation for these dtypes and constants, built on first use.
 std::shared_ptr<const Entry> entry_for(const KernelSpec& spec, const std::vector<mx::array>& inputs,
                                        const std::vector<mx::Dtype>& output_dtypes,
                                        const std::vector<std::pair<std::string, Constant>>& constants) {
-  std::string k = spec.family;
-  auto add = [&](const std::string& s) { k += '|'; k += s; };
-  for (const auto& a : inputs) add(std::to_string(static_cast<int>(a.dtype().val())));
-  for (const auto& d : output_dtypes) add(std::to_string(static_cast<int>(d.val())));
+  InstanceKey k;
+  k.words.reserve(1 + inputs.size() + output_dtypes.size() + 2 * constants.size());
+  k.words.push_back(reinterpret_cast<uintptr_t>(&spec));
+  for (const auto& a : inputs) k.words.push_back(static_cast<uint64_t>(a.dtype().val()));
+  for (const auto& d : output_dtypes) k.words.push_back(static_cast<uint64_t>(d.val()) | (1ull << 32));
   for (const auto& [cname, v] : constants) {
-    if (auto* i = std::get_if<int>(&v)) add(cname + "=" + std::to_string(*i));
-    else if (auto* b = std::get_if<bool>(&v)) add(cname + (*b ? "=t" : "=f"));
-    else add(cname + "=d" + std::to_string(static_cast<int>(std::get<mx::Dtype>(v).val())));
+    k.words.push_back(fnv1a(cname) ^ v.index());
+    if (auto* i = std::get_if<int>(&v)) k.words.push_back(static_cast<uint64_t>(static_cast<int64_t>(*i)));
+    else if (auto* b = std::get_if<bool>(&v)) k.words.push_back(*b ? 1 : 0);
+    else k.words.push_back(static_cast<uint64_t>(std::get<mx::Dtype>(v).val()));
   }
   static std::mutex mu;
-  static std::unordered_map<std::string, std::shared_ptr<const Entry>> built;
+  static std::unordered_map<InstanceKey, std::shared_ptr<const Entry>, InstanceKeyHash> built;
   std::lock_guard<std::mutex> lock(mu);
   if (auto it = built.find(k); it != built.end()) return it->second;
   std::shared_ptr<const Entry> e;
@@ -394,12 +412,16 @@ bool available() {
 std::vector<mx::array> run(const KernelSpec& spec, const std::vector<mx::array>& inputs,
                            const std::vector<mx::Shape>& output_shapes, const std::vector<mx::Dtype>& output_dtypes,
                            std::tuple<int, int, int> grid, std::tuple<int, int, int> block,
-                           const std::vector<std::pair<std::string, Constant>>& constants, mx::StreamOrDevice s) {
+                           const std::vector<std::pair<std::string, Constant>>& constants, mx::StreamOrDevice s,
+                           const std::vector<int>& donate) {
   if (inputs.size() != spec.inputs.size() || output_shapes.size() != spec.outputs.size() ||
       output_dtypes.size() != spec.outputs.size()) {
     throw std::invalid_argument(std::string("mlex kernel ") + spec.family + ": wrong number of inputs or outputs");
   }
   if (!mx::cu::is_available()) throw std::runtime_error("CUDA is not available");
+  if (!donate.empty() && (!disk_cache_on() || !cuda_launch::available())) {
+    throw std::runtime_error("in-place outputs need direct launches (MLX's custom kernels have none)");
+  }
   if (!disk_cache_on()) {
     // MLX compiles the kernel (NVRTC) in each process on first use, as before the disk cache.
     static std::mutex mu;
@@ -422,7 +444,7 @@ std::vector<mx::array> run(const KernelSpec& spec, const std::vector<mx::array>&
   auto e = entry_for(spec, inputs, output_dtypes, constants);
   if (!e->error.empty()) throw std::runtime_error(e->name + ": " + e->error);
   if (cuda_launch::available()) {
-    return cuda_launch::launch(e->kernel, inputs, output_shapes, output_dtypes, grid, block, mx::to_stream(s));
+    return cuda_launch::launch(e->kernel, inputs, output_shapes, output_dtypes, grid, block, mx::to_stream(s), donate);
   }
   return mx::fast::precompiled_cuda_kernel(e->name, e->binary, inputs, output_shapes, output_dtypes, {}, grid, block,
                                            0, std::nullopt, /*ensure_row_contiguous=*/true, s);
@@ -433,9 +455,9 @@ std::optional<std::vector<mx::array>> try_run(const KernelSpec& spec, const std:
                                               const std::vector<mx::Dtype>& output_dtypes,
                                               std::tuple<int, int, int> grid, std::tuple<int, int, int> block,
                                               const std::vector<std::pair<std::string, Constant>>& constants,
-                                              mx::StreamOrDevice s) {
+                                              mx::StreamOrDevice s, const std::vector<int>& donate) {
   try {
-    return run(spec, inputs, output_shapes, output_dtypes, grid, block, constants, s);
+    return run(spec, inputs, output_shapes, output_dtypes, grid, block, constants, s, donate);
   } catch (const std::exception& ex) {
     static std::mutex mu;
     static std::unordered_map<std::string, bool> told;
