@@ -969,7 +969,13 @@ fn cuda_qkv_rope_into_cache_matches_ops_then_slice_update() {
                         let census = mlex::mlx::graph_census(&[&q, &k2, &v2]).unwrap();
                         let kernels: usize = census.iter().filter(|(p, _)| is_our_cuda_kernel(p)).map(|(_, c)| c).sum();
                         assert_eq!(kernels, 1, "{what}: one kernel: {census:?}");
-                        let (kc, vc) = if held { (Some(kc), Some(vc)) } else { (None, None) };
+                        // (Dropped, not only shadowed: a variable not moved lives to the end of its block.)
+                        let (kc, vc) = if held {
+                            (Some(kc), Some(vc))
+                        } else {
+                            drop((kc, vc));
+                            (None, None)
+                        };
                         mlex::mlx::eval(&[&q, &k2, &v2]).unwrap();
                         let copied = fast::cuda_inplace_copies() - copies;
                         assert_eq!(copied, if held { 2 } else { 0 }, "{what}: caches copied");
