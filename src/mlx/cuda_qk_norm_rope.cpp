@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "ablation.h"
 #include "cuda_half_helpers.h"
@@ -160,38 +162,60 @@ int float_bits(float f) {
 
 }  // namespace
 
+namespace {
+
+// Whether this file's kernels apply to `qkv`, the fused q/k/v product of one decode step
+// ([B, HQ + 2·HKV, 1, D], bfloat16 or float16, on the GPU), with this rope; not when a
+// benchmark ablated the kernel (BENCHMARKS.md: MLX's ops run instead).
+bool applies(uint32_t ablation, const mx::array& qkv, int n_q_heads, int n_kv_heads, const RopeArgs& rope) {
+  static const bool cuda = cuda_jit::available();
+  if (mlex::ablated(ablation) || !cuda || mx::to_stream({}).device != mx::Device::gpu) return false;
+  const mx::Dtype t = qkv.dtype();
+  if ((t != mx::bfloat16 && t != mx::float16) || qkv.ndim() != 4 || qkv.shape(1) != n_q_heads + 2 * n_kv_heads ||
+      qkv.shape(2) != 1) {
+    return false;
+  }
+  const int d = qkv.shape(3);
+  if (d % 2 != 0 || d > 1024) return false;
+  return !rope.freqs || (rope.freqs->dtype() == mx::float32 && rope.freqs->shape() == mx::Shape{d / 2});
+}
+
+// The constants both kernels take (see their sources), then `more`.
+std::vector<std::pair<std::string, cuda_jit::Constant>> constants(
+    const mx::array& qkv, int n_q_heads, int n_kv_heads, const RopeArgs& rope, float eps,
+    std::initializer_list<std::pair<std::string, cuda_jit::Constant>> more) {
+  const int d = qkv.shape(3);
+  const float step = std::log(rope.base) / static_cast<float>(d / 2);
+  std::vector<std::pair<std::string, cuda_jit::Constant>> c{
+      {"T", qkv.dtype()}, {"HQ", n_q_heads}, {"HKV", n_kv_heads}, {"D", d}, {"TRAD", rope.traditional},
+      {"FREQS", rope.freqs.has_value()}, {"STEP_BITS", rope.freqs ? 0 : float_bits(step)},
+      {"SCALE_BITS", float_bits(rope.scale)}, {"EPS_BITS", float_bits(eps)}};
+  c.insert(c.end(), more.begin(), more.end());
+  return c;
+}
+
+// One block per head, of D/2 threads rounded up to a warp.
+int threads_per_head(const mx::array& qkv) { return (qkv.shape(3) / 2 + 31) / 32 * 32; }
+
+}  // namespace
+
 std::optional<std::pair<mx::array, mx::array>> cuda_qk_norm_rope(const mx::array& qkv, int n_q_heads,
                                                                  int n_kv_heads, const mx::array& q_norm,
                                                                  const mx::array& k_norm, float eps,
                                                                  const RopeArgs& rope, const mx::array& positions) {
-  // Benchmark ablation only (BENCHMARKS.md): MLX's norms and ropes.
-  static const bool cuda = cuda_jit::available();
-  if (mlex::ablated(MLEX_ABLATE_KERNEL_CUDA_QK_ROPE) || !cuda || mx::to_stream({}).device != mx::Device::gpu) {
-    return std::nullopt;
-  }
+  if (!applies(MLEX_ABLATE_KERNEL_CUDA_QK_ROPE, qkv, n_q_heads, n_kv_heads, rope)) return std::nullopt;
   const mx::Dtype t = qkv.dtype();
-  if ((t != mx::bfloat16 && t != mx::float16) || qkv.ndim() != 4 || qkv.shape(1) != n_q_heads + 2 * n_kv_heads ||
-      qkv.shape(2) != 1) {
-    return std::nullopt;
-  }
   const int b = qkv.shape(0), d = qkv.shape(3);
-  if (d % 2 != 0 || d > 1024 || q_norm.dtype() != t || k_norm.dtype() != t || q_norm.shape() != mx::Shape{d} ||
-      k_norm.shape() != mx::Shape{d} || positions.ndim() != 1 ||
-      (positions.shape(0) != 1 && positions.shape(0) != b)) {
+  if (q_norm.dtype() != t || k_norm.dtype() != t || q_norm.shape() != mx::Shape{d} || k_norm.shape() != mx::Shape{d} ||
+      positions.ndim() != 1 || (positions.shape(0) != 1 && positions.shape(0) != b)) {
     return std::nullopt;
   }
-  if (rope.freqs && (rope.freqs->dtype() != mx::float32 || rope.freqs->shape() != mx::Shape{d / 2})) return std::nullopt;
-  const int threads = (d / 2 + 31) / 32 * 32;
+  const int threads = threads_per_head(qkv);
   const int blocks = b * (n_q_heads + n_kv_heads);
-  const mx::array pos = mx::astype(positions, mx::int32);
-  const float step = std::log(rope.base) / static_cast<float>(d / 2);
   auto outs = cuda_jit::try_run(
-      spec(), {qkv, q_norm, k_norm, pos, rope.freqs ? *rope.freqs : mx::array(0.0f)},
+      spec(), {qkv, q_norm, k_norm, mx::astype(positions, mx::int32), rope.freqs ? *rope.freqs : mx::array(0.0f)},
       {{b, n_q_heads, 1, d}, {b, n_kv_heads, 1, d}}, {t, t}, {blocks * threads, 1, 1}, {threads, 1, 1},
-      {{"T", t}, {"HQ", n_q_heads}, {"HKV", n_kv_heads}, {"D", d}, {"TRAD", rope.traditional},
-       {"FREQS", rope.freqs.has_value()}, {"PER_ROW", positions.shape(0) != 1},
-       {"STEP_BITS", rope.freqs ? 0 : float_bits(step)}, {"SCALE_BITS", float_bits(rope.scale)},
-       {"EPS_BITS", float_bits(eps)}});
+      constants(qkv, n_q_heads, n_kv_heads, rope, eps, {{"PER_ROW", positions.shape(0) != 1}}));
   if (!outs) return std::nullopt;
   return std::make_pair((*outs)[0], (*outs)[1]);
 }
@@ -199,19 +223,11 @@ std::optional<std::pair<mx::array, mx::array>> cuda_qk_norm_rope(const mx::array
 std::optional<std::tuple<mx::array, mx::array, mx::array>> cuda_qkv_rope_into_cache(
     const mx::array& qkv, int n_q_heads, int n_kv_heads, const std::optional<std::pair<mx::array, mx::array>>& norms,
     float eps, const RopeArgs& rope, const mx::array& at, const mx::array& k_cache, const mx::array& v_cache) {
-  // Benchmark ablation only (BENCHMARKS.md): the separate kernels and MLX's cache writes.
-  static const bool cuda = cuda_jit::available();
-  if (mlex::ablated(MLEX_ABLATE_KERNEL_CUDA_KV_WRITE) || !cuda || mx::to_stream({}).device != mx::Device::gpu) {
-    return std::nullopt;
-  }
+  if (!applies(MLEX_ABLATE_KERNEL_CUDA_KV_WRITE, qkv, n_q_heads, n_kv_heads, rope)) return std::nullopt;
   const mx::Dtype t = qkv.dtype();
-  if ((t != mx::bfloat16 && t != mx::float16) || qkv.ndim() != 4 || qkv.shape(1) != n_q_heads + 2 * n_kv_heads ||
-      qkv.shape(2) != 1) {
-    return std::nullopt;
-  }
   const int b = qkv.shape(0), d = qkv.shape(3);
   // (The copy of a cache that could not be taken over moves 16-byte pieces of rows.)
-  if (d % 8 != 0 || d > 1024 || k_cache.ndim() != 4 || k_cache.shape() != v_cache.shape() || k_cache.dtype() != t ||
+  if (d % 8 != 0 || k_cache.ndim() != 4 || k_cache.shape() != v_cache.shape() || k_cache.dtype() != t ||
       v_cache.dtype() != t || k_cache.shape(0) != b || k_cache.shape(1) != n_kv_heads || k_cache.shape(3) != d ||
       at.dtype() != mx::int32 || at.shape() != mx::Shape{2}) {
     return std::nullopt;
@@ -220,21 +236,15 @@ std::optional<std::tuple<mx::array, mx::array, mx::array>> cuda_qkv_rope_into_ca
                 norms->second.shape() != mx::Shape{d})) {
     return std::nullopt;
   }
-  if (rope.freqs && (rope.freqs->dtype() != mx::float32 || rope.freqs->shape() != mx::Shape{d / 2})) return std::nullopt;
-  const int threads = (d / 2 + 31) / 32 * 32;
+  const int threads = threads_per_head(qkv);
   const int blocks = b * (n_q_heads + 2 * n_kv_heads);
-  const float step = std::log(rope.base) / static_cast<float>(d / 2);
   const mx::array none(0.0f);
   auto outs = cuda_jit::try_run(
       cache_spec(),
       {qkv, norms ? norms->first : none, norms ? norms->second : none, at, rope.freqs ? *rope.freqs : none, k_cache,
        v_cache},
       {{b, n_q_heads, 1, d}, k_cache.shape(), v_cache.shape()}, {t, t, t}, {blocks * threads, 1, 1}, {threads, 1, 1},
-      {{"T", t}, {"HQ", n_q_heads}, {"HKV", n_kv_heads}, {"D", d}, {"TRAD", rope.traditional},
-       {"FREQS", rope.freqs.has_value()}, {"NORM", norms.has_value()},
-       {"STEP_BITS", rope.freqs ? 0 : float_bits(step)}, {"SCALE_BITS", float_bits(rope.scale)},
-       {"EPS_BITS", norms ? float_bits(eps) : 0}},
-      {}, {-1, 5, 6});
+      constants(qkv, n_q_heads, n_kv_heads, rope, norms ? eps : 0.0f, {{"NORM", norms.has_value()}}), {}, {-1, 5, 6});
   if (!outs) return std::nullopt;
   return std::make_tuple((*outs)[0], (*outs)[1], (*outs)[2]);
 }
