@@ -104,9 +104,7 @@ pub fn run(spec: &BenchSpec, mut report: impl FnMut(Value)) -> Result<()> {
     };
     session.generate_tokens(&prompt, opts(4), |_| true)?; // warm-up at the measured shape
     for run in 0..spec.runs {
-        let copies = crate::mlx::fast::cuda_inplace_copies();
         let r = session.generate_tokens(&prompt, opts(spec.gen), |_| true)?;
-        let copies = crate::mlx::fast::cuda_inplace_copies() - copies;
         let u = &r.usage;
         let gib = |b: f64| (b / (1u64 << 30) as f64 * 1000.0).round() / 1000.0;
         report(json!({
@@ -124,10 +122,8 @@ pub fn run(spec: &BenchSpec, mut report: impl FnMut(Value)) -> Result<()> {
             "device": session.info().device, "dtype": session.info().dtype,
             "blas": crate::mlx::blas_backend(),
             "load_s": (load_s * 1000.0).round() / 1000.0,
-            // Greedy tokens, for comparing builds and ablations; cache writes that had to copy
-            // the cache (CUDA; 0 when every decode step wrote its cache in place).
+            // Greedy tokens, for comparing builds and ablations.
             "first_tokens": &r.tokens[..r.tokens.len().min(16)],
-            "cache_copies": copies,
         }));
     }
     Ok(())

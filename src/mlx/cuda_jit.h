@@ -47,15 +47,14 @@ bool available();
 
 // Runs the kernel (compiled or read from the cache on first use of these constants and
 // dtypes): grid in threads as MLX's kernels take it, block in threads. Inputs that are not row
-// contiguous are copied first. `donate`: outputs that update an input in place (see
-// cuda_launch::launch; only with direct launches). Throws std::runtime_error naming the kernel
-// when it cannot be compiled or loaded; callers fall back to MLX's own ops.
+// contiguous are copied first. Throws std::runtime_error naming the kernel when it cannot be
+// compiled or loaded; callers fall back to MLX's own ops.
 std::vector<mlx::core::array> run(const KernelSpec& spec, const std::vector<mlx::core::array>& inputs,
                                   const std::vector<mlx::core::Shape>& output_shapes,
                                   const std::vector<mlx::core::Dtype>& output_dtypes,
                                   std::tuple<int, int, int> grid, std::tuple<int, int, int> block,
                                   const std::vector<std::pair<std::string, Constant>>& constants,
-                                  mlx::core::StreamOrDevice s = {}, const std::vector<int>& donate = {});
+                                  mlx::core::StreamOrDevice s = {});
 
 // Like run, but a failure is reported once on stderr (naming the kernel and why) and turned
 // into nothing, so the caller's reference path runs instead.
@@ -63,7 +62,6 @@ std::optional<std::vector<mlx::core::array>> try_run(
     const KernelSpec& spec, const std::vector<mlx::core::array>& inputs,
     const std::vector<mlx::core::Shape>& output_shapes, const std::vector<mlx::core::Dtype>& output_dtypes,
     std::tuple<int, int, int> grid, std::tuple<int, int, int> block,
-    const std::vector<std::pair<std::string, Constant>>& constants, mlx::core::StreamOrDevice s = {},
-    const std::vector<int>& donate = {});
+    const std::vector<std::pair<std::string, Constant>>& constants, mlx::core::StreamOrDevice s = {});
 
 }  // namespace mlex::cuda_jit

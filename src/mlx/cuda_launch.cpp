@@ -111,8 +111,8 @@ void* device_address(const mx::array& a) {
 
 class Launch : public mx::Primitive {
  public:
-  Launch(mx::Stream s, std::shared_ptr<const Kernel> kernel, Dim3 grid, Dim3 block, std::vector<int> donate)
-      : mx::Primitive(s), kernel_(std::move(kernel)), grid_(grid), block_(block), donate_(std::move(donate)) {}
+  Launch(mx::Stream s, std::shared_ptr<const Kernel> kernel, Dim3 grid, Dim3 block)
+      : mx::Primitive(s), kernel_(std::move(kernel)), grid_(grid), block_(block) {}
 
   void eval_cpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
     throw std::runtime_error(kernel_->name() + " is a CUDA kernel: it has no CPU implementation");
@@ -122,20 +122,7 @@ class Launch : public mx::Primitive {
     const Api& a = api();
     Encoder& enc = a.get_command_encoder(stream());
     void* fn = kernel_->function();
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      mx::array& out = outputs[i];
-      const int from = i < donate_.size() ? donate_[i] : -1;
-      // An in-place output takes its input's buffer where nothing else holds it (as MLX's
-      // SliceUpdate does); otherwise it gets a fresh one, and the kernel, seeing two different
-      // addresses, copies the input over.
-      if (from >= 0 && inputs[from].is_donatable() && inputs[from].flags().row_contiguous &&
-          inputs[from].nbytes() == out.nbytes()) {
-        out.copy_shared_buffer(inputs[from]);
-        continue;
-      }
-      if (from >= 0) inplace_copies().fetch_add(1, std::memory_order_relaxed);
-      out.set_data(mx::allocator::malloc(out.nbytes()));
-    }
+    for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
     std::vector<void*> addresses;
     addresses.reserve(inputs.size() + outputs.size());
     // An input that is not row contiguous is copied first, by MLX's own Contiguous primitive on
@@ -168,14 +155,13 @@ class Launch : public mx::Primitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const Launch*>(&other);
-    return o != nullptr && o->kernel_ == kernel_ && o->donate_ == donate_ && o->grid_.x == grid_.x && o->grid_.y == grid_.y &&
+    return o != nullptr && o->kernel_ == kernel_ && o->grid_.x == grid_.x && o->grid_.y == grid_.y &&
            o->grid_.z == grid_.z && o->block_.x == block_.x && o->block_.y == block_.y && o->block_.z == block_.z;
   }
 
  private:
   std::shared_ptr<const Kernel> kernel_;
   Dim3 grid_, block_;
-  std::vector<int> donate_;
 };
 
 }  // namespace
@@ -212,23 +198,10 @@ void* Kernel::function() const {
 
 const std::string& why_not() { return api().why_not; }
 
-std::atomic<uint64_t>& inplace_copies() {
-  static std::atomic<uint64_t> n{0};
-  return n;
-}
-
 std::vector<mx::array> launch(const std::shared_ptr<const Kernel>& kernel, const std::vector<mx::array>& inputs,
                               const std::vector<mx::Shape>& output_shapes, const std::vector<mx::Dtype>& output_dtypes,
-                              std::tuple<int, int, int> grid, std::tuple<int, int, int> block, mx::Stream stream,
-                              const std::vector<int>& donate) {
+                              std::tuple<int, int, int> grid, std::tuple<int, int, int> block, mx::Stream stream) {
   if (!available()) throw std::runtime_error(kernel->name() + ": " + why_not());
-  for (size_t i = 0; i < donate.size(); ++i) {
-    const int from = donate[i];
-    if (from >= 0 && (i >= output_shapes.size() || static_cast<size_t>(from) >= inputs.size() ||
-                      inputs[from].shape() != output_shapes[i] || inputs[from].dtype() != output_dtypes[i])) {
-      throw std::invalid_argument(kernel->name() + ": an in-place output must have its input's shape and dtype");
-    }
-  }
   auto blocks = [](int g, int t) { return static_cast<unsigned int>((g + t - 1) / t); };
   const auto [gx, gy, gz] = grid;
   const auto [tx, ty, tz] = block;
@@ -237,7 +210,7 @@ std::vector<mx::array> launch(const std::shared_ptr<const Kernel>& kernel, const
   }
   Dim3 g{blocks(gx, tx), blocks(gy, ty), blocks(gz, tz)};
   Dim3 b{static_cast<unsigned int>(tx), static_cast<unsigned int>(ty), static_cast<unsigned int>(tz)};
-  return mx::array::make_arrays(output_shapes, output_dtypes, std::make_shared<Launch>(stream, kernel, g, b, donate), inputs);
+  return mx::array::make_arrays(output_shapes, output_dtypes, std::make_shared<Launch>(stream, kernel, g, b), inputs);
 }
 
 }  // namespace mlex::cuda_launch

@@ -15,8 +15,6 @@
 // callers use `fast::precompiled_cuda_kernel` instead.
 #pragma once
 
-#include <atomic>
-#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -51,19 +49,11 @@ inline bool available() { return why_not().empty(); }
 
 // The kernel as an op: inputs (made row contiguous first) then outputs, all pointers, in the
 // kernel's parameter order; grid in threads (as MLX's kernels take it), block in threads.
-// `donate[i] = j` makes output i an in-place update of input j (same shape and dtype, a
-// key/value cache written one token a step): it takes input j's own buffer when nothing else
-// holds that, and then the kernel sees the same address for both; otherwise output i is a
-// fresh buffer and the kernel must copy input j into it. -1 or absent: a fresh buffer.
 std::vector<mlx::core::array> launch(const std::shared_ptr<const Kernel>& kernel,
                                      const std::vector<mlx::core::array>& inputs,
                                      const std::vector<mlx::core::Shape>& output_shapes,
                                      const std::vector<mlx::core::Dtype>& output_dtypes,
                                      std::tuple<int, int, int> grid, std::tuple<int, int, int> block,
-                                     mlx::core::Stream stream, const std::vector<int>& donate = {});
-
-// How many in-place outputs got a fresh buffer because something else held their input's (tests
-// check that a decode step's cache writes take the buffer).
-std::atomic<uint64_t>& inplace_copies();
+                                     mlx::core::Stream stream);
 
 }  // namespace mlex::cuda_launch

@@ -335,59 +335,6 @@ pub mod fast {
         Ok(Some((Array::from_raw(q), Array::from_raw(k))))
     }
 
-    /// A decode step's q/k/v (the fused product, `[B, HQ + 2·HKV, 1, D]`) straight into a
-    /// full-attention cache, in one CUDA kernel: q and k normalized by `norms` (q_norm, k_norm and
-    /// eps; None: no norms) and rotated at position `at[0]`, k and v written into row `at[0]` of
-    /// `k_cache` / `v_cache` (`[B, HKV, capacity, D]`; `at` int32 `[position, capacity]`).
-    /// `(q [B, HQ, 1, D], k_cache, v_cache)`, the caches updated in their own buffers where
-    /// nothing else holds them; None where that kernel does not apply (not CUDA, other dtypes or
-    /// shapes).
-    #[allow(clippy::too_many_arguments)]
-    pub fn cuda_qkv_rope_into_cache(
-        qkv: &Array,
-        heads: (i32, i32),
-        norms: Option<(&Array, &Array, f32)>,
-        traditional: bool,
-        base: f32,
-        scale: f32,
-        freqs: Option<&Array>,
-        at: &Array,
-        k_cache: &Array,
-        v_cache: &Array,
-    ) -> Result<Option<(Array, Array, Array)>> {
-        let (mut q, mut k, mut v) = (std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut());
-        crate::mlx::error::check(unsafe {
-            sys::mlex_cuda_qkv_rope_into_cache(
-                qkv.raw(),
-                heads.0,
-                heads.1,
-                raw_or_null(norms.map(|n| n.0)),
-                raw_or_null(norms.map(|n| n.1)),
-                norms.map_or(0.0, |n| n.2),
-                traditional,
-                base,
-                scale,
-                raw_or_null(freqs),
-                at.raw(),
-                k_cache.raw(),
-                v_cache.raw(),
-                &mut q,
-                &mut k,
-                &mut v,
-            )
-        })?;
-        if q.is_null() || k.is_null() || v.is_null() {
-            return Ok(None);
-        }
-        Ok(Some((Array::from_raw(q), Array::from_raw(k), Array::from_raw(v))))
-    }
-
-    /// How many in-place outputs of our CUDA kernels got a fresh buffer because something else
-    /// held their input's (a cache write that copied the cache instead of updating it).
-    pub fn cuda_inplace_copies() -> u64 {
-        unsafe { sys::mlex_cuda_inplace_copies() }
-    }
-
     /// [`scaled_dot_product_attention`] over a left-padded batch: row b's queries see no key
     /// before `key_start[b]` (int32 `[B]`); `causal` as the causal mode on top of it.
     pub fn scaled_dot_product_attention_padded(

@@ -4,7 +4,6 @@
 #include "cpu_fast_ops.h"
 #include "cpu_dense_matmul.h"
 #include "cpu_quantized_matmul.h"
-#include "cuda_launch.h"
 #include "cuda_qk_norm_rope.h"
 #include "cuda_quantized_matvec.h"
 #include "gated_delta.h"
@@ -520,25 +519,6 @@ int mlex_cuda_qk_norm_rope(mlex_array qkv, int32_t n_q_heads, int32_t n_kv_heads
     }
   });
 }
-int mlex_cuda_qkv_rope_into_cache(mlex_array qkv, int32_t n_q_heads, int32_t n_kv_heads, mlex_array q_norm,
-                                  mlex_array k_norm, float eps, bool traditional, float base, float scale,
-                                  mlex_array freqs, mlex_array at, mlex_array k_cache, mlex_array v_cache,
-                                  mlex_array* out_q, mlex_array* out_k_cache, mlex_array* out_v_cache) {
-  return guard([&] {
-    *out_q = *out_k_cache = *out_v_cache = nullptr;
-    if ((q_norm == nullptr) != (k_norm == nullptr)) throw std::invalid_argument("q_norm and k_norm go together");
-    std::optional<std::pair<mx::array, mx::array>> norms;
-    if (q_norm != nullptr) norms.emplace(unwrap(q_norm), unwrap(k_norm));
-    const mlex::RopeArgs rope{traditional, base, scale, opt(freqs)};
-    if (auto r = mlex::cuda_qkv_rope_into_cache(unwrap(qkv), n_q_heads, n_kv_heads, norms, eps, rope, unwrap(at),
-                                                unwrap(k_cache), unwrap(v_cache))) {
-      *out_q = wrap(std::get<0>(*r));
-      *out_k_cache = wrap(std::get<1>(*r));
-      *out_v_cache = wrap(std::get<2>(*r));
-    }
-  });
-}
-uint64_t mlex_cuda_inplace_copies(void) { return mlex::cuda_launch::inplace_copies().load(); }
 int mlex_fast_rope_offsets(mlex_array x, int32_t dims, bool traditional, float base, float scale, mlex_array offsets,
                            mlex_array freqs, mlex_array* out) {
   return guard([&] {

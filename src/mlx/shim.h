@@ -198,19 +198,6 @@ int mlex_fast_rope(mlex_array x, int32_t dims, bool traditional, float base, flo
 int mlex_cuda_qk_norm_rope(mlex_array qkv, int32_t n_q_heads, int32_t n_kv_heads, mlex_array q_norm,
                            mlex_array k_norm, float eps, bool traditional, float base, float scale, mlex_array freqs,
                            mlex_array positions, mlex_array* out_q, mlex_array* out_k);
-/* A decode step's q/k/v into a full-attention key/value cache in one CUDA kernel: q and k of qkv
-   [B, HQ + 2·HKV, 1, D] normalized by q_norm / k_norm (both NULL: no norms) and rotated (as
-   mlex_fast_rope) at position at[0] (at: int32 [2], the position and the caches' capacity), k and
-   v written into row at[0] of k_cache / v_cache ([B, HKV, capacity, D]). Writes q [B, HQ, 1, D]
-   and the updated caches (in place where nothing else holds their buffers); where the kernel
-   does not apply all three are set to NULL and the caller runs the separate ops. */
-int mlex_cuda_qkv_rope_into_cache(mlex_array qkv, int32_t n_q_heads, int32_t n_kv_heads, mlex_array q_norm,
-                                  mlex_array k_norm, float eps, bool traditional, float base, float scale,
-                                  mlex_array freqs, mlex_array at, mlex_array k_cache, mlex_array v_cache,
-                                  mlex_array* out_q, mlex_array* out_k_cache, mlex_array* out_v_cache);
-/* How many in-place outputs of our CUDA kernels got a fresh buffer because something else held
-   their input's (0 where none ran). */
-uint64_t mlex_cuda_inplace_copies(void);
 /* As mlex_fast_rope with each row of x's leading (batch) axis at its own position: offsets [B]
    int32 (continuous batching). */
 int mlex_fast_rope_offsets(mlex_array x, int32_t dims, bool traditional, float base, float scale, mlex_array offsets,
@@ -281,7 +268,6 @@ int mlex_random_categorical(mlex_array logits, int32_t axis, mlex_array key, mle
 #define MLEX_ABLATE_KERNEL_CUDA_NORM_FOLD 64u
 #define MLEX_ABLATE_KERNEL_CUDA_QK_ROPE 128u
 #define MLEX_ABLATE_KERNEL_CPU_NORM_FOLD 256u
-#define MLEX_ABLATE_KERNEL_CUDA_KV_WRITE 512u
 void mlex_set_ablations(uint32_t kernels);
 
 /* ---- compile: fused element-wise helpers used by the models ---- */

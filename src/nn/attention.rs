@@ -34,15 +34,8 @@ enum At {
     Rows(Array),
 }
 
-/// A step's q, k and v: fresh, for the cache to take; or k and v already in the cache (a decode
-/// step's one kernel: see [`Attention::rotate_into_cache`]), with what q attends to.
-enum Qkv {
-    Fresh(Array, Array, Array),
-    Cached(Array, Array, Array, Mask),
-}
-
 /// int32 `[offset]`, the position of a decode step's token: one array for all layers of a step
-/// (memoized per thread).
+/// (memoized per thread), not one host allocation per layer.
 fn position(offset: usize) -> Result<Array> {
     thread_local! {
         static LAST: std::cell::RefCell<Option<(usize, Array)>> = const { std::cell::RefCell::new(None) };
@@ -132,31 +125,24 @@ impl Attention {
             Some(p) => At::Rows(p.clone()),
             None => At::Offset(cache.offset()),
         };
-        let qkv = if l == 1 {
-            self.decode_qkv(x, norm, b, &at, cache)?
+        let (q, k, v) = if l == 1 {
+            self.decode_qkv(x, norm, b, &at)?
         } else {
             let xn = match norm {
                 Some(n) => n.forward(x)?,
                 None => x.clone(),
             };
-            let (q, k, v) = self.prefill_qkv(&xn, b, l, &at)?;
-            Qkv::Fresh(q, k, v)
+            self.prefill_qkv(&xn, b, l, &at)?
         };
-        let (q, k, v, mask) = match qkv {
-            Qkv::Cached(q, k, v, mask) => (q, k, v, mask),
-            Qkv::Fresh(q, k, v) => {
-                if self.sinks.is_none() {
-                    // A quantized cache (`kv_bits`) is read by quantized matmuls, as mlx-lm does.
-                    if let Some(kv) = cache.update_and_fetch_quantized(&k, &v)? {
-                        let o = quantized_attention(&q, &kv, self.scale)?;
-                        let o = if l == 1 { o.reshape(&[b, 1, -1])? } else { o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])? };
-                        return self.project_out(&o, residual);
-                    }
-                }
-                let (k, v, mask) = cache.update_and_fetch_for_sdpa(&k, &v)?;
-                (q, k, v, mask)
+        if self.sinks.is_none() {
+            // A quantized cache (`kv_bits`) is read by quantized matmuls, as mlx-lm does.
+            if let Some(kv) = cache.update_and_fetch_quantized(&k, &v)? {
+                let o = quantized_attention(&q, &kv, self.scale)?;
+                let o = if l == 1 { o.reshape(&[b, 1, -1])? } else { o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])? };
+                return self.project_out(&o, residual);
             }
-        };
+        }
+        let (k, v, mask) = cache.update_and_fetch_for_sdpa(&k, &v)?;
         let o = match (&self.sinks, &mask) {
             (None, Mask::Padded { key_start, causal }) => {
                 fast::scaled_dot_product_attention_padded(&q, &k, &v, self.scale, *causal, key_start)?
@@ -194,30 +180,6 @@ impl Attention {
         }
     }
 
-    /// A decode step's q, with k and v written straight into `cache` by one CUDA kernel (norms,
-    /// rope and both cache writes: `Rope::rotate_into_cache`), where the cache is a plain
-    /// growing one and the kernel applies. `qkv`: the fused product, `[B, HQ + 2·HKV, 1, D]`.
-    fn rotate_into_cache(&self, qkv: &Array, heads: (i32, i32), at: &At, cache: &mut dyn Cache) -> Result<Option<Qkv>> {
-        let (At::Offset(_), Some(rope)) = (at, &self.rope) else { return Ok(None) };
-        if !crate::mlx::on_cuda() {
-            return Ok(None);
-        }
-        let norms = match (&self.q_norm, &self.k_norm) {
-            (Some(q), Some(k)) => Some((q, k)),
-            (None, None) => None,
-            _ => return Ok(None),
-        };
-        let Some(row) = cache.row_for_one(qkv.dim(0), heads.1, qkv.dim(3), qkv.dtype())? else { return Ok(None) };
-        let Some((q, keys, values)) = rope.rotate_into_cache(qkv, heads, norms, &row.at, &row.keys, &row.values)? else {
-            return Ok(None);
-        };
-        // (The cache's old buffers must be held by nothing but this step's kernel when it runs,
-        // for it to write them in place.)
-        drop(row);
-        let (k, v, mask) = cache.commit_row(keys, values)?;
-        Ok(Some(Qkv::Cached(q, k, v, mask)))
-    }
-
     /// Whether this layer can run the rows of a continuous batch (each at its own position, a
     /// left-padded cache): not with sinks, nor with a rope whose frequencies depend on the length.
     pub fn batchable(&self) -> bool {
@@ -239,7 +201,7 @@ impl Attention {
     /// The decode step (L = 1) with as few ops as possible, since per-op overhead is what a
     /// decode step costs: `[B, 1, H·D]` reshapes straight to `[B, H, 1, D]` (no transposes), and
     /// without q/k norms one rope rotates q and k together.
-    fn decode_qkv(&self, x: &Array, norm: Option<&RmsNorm>, b: i32, offset: &At, cache: &mut dyn Cache) -> Result<Qkv> {
+    fn decode_qkv(&self, x: &Array, norm: Option<&RmsNorm>, b: i32, offset: &At) -> Result<(Array, Array, Array)> {
         let (hq, hkv) = (self.n_heads as i32, self.n_kv_heads as i32);
         match &self.qkv {
             Projections::Fused { linear, .. } => {
@@ -248,25 +210,22 @@ impl Attention {
                     None => linear.forward(x)?,
                 };
                 let y = y.reshape(&[b, hq + 2 * hkv, 1, -1])?;
-                if let Some(done) = self.rotate_into_cache(&y, (hq, hkv), offset, cache)? {
-                    return Ok(done);
-                }
                 if self.q_norm.is_none() && self.k_norm.is_none() {
                     let mut parts = y.split_at(&[hq + hkv], 1)?;
                     let v = parts.pop().unwrap();
                     let qk = self.rope(parts.pop().unwrap(), offset)?;
                     let mut qk = qk.split_at(&[hq], 1)?;
                     let k = qk.pop().unwrap();
-                    return Ok(Qkv::Fresh(qk.pop().unwrap(), k, v));
+                    return Ok((qk.pop().unwrap(), k, v));
                 }
                 let mut parts = y.split_at(&[hq, hq + hkv], 1)?;
                 let v = parts.pop().unwrap();
                 if let Some((q, k)) = self.norm_rotate_qk(&y, (hq, hkv), offset)? {
-                    return Ok(Qkv::Fresh(q, k, v));
+                    return Ok((q, k, v));
                 }
                 let k = self.rope(Self::norm(parts.pop().unwrap(), self.k_norm.as_ref())?, offset)?;
                 let q = self.rope(Self::norm(parts.pop().unwrap(), self.q_norm.as_ref())?, offset)?;
-                Ok(Qkv::Fresh(q, k, v))
+                Ok((q, k, v))
             }
             Projections::Separate(_) => {
                 let qkv = match norm {
@@ -276,7 +235,7 @@ impl Attention {
                 let heads = |y: &Array, n: i32| y.reshape(&[b, n, 1, -1]);
                 let q = self.rope(Self::norm(heads(&qkv[0], hq)?, self.q_norm.as_ref())?, offset)?;
                 let k = self.rope(Self::norm(heads(&qkv[1], hkv)?, self.k_norm.as_ref())?, offset)?;
-                Ok(Qkv::Fresh(q, k, heads(&qkv[2], hkv)?))
+                Ok((q, k, heads(&qkv[2], hkv)?))
             }
         }
     }

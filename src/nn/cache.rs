@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::mlx::fast::AttentionMask;
 use super::quantized_kv_cache::QuantizedKv;
 use super::{BatchKvCache, BoundedKvCache, KvCache, QuantizedKvCache, RotatingKvCache, StateCache};
-use crate::mlx::{Array, Dtype};
+use crate::mlx::Array;
 
 /// The mask a layer's queries need over the keys its cache returned.
 pub enum Mask {
@@ -31,15 +31,6 @@ impl Mask {
             Mask::Padded { .. } => Err(Error::Mlx("a padded batch's mask needs the padded attention op".into())),
         }
     }
-}
-
-/// Where a one-token step writes its key and value ([`Cache::row_for_one`]).
-pub struct RowSlot {
-    /// `[B, Hkv, capacity, D]`, valid up to `row`.
-    pub keys: Array,
-    pub values: Array,
-    /// int32 `[row, capacity]`: the row written (the token's position) and the buffers' length.
-    pub at: Array,
 }
 
 /// One layer's state.
@@ -72,20 +63,6 @@ pub trait Cache {
     /// matmuls. None (nothing appended): this cache returns plain arrays ([`Cache::update_and_fetch`]).
     fn update_and_fetch_quantized(&mut self, _k: &Array, _v: &Array) -> Result<Option<QuantizedKv>> {
         Ok(None)
-    }
-
-    /// For a one-token step writing straight into this cache (one kernel: see
-    /// `Rope::rotate_into_cache`): the key/value buffers, grown to hold the token, and the row it
-    /// goes in. The caller writes that row of both and hands the new buffers to
-    /// [`Cache::commit_row`]. None: this cache appends through [`Cache::update_and_fetch`] only.
-    fn row_for_one(&mut self, _b: i32, _kv_heads: i32, _head_dim: i32, _dtype: Dtype) -> Result<Option<RowSlot>> {
-        Ok(None)
-    }
-
-    /// Takes the buffers [`Cache::row_for_one`]'s caller wrote (one token more) and returns what
-    /// the token's query attends to, as [`Cache::update_and_fetch`] does.
-    fn commit_row(&mut self, _keys: Array, _values: Array) -> Result<(Array, Array, Mask)> {
-        Err(Error::Mlx("this layer's cache takes no rows written in place".into()))
     }
 
     /// The rope position of each row's first new token (int32 `[B]`) when the rows of a batch

@@ -1,6 +1,6 @@
 //! The per-layer key/value cache of full attention: a buffer that grows in fixed steps (as
 //! mlx-lm's `KVCache`), written in place with `slice_update`, read as a prefix view.
-use super::cache::{Cache, Mask, RowSlot, SavedCache};
+use super::cache::{Cache, Mask, SavedCache};
 use crate::error::Result;
 use crate::mlx::{Array, Dtype};
 use std::cell::RefCell;
@@ -36,20 +36,6 @@ fn short_pass_mask(offset: usize, queries: usize, capacity: usize, dtype: Dtype)
     Ok(mask)
 }
 
-/// int32 `[row, capacity]` for [`RowSlot::at`]; every layer of a step asks for the same one
-/// (memoized per thread, like [`short_pass_mask`]).
-fn row_at(row: usize, capacity: usize) -> Result<Array> {
-    thread_local! {
-        static LAST: RefCell<Option<((usize, usize), Array)>> = const { RefCell::new(None) };
-    }
-    if let Some(a) = LAST.with(|l| l.borrow().as_ref().filter(|(k, _)| *k == (row, capacity)).map(|(_, a)| a.clone())) {
-        return Ok(a);
-    }
-    let a = Array::from_slice(&[row as i32, capacity as i32], &[2])?;
-    LAST.with(|l| *l.borrow_mut() = Some(((row, capacity), a.clone())));
-    Ok(a)
-}
-
 /// Cloning shares the buffers (MLX arrays are immutable values): a clone can be trimmed and
 /// extended without touching the original (see `generate::prompt_cache`).
 #[derive(Default, Clone)]
@@ -62,14 +48,9 @@ pub struct KvCache {
 
 /// `buf` (`[B, H, cap, D]`) with room for `extra` more tokens after its first `used`.
 pub(crate) fn grow(buf: &Option<Array>, like: &Array, used: usize, extra: usize) -> Result<Array> {
-    let s = like.shape();
-    grow_as(buf, (s[0], s[1], s[3]), like.dtype(), used, extra)
-}
-
-/// [`grow`] for tokens of `[B, H, ·, D]` = `bhd` and `dtype`.
-fn grow_as(buf: &Option<Array>, bhd: (i32, i32, i32), dtype: Dtype, used: usize, extra: usize) -> Result<Array> {
     let steps = extra.div_ceil(KV_STEP);
-    let fresh = Array::zeros(&[bhd.0, bhd.1, (steps * KV_STEP) as i32, bhd.2], dtype)?;
+    let s = like.shape();
+    let fresh = Array::zeros(&[s[0], s[1], (steps * KV_STEP) as i32, s[3]], like.dtype())?;
     Ok(match buf {
         Some(c) => {
             let c = if used < c.dim(2) as usize { c.slice_axis(2, 0, used as i32)? } else { c.clone() };
@@ -155,32 +136,6 @@ impl Cache for KvCache {
             return self.append_whole(k, v);
         }
         self.update_and_fetch(k, v)
-    }
-
-    fn row_for_one(&mut self, b: i32, kv_heads: i32, head_dim: i32, dtype: Dtype) -> Result<Option<RowSlot>> {
-        if let Some(k) = &self.keys {
-            let s = k.shape();
-            if (s[0], s[1], s[3]) != (b, kv_heads, head_dim) || k.dtype() != dtype {
-                return Ok(None);
-            }
-        }
-        let capacity = self.keys.as_ref().map_or(0, |a| a.dim(2) as usize);
-        if self.keys.is_none() || self.offset + 1 > capacity {
-            self.keys = Some(grow_as(&self.keys, (b, kv_heads, head_dim), dtype, self.offset, 1)?);
-            self.values = Some(grow_as(&self.values, (b, kv_heads, head_dim), dtype, self.offset, 1)?);
-        }
-        let (keys, values) = (self.keys.clone().unwrap(), self.values.clone().unwrap());
-        let at = row_at(self.offset, keys.dim(2) as usize)?;
-        Ok(Some(RowSlot { keys, values, at }))
-    }
-
-    fn commit_row(&mut self, keys: Array, values: Array) -> Result<(Array, Array, Mask)> {
-        self.offset += 1;
-        let k = keys.slice_axis(2, 0, self.offset as i32)?;
-        let v = values.slice_axis(2, 0, self.offset as i32)?;
-        self.keys = Some(keys);
-        self.values = Some(values);
-        Ok((k, v, Mask::None))
     }
 
     fn update_and_fetch(&mut self, k: &Array, v: &Array) -> Result<(Array, Array, Mask)> {

@@ -20,7 +20,7 @@ pub mod switch;
 pub use attention::{Attention, AttentionSpec};
 pub use batch_kv_cache::{BatchCaches, BatchKvCache};
 pub use bounded_kv_cache::BoundedKvCache;
-pub use cache::{Cache, KvCacheKind, LayerCaches, Mask, RowSlot, SavedCache};
+pub use cache::{Cache, KvCacheKind, LayerCaches, Mask, SavedCache};
 pub use embedding::Embedding;
 pub use kv_cache::KvCache;
 pub use linear::{Linear, Projections};

@@ -127,37 +127,6 @@ impl Rope {
         )
     }
 
-    /// A decode step's fused q/k/v product (`[B, HQ + 2·HKV, 1, D]`) into a full-attention cache
-    /// in one CUDA kernel: q and k normalized by `norms` (q_norm, k_norm) when given and rotated at
-    /// position `at[0]`, k and v written into row `at[0]` of `k_cache` / `v_cache` (`at`: int32
-    /// `[position, capacity]`). `(q, k_cache, v_cache)`; None where that does not apply (as
-    /// [`Rope::norm_rotate_qk`]), and the caller runs the ops.
-    pub fn rotate_into_cache(
-        &self,
-        qkv: &Array,
-        heads: (i32, i32),
-        norms: Option<(&RmsNorm, &RmsNorm)>,
-        at: &Array,
-        k_cache: &Array,
-        v_cache: &Array,
-    ) -> Result<Option<(Array, Array, Array)>> {
-        if self.mscale != 1.0 || self.dynamic.is_some() || self.dims != qkv.dim(-1) || norms.is_some_and(|(q, k)| q.eps != k.eps) {
-            return Ok(None);
-        }
-        fast::cuda_qkv_rope_into_cache(
-            qkv,
-            heads,
-            norms.map(|(q, k)| (&q.weight, &k.weight, q.eps)),
-            self.traditional,
-            self.base,
-            self.scale,
-            self.freqs.as_ref(),
-            at,
-            k_cache,
-            v_cache,
-        )
-    }
-
     /// Rotates `x` (`[B, H, L, D]`) for positions `offset..offset+L`.
     pub fn forward(&self, x: &Array, offset: usize) -> Result<Array> {
         let mut x = x.clone();
