@@ -15,7 +15,10 @@
 //! the language model's linears and embeddings affine 4-bit in groups of 64, the tower and
 //! projector float; config.json's "quantization" block as convert writes it), and both sides run
 //! that. `MLEX_VLM_BENCH_DTYPE=bfloat16` (default float32) makes the oracle cast the weights
-//! first (`--dtype`), for a GPU run: mlex computes in the checkpoint's dtype.
+//! first (`--dtype`), for a GPU run: there mlex computes in the checkpoint's dtype. On the CPU
+//! mlex computes in float32 whatever the checkpoint, so with bfloat16 the tokens differ from
+//! mlx-vlm's bfloat16 ones (Gemma 3 4-bit: mlx-vlm's model cast to float32 on the same bf16
+//! weights gives mlex's 33 tokens exactly); the variable is for GPU machines only.
 //!
 //! `MLEX_ORACLE_VENV=<venv> cargo test --release --test vlm_prompt_bench -- --ignored --nocapture bench_`
 
