@@ -25,7 +25,8 @@ config, model.safetensors, image.png and bench.json
 
 --dtype bfloat16 (default float32) casts the random weights as mlx-vlm's convert --dtype does (its
 model's cast_predicate: Qwen3.5's A_log stays float32) before any quantization; the model then runs
-in that dtype, and so does mlex, whose compute dtype follows the checkpoint's.
+in that dtype. So does mlex on a GPU, where its compute dtype follows the checkpoint's; on the CPU
+mlex computes in float32, so bfloat16 is for GPU machines.
 --bits 4 quantizes the model as `mlx_vlm.convert --quantize --q-bits 4` does by default, calling
 mlx-vlm's own code: quant_utils.quantize_model (affine, groups of 64, every module with
 `to_quantized` whose input width is a multiple of 64) with convert's base predicate
