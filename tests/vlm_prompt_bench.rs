@@ -11,6 +11,15 @@
 //! the median of 3 (a fresh session each run, so no prompt cache). The greedy tokens must equal
 //! mlx-vlm's: the same work on both sides.
 //!
+//! The `_4bit_` tests quantize the checkpoint as mlx-vlm's convert does by default (`--bits 4`:
+//! the language model's linears and embeddings affine 4-bit in groups of 64, the tower and
+//! projector float; config.json's "quantization" block as convert writes it), and both sides run
+//! that. `MLEX_VLM_BENCH_DTYPE=bfloat16` (default float32) makes the oracle cast the weights
+//! first (`--dtype`), for a GPU run: there mlex computes in the checkpoint's dtype. On the CPU
+//! mlex computes in float32 whatever the checkpoint, so with bfloat16 the tokens differ from
+//! mlx-vlm's bfloat16 ones (Gemma 3 4-bit: mlx-vlm's model cast to float32 on the same bf16
+//! weights gives mlex's 33 tokens exactly); the variable is for GPU machines only.
+//!
 //! `MLEX_ORACLE_VENV=<venv> cargo test --release --test vlm_prompt_bench -- --ignored --nocapture bench_`
 
 mod common;
@@ -87,16 +96,22 @@ fn median(v: &[f64]) -> f64 {
     v[v.len() / 2]
 }
 
-fn bench(arch: &str, specials: &[(u64, &str)], bos: Option<&str>, eos: &str, marker: &str) {
-    let test = format!("bench_{arch}_image_prompt_against_mlx_vlm");
+/// `bits`: None for the random checkpoint as drawn, Some(4) for mlx-vlm's default 4-bit conversion.
+fn bench(arch: &str, bits: Option<u32>, specials: &[(u64, &str)], bos: Option<&str>, eos: &str, marker: &str) {
+    let quant = bits.map_or(String::new(), |b| format!("_{b}bit"));
+    let test = format!("bench_{arch}{quant}_image_prompt_against_mlx_vlm");
     let Some(python) = require_oracle(&test) else { return };
+    let dtype = std::env::var("MLEX_VLM_BENCH_DTYPE").unwrap_or_else(|_| "float32".into());
     let out = tempfile::tempdir().unwrap();
-    let status = Command::new(&python)
+    let mut oracle = Command::new(&python);
+    oracle
         .arg(repo_root().join("tests/oracle/vlm_prompt_bench.py"))
         .arg(out.path())
-        .args(["--arch", arch, "--runs", &RUNS.to_string()])
-        .status()
-        .unwrap();
+        .args(["--arch", arch, "--runs", &RUNS.to_string(), "--dtype", &dtype]);
+    if let Some(b) = bits {
+        oracle.args(["--bits", &b.to_string()]);
+    }
+    let status = oracle.status().unwrap();
     assert!(status.success(), "the oracle failed");
     let bench: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.path().join("bench.json")).unwrap()).unwrap();
     let floats = |k: &str| -> Vec<f64> { bench[k].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect() };
@@ -111,6 +126,7 @@ fn bench(arch: &str, specials: &[(u64, &str)], bos: Option<&str>, eos: &str, mar
     let ttft: Vec<f64> = runs.iter().map(|r| r.0 * 1e3).collect();
     let tps: Vec<f64> = runs.iter().map(|r| r.1).collect();
     let (ot, tt, od, td) = (median(&ttft), median(&their_ttft), median(&tps), median(&their_tps));
+    let arch = format!("{arch} ({dtype}{})", bits.map_or(String::new(), |b| format!(", {b}-bit")));
     println!(
         "{arch} image prompt ({} tokens, {} image; {} greedy, {} distinct, equal to mlx-vlm's): TTFT mlex {ot:.0} ms vs mlx-vlm {tt:.0} ms, \
          {:.2}x; decode mlex {od:.1} vs mlx-vlm {td:.1} tok/s, {:.2}x (medians of {RUNS}; mlex TTFT {ttft:.0?}, mlx-vlm {their_ttft:.0?}; \
@@ -124,23 +140,42 @@ fn bench(arch: &str, specials: &[(u64, &str)], bos: Option<&str>, eos: &str, mar
     );
 }
 
+const GEMMA3_SPECIALS: [(u64, &str); 5] = [(300, "<image_soft_token>"), (301, "<start_of_image>"), (302, "<end_of_image>"), (305, "<bos>"), (306, "<eos>")];
+const GEMMA4_SPECIALS: [(u64, &str); 6] = [(300, "<|image|>"), (301, "<|image>"), (302, "<image|>"), (303, "<|audio|>"), (305, "<bos>"), (306, "<eos>")];
+const QWEN3_5_SPECIALS: [(u64, &str); 5] = [(300, "<|image_pad|>"), (301, "<|vision_start|>"), (302, "<|vision_end|>"), (303, "<|video_pad|>"), (304, "<|im_end|>")];
+
 #[test]
 #[ignore]
 fn bench_gemma3_image_prompt_against_mlx_vlm() {
-    let specials = [(300, "<image_soft_token>"), (301, "<start_of_image>"), (302, "<end_of_image>"), (305, "<bos>"), (306, "<eos>")];
-    bench("gemma3", &specials, Some("<bos>"), "<eos>", "<start_of_image>");
+    bench("gemma3", None, &GEMMA3_SPECIALS, Some("<bos>"), "<eos>", "<start_of_image>");
+}
+
+#[test]
+#[ignore]
+fn bench_gemma3_4bit_image_prompt_against_mlx_vlm() {
+    bench("gemma3", Some(4), &GEMMA3_SPECIALS, Some("<bos>"), "<eos>", "<start_of_image>");
 }
 
 #[test]
 #[ignore]
 fn bench_gemma4_image_prompt_against_mlx_vlm() {
-    let specials = [(300, "<|image|>"), (301, "<|image>"), (302, "<image|>"), (303, "<|audio|>"), (305, "<bos>"), (306, "<eos>")];
-    bench("gemma4", &specials, Some("<bos>"), "<eos>", "<|image|>");
+    bench("gemma4", None, &GEMMA4_SPECIALS, Some("<bos>"), "<eos>", "<|image|>");
+}
+
+#[test]
+#[ignore]
+fn bench_gemma4_4bit_image_prompt_against_mlx_vlm() {
+    bench("gemma4", Some(4), &GEMMA4_SPECIALS, Some("<bos>"), "<eos>", "<|image|>");
 }
 
 #[test]
 #[ignore]
 fn bench_qwen3_5_image_prompt_against_mlx_vlm() {
-    let specials = [(300, "<|image_pad|>"), (301, "<|vision_start|>"), (302, "<|vision_end|>"), (303, "<|video_pad|>"), (304, "<|im_end|>")];
-    bench("qwen3_5", &specials, None, "<|im_end|>", "<|vision_start|><|image_pad|><|vision_end|>");
+    bench("qwen3_5", None, &QWEN3_5_SPECIALS, None, "<|im_end|>", "<|vision_start|><|image_pad|><|vision_end|>");
+}
+
+#[test]
+#[ignore]
+fn bench_qwen3_5_4bit_image_prompt_against_mlx_vlm() {
+    bench("qwen3_5", Some(4), &QWEN3_5_SPECIALS, None, "<|im_end|>", "<|vision_start|><|image_pad|><|vision_end|>");
 }

@@ -20,9 +20,24 @@ calls above are the ones its generate_step makes. The prompt ids are built here 
 test tokenizer gives them (the processor's text expansion is string work, not timed).
 One untimed warm-up run, then --runs timed runs. Writes into OUT_DIR config.json, the processor
 config, model.safetensors, image.png and bench.json
-({"arch", "prompt_tokens", "image_tokens", "ttft_ms": [...], "decode_tps": [...], "tokens": [...]}).
+({"arch", "bits", "dtype", "prompt_tokens", "image_tokens", "ttft_ms": [...], "decode_tps": [...],
+"tokens": [...]}).
 
-    python tests/oracle/vlm_prompt_bench.py OUT_DIR --arch gemma4 [--runs 3] [--steps 33]
+--dtype bfloat16 (default float32) casts the random weights as mlx-vlm's convert --dtype does (its
+model's cast_predicate: Qwen3.5's A_log stays float32) before any quantization; the model then runs
+in that dtype. So does mlex on a GPU, where its compute dtype follows the checkpoint's; on the CPU
+mlex computes in float32, so bfloat16 is for GPU machines.
+--bits 4 quantizes the model as `mlx_vlm.convert --quantize --q-bits 4` does by default, calling
+mlx-vlm's own code: quant_utils.quantize_model (affine, groups of 64, every module with
+`to_quantized` whose input width is a multiple of 64) with convert's base predicate
+(utils.skip_multimodal_module: the vision tower and projector stay float; then the model's
+quant_predicate, if any). So the language model's linears and embeddings (Gemma 4's per-layer
+embedding too) are 4-bit. The checkpoint is then written with utils.save_weights and config.json
+with utils.save_config, the "quantization" and "quantization_config" blocks as quantize_model
+returns them. mlx_vlm.utils imports `requests` at its top (only for images at URLs); where the
+venv lacks it an empty module stands in.
+
+    python tests/oracle/vlm_prompt_bench.py OUT_DIR --arch gemma4 [--runs 3] [--steps 33] [--bits 4] [--dtype bfloat16]
 """
 
 import argparse
@@ -185,6 +200,45 @@ def qwen3_5():
     return model, cfg, files, weights, ids, n, embed
 
 
+def convert(model, cfg, out_dir, bits, dtype):
+    """What `mlx_vlm.convert` does after loading (its dtype cast, then quantize_model with its base
+    predicate) and how it writes (save_weights, save_config), through mlx-vlm's own functions."""
+    import importlib
+    import importlib.util
+    import types
+
+    if importlib.util.find_spec("requests") is None:
+        sys.modules.setdefault("requests", types.ModuleType("requests"))
+    from mlx.utils import tree_flatten, tree_map_with_path
+
+    utils = importlib.import_module("mlx_vlm.utils")  # the arch's import set up the mlx_vlm stub package
+    quant_utils = importlib.import_module("mlx_vlm.quant_utils")
+    config = json.loads(json.dumps(cfg))
+    if dtype != "float32":
+        cast = getattr(model, "cast_predicate", lambda _: True)
+        to = getattr(mx, dtype)
+        model.update(tree_map_with_path(
+            lambda k, v: v.astype(to) if cast(k) and mx.issubdtype(v.dtype, mx.floating) else v, model.parameters()))
+    if bits is not None:
+        model_predicate = getattr(model, "quant_predicate", None)
+
+        def base_quant_predicate(path, module):  # convert's, verbatim in behaviour
+            if utils.skip_multimodal_module(path):
+                return False
+            if model_predicate is not None:
+                return model_predicate(path, module)
+            return True
+
+        config.setdefault("vision_config", {})
+        model, config = quant_utils.quantize_model(model, config, 64, bits, mode="affine",
+                                                   quant_predicate=base_quant_predicate)
+        names = [k for k, _ in tree_flatten(model.parameters()) if k.endswith(".scales")]
+        assert names and not any(utils.skip_multimodal_module(k) for k in names), names
+    mx.eval(model.parameters())
+    utils.save_weights(out_dir, model)
+    utils.save_config(config, config_path=os.path.join(out_dir, "config.json"))
+
+
 def run(model, embed, ids, steps):
     """One image prompt: (ttft seconds, decode tok/s over the tokens after the first, tokens)."""
     t0 = time.perf_counter()
@@ -214,6 +268,8 @@ def main():
     ap.add_argument("--arch", choices=["gemma3", "gemma4", "qwen3_5"], required=True)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--steps", type=int, default=33)
+    ap.add_argument("--bits", type=int, choices=[4], default=None, help="quantize as mlx-vlm's convert does")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = ap.parse_args()
     from PIL import Image
 
@@ -226,12 +282,16 @@ def main():
 
     mx.random.seed(0)
     model, cfg, files, weights, ids, n, embed = {"gemma3": gemma3, "gemma4": gemma4, "qwen3_5": qwen3_5}[args.arch]()
-    with open(os.path.join(args.out_dir, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=2)
     for name, value in files.items():
         with open(os.path.join(args.out_dir, name), "w") as f:
             json.dump(value, f, indent=2)
-    mx.save_safetensors(os.path.join(args.out_dir, "model.safetensors"), weights)
+    if args.bits is None and args.dtype == "float32":
+        with open(os.path.join(args.out_dir, "config.json"), "w") as f:
+            json.dump(cfg, f, indent=2)
+        mx.save_safetensors(os.path.join(args.out_dir, "model.safetensors"), weights)
+    else:
+        del weights
+        convert(model, cfg, args.out_dir, args.bits, args.dtype)
 
     _, _, tokens = run(model, embed, ids, args.steps)  # warm-up
     ttft, tps = [], []
@@ -241,9 +301,9 @@ def main():
         ttft.append(t * 1e3)
         tps.append(d)
     with open(os.path.join(args.out_dir, "bench.json"), "w") as f:
-        json.dump({"arch": args.arch, "prompt_tokens": len(ids), "image_tokens": n, "ttft_ms": ttft, "decode_tps": tps,
+        json.dump({"arch": args.arch, "bits": args.bits, "dtype": args.dtype, "prompt_tokens": len(ids), "image_tokens": n, "ttft_ms": ttft, "decode_tps": tps,
                    "tokens": tokens}, f)
-    print(f"mlx-vlm {args.arch}: {len(ids)} prompt tokens ({n} image), TTFT " + ", ".join(f"{t:.0f}" for t in ttft)
+    print(f"mlx-vlm {args.arch} ({args.dtype}{f', {args.bits}-bit' if args.bits else ''}): {len(ids)} prompt tokens ({n} image), TTFT " + ", ".join(f"{t:.0f}" for t in ttft)
           + " ms, decode " + ", ".join(f"{d:.1f}" for d in tps) + f" tok/s; tokens {tokens}")
 
 
