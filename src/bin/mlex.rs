@@ -151,7 +151,8 @@ struct BenchArgs {
     /// --prompt-len tokens, its --gen-token reply and 64 new tokens), cached vs cold.
     #[arg(long)]
     prompt_cache: bool,
-    /// Print the MLX operations one decode step of --shape builds (by primitive) instead of timing.
+    /// Print the MLX operations one decode step of --shape builds (by primitive) instead of timing
+    /// (the step requests decode with: a continuous batch of one where the model batches).
     #[arg(long)]
     graph: bool,
     /// Run this many requests at once on one session (each its own prompt): aggregate and

@@ -337,13 +337,26 @@ fn kv_bytes_per_token(model: &dyn CausalLm) -> Result<usize> {
 
 impl Engine {
     /// The operations of one decode step after an 8-token prompt, counted by primitive, most
-    /// frequent first (what per-operation overhead scales with on a GPU).
+    /// frequent first (what per-operation overhead scales with on a GPU). The step a request
+    /// decodes with: for a model that batches, a continuous batch of one (`generate::batch`:
+    /// every plain request decodes there, even alone, on caches with a position per row); else
+    /// the request's own caches.
     fn decode_step_census(&self) -> Result<Vec<(String, usize)>> {
         let mut caches = self.model.make_caches();
         let prompt = mlx::Array::from_slice(&[1u32, 2, 3, 4, 5, 6, 7, 8], &[1, 8])?;
         self.model.forward(&prompt, &mut caches)?;
         mlx::eval(&caches.state())?;
-        let logits = self.model.forward(&mlx::Array::from_slice(&[9u32], &[1, 1])?, &mut caches)?;
+        let token = mlx::Array::from_slice(&[9u32], &[1, 1])?;
+        if self.kv_per_token.is_some() {
+            // (Its first step grows the caches it joined with: the second is a typical one.)
+            let mut batch = crate::nn::BatchCaches::new(&caches)?;
+            self.model.forward(&token, batch.for_step()?)?;
+            mlx::eval(&batch.state())?;
+            let logits = self.model.forward(&token, batch.for_step()?)?;
+            let state: Vec<&mlx::Array> = std::iter::once(&logits).chain(batch.state()).collect();
+            return mlx::graph_census(&state);
+        }
+        let logits = self.model.forward(&token, &mut caches)?;
         let state: Vec<&mlx::Array> = std::iter::once(&logits).chain(caches.state()).collect();
         mlx::graph_census(&state)
     }
