@@ -81,6 +81,16 @@ impl MediaGrid {
     }
 }
 
+/// `mrope_section` of a rope block of config.json (`rope_scaling` or `rope_parameters`, named
+/// `block_name` in the error): three sizes, or None where the block or the field is absent.
+pub fn mrope_section(block: Option<&serde_json::Value>, block_name: &str) -> std::result::Result<Option<[usize; 3]>, String> {
+    let Some(v) = block.and_then(|b| b.get("mrope_section")).filter(|v| !v.is_null()) else { return Ok(None) };
+    match v.as_array().map(|a| a.iter().map(|x| x.as_u64().filter(|&n| n <= 1 << 16)).collect::<Option<Vec<_>>>()) {
+        Some(Some(a)) if a.len() == 3 => Ok(Some([a[0] as usize, a[1] as usize, a[2] as usize])),
+        _ => Err(format!("field '{block_name}.mrope_section' = {v} is not three sizes")),
+    }
+}
+
 /// How MRoPE assigns frequencies to the axes (mlx-vlm's `style`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MropeStyle {

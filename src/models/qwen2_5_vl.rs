@@ -59,17 +59,9 @@ impl Config {
         self.hidden_size / self.num_attention_heads.max(1)
     }
 
-    /// `rope_scaling.mrope_section` (three sizes summing to at most head_dim / 2), default
-    /// mlx-vlm's [16, 24, 24] scaled down when the head is smaller.
+    /// `rope_scaling.mrope_section` (three sizes), default mlx-vlm's [16, 24, 24].
     fn mrope_section(&self) -> std::result::Result<[usize; 3], String> {
-        let sec = match self.rope_scaling.as_ref().and_then(|r| r.get("mrope_section")).filter(|v| !v.is_null()) {
-            None => [16, 24, 24],
-            Some(v) => match v.as_array().map(|a| a.iter().map(|x| x.as_u64().filter(|&n| n <= 1 << 16)).collect::<Option<Vec<_>>>()) {
-                Some(Some(a)) if a.len() == 3 => [a[0] as usize, a[1] as usize, a[2] as usize],
-                _ => return Err(format!("field 'rope_scaling.mrope_section' = {v} is not three sizes")),
-            },
-        };
-        Ok(sec)
+        Ok(super::mrope::mrope_section(self.rope_scaling.as_ref(), "rope_scaling")?.unwrap_or([16, 24, 24]))
     }
 }
 

@@ -131,13 +131,7 @@ struct Dims {
 impl Config {
     /// `rope_parameters.mrope_section` (qwen3_5 with a vision tower): three sizes.
     fn mrope_section(&self) -> std::result::Result<Option<[usize; 3]>, String> {
-        let Some(v) = self.rope.rope_parameters.as_ref().and_then(|p| p.get("mrope_section")).filter(|v| !v.is_null()) else {
-            return Ok(None);
-        };
-        match v.as_array().map(|a| a.iter().map(|x| x.as_u64().filter(|&n| n <= 1 << 16)).collect::<Option<Vec<_>>>()) {
-            Some(Some(a)) if a.len() == 3 => Ok(Some([a[0] as usize, a[1] as usize, a[2] as usize])),
-            _ => Err(format!("field 'rope_parameters.mrope_section' = {v} is not three sizes")),
-        }
+        super::mrope::mrope_section(self.rope.rope_parameters.as_ref(), "rope_parameters")
     }
 
     /// qwen3_next (as opposed to qwen3_5 / qwen3_5_moe, whose fields have defaults).

@@ -76,16 +76,10 @@ impl Config {
         self.rope_theta.or(nested.map(|t| t as f32)).unwrap_or(5_000_000.0)
     }
 
-    /// `mrope_section`: three sizes, each at most head_dim / 2; default mlx-vlm's [24, 20, 20].
+    /// `mrope_section` (three sizes, each at most head_dim / 2: see `validate`), default mlx-vlm's
+    /// [24, 20, 20].
     fn mrope_section(&self) -> std::result::Result<[usize; 3], String> {
-        let sec = match self.rope_block().and_then(|r| r.get("mrope_section")).filter(|v| !v.is_null()) {
-            None => [24, 20, 20],
-            Some(v) => match v.as_array().map(|a| a.iter().map(|x| x.as_u64().filter(|&n| n <= 1 << 16)).collect::<Option<Vec<_>>>()) {
-                Some(Some(a)) if a.len() == 3 => [a[0] as usize, a[1] as usize, a[2] as usize],
-                _ => return Err(format!("field 'rope_scaling.mrope_section' = {v} is not three sizes")),
-            },
-        };
-        Ok(sec)
+        Ok(super::mrope::mrope_section(self.rope_block(), "rope_scaling")?.unwrap_or([24, 20, 20]))
     }
 }
 
