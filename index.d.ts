@@ -552,4 +552,9 @@ export interface Usage {
   acceptanceRate: number
   /** Tokens generated per forward pass of the model (1 without speculation). */
   tokensPerStep: number
+  /**
+   * Greedy prompt lookup builds each pass before the previous one is read, guessing that
+   * every draft is kept: the passes whose guess did not hold (device work thrown away).
+   */
+  droppedPasses: number
 }

@@ -8,6 +8,7 @@
 //! | `MLEX_ABLATE_FUSION=qkv\|gate_up\|all` | fused projections (that group, or both) |
 //! | `MLEX_ABLATE_PREFILL_BOUND` | the bound on layers in flight during prefill |
 //! | `MLEX_ABLATE_PIPELINING` | building the next decode step before the token is read |
+//! | `MLEX_ABLATE_SPEC_PIPELINE` | building the next prompt-lookup pass before this one is read |
 //! | `MLEX_ABLATE_CPU_QMM` | our CPU quantized matmul |
 //! | `MLEX_ABLATE_CPU_GEMM` | its packed GEMM for prompt chunks (the row kernels instead) |
 //! | `MLEX_ABLATE_CPU_FAST_OPS` | our CPU RMSNorm / RoPE / attention |
@@ -26,6 +27,7 @@ pub struct Ablations {
     pub fusion: Option<String>,
     pub prefill_bound: bool,
     pub pipelining: bool,
+    pub spec_pipelining: bool,
     /// The C++ kernels' switches (`MLEX_ABLATE_KERNEL_*` bits of shim.h).
     pub kernels: u32,
 }
@@ -60,6 +62,7 @@ impl Ablations {
             fusion: std::env::var("MLEX_ABLATE_FUSION").ok(),
             prefill_bound: on("MLEX_ABLATE_PREFILL_BOUND"),
             pipelining: on("MLEX_ABLATE_PIPELINING"),
+            spec_pipelining: on("MLEX_ABLATE_SPEC_PIPELINE"),
             kernels,
         }
     }

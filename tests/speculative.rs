@@ -2,7 +2,8 @@
 //! decoding (tokens, logprobs within 1e-4 on the CPU in float32) with prompt lookup and with a
 //! draft model (the session's or the request's); stop strings, max_tokens and streaming behave
 //! as in plain decoding; sampled replies repeat with a seed and keep the model's distribution;
-//! a draft model of another vocabulary is INVALID_ARGUMENT.
+//! a draft model of another vocabulary is INVALID_ARGUMENT. Greedy prompt lookup runs pipelined
+//! (each pass built on a guess before the last is read): its guesses both hold and fail here.
 mod common;
 use common::{edit_json, TinyLlama};
 use mlex::{Error, GenerateOptions, GenerateReply, LoadOptions, SamplingConfig, Session};
@@ -74,6 +75,9 @@ fn greedy_speculation_equals_plain_decoding() {
     let u = &pl.usage;
     assert!(u.draft_tokens > 0 && !u.batched, "{u:?}");
     assert!(u.tokens_per_step >= 1.0 && (u.acceptance_rate - u.accepted_draft_tokens as f64 / u.draft_tokens as f64).abs() < 1e-9);
+    // Greedy lookup is pipelined: some passes were built on a guess that held, some dropped.
+    let passes = (u.completion_tokens as f64 / u.tokens_per_step).round() as usize;
+    assert!(u.dropped_passes > 0 && u.dropped_passes + 1 < passes, "{u:?}");
 
     // A draft model of other weights, named by the request.
     let draft = GenerateOptions { draft_model: Some(other.path().to_string_lossy().into()), num_draft_tokens: Some(3), ..greedy(40) };

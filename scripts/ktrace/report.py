@@ -55,7 +55,25 @@ def main():
     for name, (count, t) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:12]:
         print(f"  {count:6d} {t / 1e6:8.2f}  {name}")
     calls = collections.Counter(c for s, _, c in driver if s >= t0)
-    print("driver calls (cbid: count):", ", ".join(f"{c}: {n}" for c, n in calls.most_common(8)))
+    host = collections.Counter()
+    for s, e, c in driver:
+        if s >= t0:
+            host[c] += e - s
+    names = cbid_names()
+    print("driver calls by host time (name or cbid: count, ms):")
+    for c, t in host.most_common(10):
+        print(f"  {names.get(c, c)}: {calls[c]}, {t / 1e6:.2f}")
+
+
+def cbid_names():
+    """cbid -> driver function name, from CUPTI's cupti_driver_cbid.h when $CUPTI_CBID_H names it."""
+    import os
+    import re
+    path = os.environ.get("CUPTI_CBID_H")
+    if not path or not os.path.exists(path):
+        return {}
+    found = re.findall(r"CUPTI_DRIVER_TRACE_CBID_(\w+)\s*=\s*(\d+)", open(path).read())
+    return {int(v): k for k, v in found}
 
 
 if __name__ == "__main__":

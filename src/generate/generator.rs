@@ -101,6 +101,11 @@ impl TopPending {
         Ok(TopPending { blocks: vec![block], at })
     }
 
+    /// The arrays to schedule with the step (none when no row asked).
+    pub(crate) fn arrays(&self) -> impl Iterator<Item = &Array> {
+        self.blocks.iter()
+    }
+
     fn select(&self, keep: &[usize]) -> Self {
         let at: Vec<_> = keep.iter().map(|&i| self.at[i]).collect();
         let blocks = if at.iter().any(Option::is_some) { self.blocks.clone() } else { vec![] };
@@ -194,6 +199,8 @@ pub struct LoopStats {
     pub drafted: usize,
     pub accepted: usize,
     pub verify_steps: usize,
+    /// Pipelined passes built on a guess that did not hold (see `speculative::run`).
+    pub dropped_passes: usize,
 }
 
 /// What to do after a token was handed to the caller.

@@ -339,6 +339,9 @@ pub struct Usage {
     pub acceptance_rate: f64,
     /// Tokens generated per forward pass of the model (1 without speculation).
     pub tokens_per_step: f64,
+    /// Greedy prompt lookup builds each pass before the previous one is read, guessing that
+    /// every draft is kept: the passes whose guess did not hold (device work thrown away).
+    pub dropped_passes: usize,
 }
 
 /// The result of a generation.

@@ -227,6 +227,7 @@ pub fn usage(prompt_tokens: usize, completion_tokens: usize, queue_ms: f64, stat
         accepted_draft_tokens: stats.accepted,
         acceptance_rate: if stats.drafted > 0 { stats.accepted as f64 / stats.drafted as f64 } else { 0.0 },
         tokens_per_step: if stats.verify_steps > 0 { stats.generated as f64 / stats.verify_steps as f64 } else { 1.0 },
+        dropped_passes: stats.dropped_passes,
     }
 }
 

@@ -22,7 +22,7 @@ use super::options::{GenerateOptions, SamplingConfig};
 use super::sampler::Sampler;
 use crate::error::{Error, Result};
 use crate::loader::{resolve_model_path, ModelConfig, Vb, WeightStore};
-use crate::mlx::{eval, memory_stats, reset_peak_memory, Array, Dtype};
+use crate::mlx::{async_eval, eval, memory_stats, reset_peak_memory, Array, Dtype};
 use crate::models::{build_model, CausalLm};
 use crate::nn::LayerCaches;
 use crate::schema::Fields;
@@ -337,9 +337,148 @@ impl DraftState<'_> {
     }
 }
 
+/// A verification pass's drafts: on the host (prompt lookup) or lazily on the device (a draft
+/// model).
+enum PassDrafts {
+    Host(Vec<u32>),
+    Device(Array),
+}
+
+impl PassDrafts {
+    fn len(&self) -> usize {
+        match self {
+            PassDrafts::Host(h) => h.len(),
+            PassDrafts::Device(d) => d.dim(0) as usize,
+        }
+    }
+}
+
+/// One verification pass, built and scheduled (`async_eval`), not yet read.
+struct Pass {
+    drafts: PassDrafts,
+    /// The draft model's distributions at the drafts' positions (sampled requests).
+    q: Option<Array>,
+    /// Where its first input token sits in the caches (an index into `held`), and how many
+    /// tokens it feeds.
+    at: usize,
+    fed: usize,
+    /// Greedy: the model's token at each position `[rows]` uint32 and its logprob `[rows]`
+    /// float32. Sampled: the distributions `p` `[rows, V]` and the logprobs `[rows, V]`, float32.
+    verdict: (Array, Array),
+    top: TopPending,
+}
+
+/// What a request's loop shares with the passes it builds and reads.
+struct Verifier<'a> {
+    model: &'a dyn CausalLm,
+    greedy: bool,
+    sampler: Sampler,
+    uniform: Uniform,
+    top_n: usize,
+    vocab: usize,
+}
+
+impl Verifier<'_> {
+    /// Feeds `pending` (uint32 `[P]`, on the host or the device) and the drafts after it, and
+    /// schedules the verdict on the model's rows for the drafts and the token after them.
+    /// `held` (what the caches hold) gains the fed tokens, `u32::MAX` for those not yet known.
+    fn schedule(
+        &self,
+        caches: &mut LayerCaches,
+        held: &mut Vec<u32>,
+        pending: (Array, Option<&[u32]>),
+        drafts: PassDrafts,
+        q: Option<Array>,
+        stats: &mut LoopStats,
+    ) -> Result<Pass> {
+        let (pending, known) = pending;
+        let nd = drafts.len();
+        let input = match &drafts {
+            PassDrafts::Host(h) if h.is_empty() => pending,
+            PassDrafts::Host(h) => Array::concatenate(&[&pending, &Array::from_slice(h, &[h.len() as i32])?], 0)?,
+            PassDrafts::Device(d) => Array::concatenate(&[&pending, d], 0)?,
+        };
+        let l = input.dim(0);
+        let at = held.len();
+        match known {
+            Some(k) => held.extend_from_slice(k),
+            None => held.extend(std::iter::repeat_n(u32::MAX, l as usize - nd)),
+        }
+        match &drafts {
+            PassDrafts::Host(h) => held.extend_from_slice(h),
+            PassDrafts::Device(_) => held.extend(std::iter::repeat_n(u32::MAX, nd)),
+        }
+        let logits = self.model.forward(&input.reshape(&[1, l])?, caches)?;
+        let rows = nd as i32 + 1;
+        let logits = logits.slice_axis(1, l - rows, l)?.reshape(&[rows, -1])?;
+        let lp = logits.subtract(&logits.logsumexp(&[-1], true)?)?;
+        let top = TopPending::compute(&lp, &vec![self.top_n.min(self.vocab); rows as usize])?;
+        let verdict = if self.greedy {
+            let tok = lp.argmax(-1, false)?.astype(Dtype::Uint32)?;
+            let tlp = lp.take_along_axis(&tok.reshape(&[rows, 1])?, -1)?.reshape(&[rows])?.astype(Dtype::Float32)?;
+            (tok, tlp)
+        } else {
+            (self.sampler.filtered(&lp)?.softmax(-1, true)?.astype(Dtype::Float32)?, lp.astype(Dtype::Float32)?)
+        };
+        let mut arrays = vec![&verdict.0, &verdict.1];
+        arrays.extend(top.arrays());
+        if let PassDrafts::Device(d) = &drafts {
+            arrays.push(d);
+        }
+        arrays.extend(q.as_ref());
+        let t = Instant::now();
+        async_eval(&arrays)?;
+        stats.submit_s += t.elapsed().as_secs_f64();
+        stats.steps_scheduled += 1;
+        Ok(Pass { drafts, q, at, fed: l as usize, verdict, top })
+    }
+
+    /// Waits for `pass` and applies the acceptance rule: (its drafts, how many are kept, the
+    /// model's token after them, the logprobs of the kept drafts and that token). `held` gets
+    /// the drafts in place of their placeholders.
+    fn read(&mut self, pass: &Pass, held: &mut [u32], stats: &mut LoopStats) -> Result<(Vec<u32>, usize, u32, Vec<f32>)> {
+        let t = Instant::now();
+        let drafts = match &pass.drafts {
+            PassDrafts::Host(h) => h.clone(),
+            PassDrafts::Device(d) => d.to_vec::<u32>()?,
+        };
+        let base = pass.at + pass.fed - drafts.len();
+        held[base..base + drafts.len()].copy_from_slice(&drafts);
+        let out = if self.greedy {
+            let (tok, tlp) = (pass.verdict.0.to_vec::<u32>()?, pass.verdict.1.to_vec::<f32>()?);
+            let m = common_prefix(&drafts, &tok);
+            let next = tok[m];
+            (drafts, m, next, tlp)
+        } else {
+            let (ph, lph) = (pass.verdict.0.to_vec::<f32>()?, pass.verdict.1.to_vec::<f32>()?);
+            let qh = match &pass.q {
+                Some(q) => Some((q.to_vec::<f32>()?, q.dim(-1) as usize)),
+                None => None,
+            };
+            let uniform = &mut self.uniform;
+            let (m, next) = accept(&drafts, &ph, qh.as_ref().map(|(q, vq)| (q.as_slice(), *vq)), self.vocab, &mut || uniform.next());
+            let v = self.vocab;
+            let logprobs = (0..=m).map(|i| lph[i * v + if i < m { drafts[i] } else { next } as usize]).collect();
+            (drafts, m, next, logprobs)
+        };
+        stats.wait_s += t.elapsed().as_secs_f64();
+        stats.verify_steps += 1;
+        stats.drafted += out.0.len();
+        stats.accepted += out.1;
+        Ok(out)
+    }
+}
+
 /// Generates from `prompt` as [`generator::run`] does (same callback contract: tokens handed
 /// over in order, `max_tokens` enforced here, Stop/Force/Replace honoured), speculating with
 /// `drafter`, `k` drafts per pass.
+///
+/// Greedy prompt lookup is pipelined (unless `MLEX_ABLATE_SPEC_PIPELINE` is set): before a
+/// pass is read, the next one is built as if every draft will be kept. It feeds the pass's last
+/// token, still on the device, and drafts by looking up the context plus the pending drafts.
+/// The host encodes that pass while the device runs the current one, as plain decoding
+/// overlaps its steps. When a draft is rejected (or a callback changes the tokens) the
+/// guessed pass is dropped and the caches are trimmed back.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     model: &dyn CausalLm,
@@ -361,8 +500,6 @@ pub(crate) fn run(
     let seed = opts.sampling.seed.unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos() as u64
     });
-    let sampler = Sampler::new(&SamplingConfig { seed: Some(seed), ..opts.sampling.clone() })?;
-    let mut uniform = Uniform::new(seed);
     let mut draft = match drafter {
         Drafter::Model(d) => {
             let mut dc = d.model.make_caches();
@@ -376,94 +513,68 @@ pub(crate) fn run(
         Drafter::Lookup { .. } => None,
     };
     let greedy = opts.sampling.temperature == 0.0;
-    let top_n = opts.top_logprobs.unwrap_or(0);
+    let mut v = Verifier {
+        model,
+        greedy,
+        sampler: Sampler::new(&SamplingConfig { seed: Some(seed), ..opts.sampling.clone() })?,
+        uniform: Uniform::new(seed),
+        top_n: opts.top_logprobs.unwrap_or(0),
+        vocab,
+    };
+    let lookup_ngram = match drafter {
+        Drafter::Lookup { max_ngram } => Some(*max_ngram),
+        Drafter::Model(_) => None,
+    };
+    let pipelined = greedy && lookup_ngram.is_some() && !crate::ablation::get().spec_pipelining;
 
     let mut stats = LoopStats { prefilled: prompt.len() - cached, batch_size: 1, ..Default::default() };
     let mut ctx = prompt.to_vec();
+    // What the caches hold, scheduled passes included (`u32::MAX`: a token still on the device).
     let mut held = prompt[..pos].to_vec();
+    let mut inflight: Option<Pass> = None;
     let mut decode_start = None;
     let mut n = 0usize;
-    'decode: while n < opts.max_tokens {
-        let want = k.min(opts.max_tokens - n - 1);
+    while n < opts.max_tokens {
         let t0 = Instant::now();
-        // The drafts: on the host (lookup) or lazily on the device (a draft model).
-        let (host_drafts, dev_drafts, q) = match (&mut draft, drafter) {
-            (Some(d), _) if want > 0 => {
-                let (t, q) = d.draft(&ctx, want, greedy)?;
-                (None, Some(t), q)
+        let pass = match inflight.take() {
+            Some(p) => p,
+            None => {
+                let want = k.min(opts.max_tokens - n - 1);
+                let (drafts, q) = match (&mut draft, lookup_ngram) {
+                    (Some(d), _) if want > 0 => {
+                        let (t, q) = d.draft(&ctx, want, greedy)?;
+                        (PassDrafts::Device(t), q)
+                    }
+                    (None, Some(ng)) => (PassDrafts::Host(lookup(&ctx, ng, want)), None),
+                    _ => (PassDrafts::Host(vec![]), None),
+                };
+                let pending = &ctx[held.len()..];
+                let p = Array::from_slice(pending, &[pending.len() as i32])?;
+                v.schedule(caches, &mut held, (p, Some(pending)), drafts, q, &mut stats)?
             }
-            (None, Drafter::Lookup { max_ngram }) => (Some(lookup(&ctx, *max_ngram, want)), None, None),
-            _ => (Some(vec![]), None, None),
         };
-        let pending = Array::from_slice(&ctx[held.len()..], &[(ctx.len() - held.len()) as i32])?;
-        let input = match (&host_drafts, &dev_drafts) {
-            (Some(h), _) if h.is_empty() => pending,
-            (Some(h), _) => Array::concatenate(&[&pending, &Array::from_slice(h, &[h.len() as i32])?], 0)?,
-            (None, Some(d)) => Array::concatenate(&[&pending, d], 0)?,
-            (None, None) => unreachable!("drafts come from one side"),
+        // The next pass, guessed: this one's drafts all kept, its last row's token fed.
+        let guess = match (&pass.drafts, lookup_ngram) {
+            (PassDrafts::Host(d), Some(ng)) if pipelined && n + d.len() + 1 < opts.max_tokens => {
+                let want = k.min(opts.max_tokens - (n + d.len() + 1) - 1);
+                let assumed = [&ctx[..], d].concat();
+                let cont = lookup(&assumed, ng, want + 1);
+                let drafts = PassDrafts::Host(cont.get(1..).unwrap_or_default().to_vec());
+                let last = pass.verdict.0.slice_axis(0, d.len() as i32, d.len() as i32 + 1)?;
+                Some(v.schedule(caches, &mut held, (last, None), drafts, None, &mut stats)?)
+            }
+            _ => None,
         };
-        let nd = match (&host_drafts, &dev_drafts) {
-            (Some(h), _) => h.len(),
-            (None, Some(d)) => d.dim(0) as usize,
-            _ => 0,
-        };
-        let l = input.dim(0);
-        let logits = model.forward(&input.reshape(&[1, l])?, caches)?;
-        let rows = nd as i32 + 1;
-        let logits = logits.slice_axis(1, l - rows, l)?.reshape(&[rows, -1])?;
-        let lp = logits.subtract(&logits.logsumexp(&[-1], true)?)?;
-        let top = TopPending::compute(&lp, &vec![top_n.min(vocab); rows as usize])?;
-        // Verify: how many drafts are kept, and the model's token after them.
-        let (drafts, m, next, logprobs): (Vec<u32>, usize, u32, Vec<f32>) = if greedy {
-            let tok = lp.argmax(-1, false)?.astype(Dtype::Uint32)?;
-            let tlp = lp.take_along_axis(&tok.reshape(&[rows, 1])?, -1)?.reshape(&[rows])?.astype(Dtype::Float32)?;
-            let mut arrays = vec![&tok, &tlp];
-            arrays.extend(dev_drafts.as_ref());
-            eval(&arrays)?;
-            let drafts = match (host_drafts, &dev_drafts) {
-                (Some(h), _) => h,
-                (None, Some(d)) => d.to_vec::<u32>()?,
-                _ => vec![],
-            };
-            let (tok, tlp) = (tok.to_vec::<u32>()?, tlp.to_vec::<f32>()?);
-            let m = common_prefix(&drafts, &tok);
-            (drafts, m, tok[m], tlp)
-        } else {
-            let p = sampler.filtered(&lp)?.softmax(-1, true)?.astype(Dtype::Float32)?;
-            let lp32 = lp.astype(Dtype::Float32)?;
-            let mut arrays = vec![&p, &lp32];
-            arrays.extend(dev_drafts.as_ref());
-            arrays.extend(q.as_ref());
-            eval(&arrays)?;
-            let drafts = match (host_drafts, &dev_drafts) {
-                (Some(h), _) => h,
-                (None, Some(d)) => d.to_vec::<u32>()?,
-                _ => vec![],
-            };
-            let (ph, lph) = (p.to_vec::<f32>()?, lp32.to_vec::<f32>()?);
-            let qh = match &q {
-                Some(q) => Some((q.to_vec::<f32>()?, q.dim(-1) as usize)),
-                None => None,
-            };
-            let (m, next) = accept(&drafts, &ph, qh.as_ref().map(|(q, vq)| (q.as_slice(), *vq)), vocab, &mut || uniform.next());
-            let logprobs = (0..=m).map(|i| lph[i * vocab + if i < m { drafts[i] } else { next } as usize]).collect();
-            (drafts, m, next, logprobs)
-        };
-        if let Some(d) = draft.as_mut().filter(|_| dev_drafts.is_some() && nd > 0) {
+        stats.schedule_s += t0.elapsed().as_secs_f64();
+        let (drafts, m, next, logprobs) = v.read(&pass, &mut held, &mut stats)?;
+        let nd = drafts.len();
+        if let Some(d) = draft.as_mut().filter(|_| matches!(pass.drafts, PassDrafts::Device(_)) && nd > 0) {
             // The drafts it fed itself (all but the last), in place of their placeholders.
             let base = d.held.len() - (nd - 1);
             d.held.truncate(base);
             d.held.extend_from_slice(&drafts[..nd - 1]);
         }
-        let mut tops = top.read()?.into_iter();
-        stats.steps_scheduled += 1;
-        stats.verify_steps += 1;
-        stats.drafted += drafts.len();
-        stats.accepted += m;
-        stats.schedule_s += t0.elapsed().as_secs_f64();
-        // The caches now hold the context and every draft.
-        held.extend_from_slice(&ctx[held.len()..]);
-        held.extend_from_slice(&drafts);
+        let mut tops = pass.top.read()?.into_iter();
         let emitted = drafts[..m].iter().copied().chain(std::iter::once(next));
         let mut stop = false;
         for (id, logprob) in emitted.zip(logprobs) {
@@ -507,14 +618,27 @@ pub(crate) fn run(
             }
             break;
         }
+        // The guess holds when the context is now exactly what it fed: every draft and the
+        // model's token after them, nothing forced, nothing cut short.
+        if let Some(g) = guess {
+            let fed_at = g.at;
+            if m == nd && !stop && ctx.len() == fed_at + 1 && ctx[fed_at] == next && ctx[..fed_at] == held[..fed_at] {
+                held[fed_at] = next;
+                inflight = Some(g);
+                continue;
+            }
+            stats.dropped_passes += 1;
+        }
         trim(caches, &mut held, &ctx)?;
         if let Some(d) = &mut draft {
             trim(&mut d.caches, &mut d.held, &ctx)?;
         }
         if stop {
-            break 'decode;
+            break;
         }
     }
+    // A guessed pass still in flight is dropped (the caches hold the context but its last token).
+    trim(caches, &mut held, &ctx)?;
     stats.generated = n;
     stats.decode_s = decode_start.map_or(0.0, |t| t.elapsed().as_secs_f64());
     stats.peak_memory = memory_stats().peak;

@@ -257,6 +257,7 @@ fn reply_js(r: CoreReply) -> GenerateReply {
             accepted_draft_tokens: u.accepted_draft_tokens as u32,
             acceptance_rate: u.acceptance_rate,
             tokens_per_step: u.tokens_per_step,
+            dropped_passes: u.dropped_passes as u32,
         },
         tool_calls: r.tool_calls.iter().map(tool_call_js).collect(),
         finish_reason: r.finish_reason.as_str().to_string(),
