@@ -25,6 +25,8 @@ fn main() {
     println!("cargo:rerun-if-changed=src/mlx/cuda_quantized_matvec.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cuda_qk_norm_rope.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cuda_qk_norm_rope.h");
+    println!("cargo:rerun-if-changed=src/mlx/cuda_short_attention.cpp");
+    println!("cargo:rerun-if-changed=src/mlx/cuda_short_attention.h");
     println!("cargo:rerun-if-changed=src/mlx/cuda_half_helpers.h");
     println!("cargo:rerun-if-changed=src/mlx/gated_delta.h");
     println!("cargo:rerun-if-changed=src/mlx/ablation.h");
@@ -67,6 +69,7 @@ fn main() {
         .file("src/mlx/cpu_quantized_matmul.cpp")
         .file("src/mlx/cuda_quantized_matvec.cpp")
         .file("src/mlx/cuda_qk_norm_rope.cpp")
+        .file("src/mlx/cuda_short_attention.cpp")
         .file("src/mlx/cpu_fast_ops.cpp")
         .file("src/mlx/cpu_thread_pool.cpp")
         .file("src/mlx/gated_delta.cpp")

@@ -17,6 +17,7 @@
 //! | `MLEX_ABLATE_CUDA_NORM_FOLD` | a layer's pre-norm (RMSNorm) folded into that kernel |
 //! | `MLEX_ABLATE_CPU_NORM_FOLD` | a layer's pre-norm folded into our CPU quantized matmul |
 //! | `MLEX_ABLATE_CUDA_QK_ROPE` | our CUDA kernel for q/k norms + rope (MLX's four kernels instead) |
+//! | `MLEX_ABLATE_CUDA_SHORT_ATTN` | our CUDA attention for short passes (MLX's cuDNN under a mask instead) |
 //! | `MLEX_ABLATE_GATED_DELTA` | our gated delta kernels (CPU and CUDA) |
 use crate::mlx::sys;
 use std::sync::OnceLock;
@@ -54,6 +55,7 @@ impl Ablations {
             ("MLEX_ABLATE_CUDA_NORM_FOLD", sys::MLEX_ABLATE_KERNEL_CUDA_NORM_FOLD),
             ("MLEX_ABLATE_CUDA_QK_ROPE", sys::MLEX_ABLATE_KERNEL_CUDA_QK_ROPE),
             ("MLEX_ABLATE_CPU_NORM_FOLD", sys::MLEX_ABLATE_KERNEL_CPU_NORM_FOLD),
+            ("MLEX_ABLATE_CUDA_SHORT_ATTN", sys::MLEX_ABLATE_KERNEL_CUDA_SHORT_ATTN),
         ]
         .iter()
         .filter(|(name, _)| on(name))

@@ -916,6 +916,57 @@ fn cuda_qk_norm_rope_matches_norm_then_rope() {
     }
 }
 
+/// A short pass's attention (2..16 queries over a cache's whole buffers, causal from an
+/// offset) in one CUDA kernel, against MLX's attention over the keys each query may see (the
+/// prefix, causal flag). Float32 and the half types; GQA; head sizes 64 and 128; a pass at the
+/// start, after a prefix, and filling the buffer to its end; stale keys past the pass (what a
+/// trim leaves) must stay unseen; q laid out by head or by token (a pass built as decode rows).
+/// Off CUDA the kernel does not apply (None).
+#[test]
+fn cuda_short_attention_matches_attention_over_the_prefix() {
+    use mlex::mlx::{gpu_available, set_default_device, Device};
+    let cuda = gpu_available() && !cfg!(target_os = "macos");
+    if cuda {
+        set_default_device(Device::Gpu).unwrap();
+    }
+    let (b, hq, hkv, cap) = (2i32, 6i32, 2i32, 256i32);
+    for d in [64i32, 128] {
+        for &dtype in &[Dtype::Float32, Dtype::Bfloat16, Dtype::Float16] {
+            let k = arr(&rand_vec((b * hkv * cap * d) as usize, 90 + d as u64), &[b, hkv, cap, d]).astype(dtype).unwrap();
+            let v = arr(&rand_vec((b * hkv * cap * d) as usize, 91 + d as u64), &[b, hkv, cap, d]).astype(dtype).unwrap();
+            for ((prev, l), token_major) in [(0i32, 4i32), (37, 2), (100, 16), (cap - 5, 5)].into_iter().zip([false, true, false, true]) {
+                let what = format!("d {d} {dtype:?} prev {prev} queries {l} token-major {token_major}");
+                // Token-major: q as the pass built as decode rows gives it, a [B, HQ, L, D] view of [B, L, HQ, D].
+                let shape = if token_major { [b, l, hq, d] } else { [b, hq, l, d] };
+                let q = arr(&rand_vec((b * hq * l * d) as usize, 92 + prev as u64), &shape)
+                    .multiply(&Array::scalar_f32(3.0, Dtype::Float32).unwrap())
+                    .unwrap()
+                    .astype(dtype)
+                    .unwrap();
+                mlex::mlx::eval(&[&q, &k, &v]).unwrap();
+                let q = if token_major { q.transpose(&[0, 2, 1, 3]).unwrap() } else { q };
+                let scale = 1.0 / (d as f32).sqrt();
+                let Some(got) = fast::cuda_short_attention(&q, &k, &v, scale, prev as usize, token_major).unwrap() else {
+                    assert!(!cuda, "{what}: the kernel applies on CUDA");
+                    continue;
+                };
+                let census = mlex::mlx::graph_census(&[&got]).unwrap();
+                let kernels: usize = census.iter().filter(|(p, _)| is_our_cuda_kernel(p)).map(|(_, c)| c).sum();
+                assert_eq!(kernels, 1, "{what}: one kernel: {census:?}");
+                let (kp, vp) = (k.slice_axis(2, 0, prev + l).unwrap(), v.slice_axis(2, 0, prev + l).unwrap());
+                let want = fast::scaled_dot_product_attention(&q, &kp, &vp, scale, fast::AttentionMask::Causal).unwrap();
+                assert_eq!(got.shape(), want.shape(), "{what}");
+                let g = got.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
+                let w = want.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
+                let tol = if dtype == Dtype::Float32 { 1e-5 } else { 1.0 / 64.0 };
+                for (i, (a, c)) in g.iter().zip(&w).enumerate() {
+                    assert!((a - c).abs() <= tol * (1.0 + c.abs()), "{what}: element {i}: {a} vs {c}");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn cuda_gated_delta_kernel_matches_ops_reference() {
     use mlex::mlx::{gpu_available, set_default_device, Device};

@@ -13,6 +13,7 @@ __device__ __forceinline__ float mlex_round(float v, const __nv_bfloat16*) { ret
 __device__ __forceinline__ float mlex_round(float v, const __half*) { return __half2float(__float2half(v)); }
 __device__ __forceinline__ void mlex_store(__nv_bfloat16* p, float v) { *p = __float2bfloat16(v); }
 __device__ __forceinline__ void mlex_store(__half* p, float v) { *p = __float2half(v); }
+__device__ __forceinline__ void mlex_store(float* p, float v) { *p = v; }
 )";
 
 }  // namespace mlex

@@ -335,6 +335,19 @@ pub mod fast {
         Ok(Some((Array::from_raw(q), Array::from_raw(k))))
     }
 
+    /// A short pass's attention over a cache's whole buffers `k`, `v` (`[B, HKV, C, D]`): query
+    /// l of `q` (`[B, HQ, L, D]`) sees keys `0 ..= prev + l`, in one CUDA kernel of ours; None
+    /// where it does not apply (not CUDA, other shapes): the caller masks instead. `token_major`:
+    /// `q` is a `[B, HQ, L, D]` transposed view of `[B, L, HQ, D]` memory (a pass built as decode
+    /// rows), read in place; the result is then such a view too.
+    pub fn cuda_short_attention(q: &Array, k: &Array, v: &Array, scale: f32, prev: usize, token_major: bool) -> Result<Option<Array>> {
+        let mut out = std::ptr::null_mut();
+        crate::mlx::error::check(unsafe {
+            sys::mlex_cuda_short_attention(q.raw(), k.raw(), v.raw(), scale, prev as i32, token_major, &mut out)
+        })?;
+        Ok((!out.is_null()).then(|| Array::from_raw(out)))
+    }
+
     /// [`scaled_dot_product_attention`] over a left-padded batch: row b's queries see no key
     /// before `key_start[b]` (int32 `[B]`); `causal` as the causal mode on top of it.
     pub fn scaled_dot_product_attention_padded(

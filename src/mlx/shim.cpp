@@ -5,6 +5,7 @@
 #include "cpu_dense_matmul.h"
 #include "cpu_quantized_matmul.h"
 #include "cuda_qk_norm_rope.h"
+#include "cuda_short_attention.h"
 #include "cuda_quantized_matvec.h"
 #include "gated_delta.h"
 #include "ablation.h"
@@ -551,6 +552,14 @@ int mlex_fast_sdpa_padded(mlex_array q, mlex_array k, mlex_array v, float scale,
       mask = mx::logical_and(mask, mx::less_equal(cols, rows));
     }
     *out = wrap(mx::fast::scaled_dot_product_attention(qa, ka, unwrap(v), scale, "", mask));
+  });
+}
+
+int mlex_cuda_short_attention(mlex_array q, mlex_array k, mlex_array v, float scale, int32_t prev, bool token_major,
+                              mlex_array* out) {
+  return guard([&] {
+    *out = nullptr;
+    if (auto o = mlex::cuda_short_attention(unwrap(q), unwrap(k), unwrap(v), scale, prev, token_major)) *out = wrap(*o);
   });
 }
 

@@ -206,6 +206,12 @@ int mlex_fast_rope_offsets(mlex_array x, int32_t dims, bool traditional, float b
    key_start[b] ([B] int32); causal as mlex_fast_sdpa's "causal" mode on top of it. */
 int mlex_fast_sdpa_padded(mlex_array q, mlex_array k, mlex_array v, float scale, bool causal, mlex_array key_start,
                           mlex_array* out);
+/* A short pass's attention on CUDA (src/mlx/cuda_short_attention.h): q [B, HQ, L, D] over the
+   whole key/value buffers k, v [B, HKV, C, D], query l seeing keys 0 ..= prev + l, in one kernel
+   of ours (token_major: q is a transposed view of [B, L, HQ, D] memory, and *out is then one too).
+   Sets *out, or leaves it NULL where the kernel does not apply (the caller masks). */
+int mlex_cuda_short_attention(mlex_array q, mlex_array k, mlex_array v, float scale, int32_t prev, bool token_major,
+                              mlex_array* out);
 /* mask_mode: "" (none, or mask given), "causal"; mask may be NULL. */
 int mlex_fast_sdpa(mlex_array q, mlex_array k, mlex_array v, float scale, const char* mask_mode,
                    mlex_array mask, mlex_array* out);
@@ -268,6 +274,7 @@ int mlex_random_categorical(mlex_array logits, int32_t axis, mlex_array key, mle
 #define MLEX_ABLATE_KERNEL_CUDA_NORM_FOLD 64u
 #define MLEX_ABLATE_KERNEL_CUDA_QK_ROPE 128u
 #define MLEX_ABLATE_KERNEL_CPU_NORM_FOLD 256u
+#define MLEX_ABLATE_KERNEL_CUDA_SHORT_ATTN 512u
 void mlex_set_ablations(uint32_t kernels);
 
 /* ---- compile: fused element-wise helpers used by the models ---- */

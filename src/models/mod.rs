@@ -203,6 +203,12 @@ pub(crate) fn load_as<M: Loadable>(c: &ModelConfig, vb: &Vb) -> Result<Box<dyn C
 
 /// Layers of a prefill chunk scheduled beyond the one being waited for (see [`run_layers`]).
 const PREFILL_LAYERS_AHEAD: usize = 2;
+/// The fewest tokens of a pass whose layers are bounded (see [`run_layers`]). Shorter passes
+/// (speculative verifications, a draft model catching up, a prompt's last few tokens) hold
+/// little and run as one graph: waiting on every other layer made a 4-token verification pass
+/// of SmolLM2 on the H200 cost 6–7 ms of host time against a decode step's 1.6, and kept the
+/// next pass from being built while the device ran this one.
+const PREFILL_BOUND_MIN_TOKENS: i32 = 128;
 
 /// Runs `h` through `layers` in order, layer `i` with cache `i`.
 ///
@@ -210,7 +216,8 @@ const PREFILL_LAYERS_AHEAD: usize = 2;
 /// the kernels that read it have completed, so a whole-model graph submitted at once keeps most
 /// layers' activations alive together (on the GPU this put our peak above mlx-lm's); waiting on
 /// the layer PREFILL_LAYERS_AHEAD back keeps the device busy while bounding what is in flight. A
-/// decode step is too small to matter. (MLEX_ABLATE_PREFILL_BOUND: benchmark ablation only.)
+/// pass under PREFILL_BOUND_MIN_TOKENS is too small to matter. (MLEX_ABLATE_PREFILL_BOUND:
+/// benchmark ablation only.)
 pub fn run_layers<L>(
     mut h: Array,
     layers: &[L],
@@ -224,7 +231,7 @@ pub fn run_layers<L>(
             layers.len()
         )));
     }
-    let bounded = h.dim(1) > 1 && !crate::ablation::get().prefill_bound;
+    let bounded = h.dim(1) >= PREFILL_BOUND_MIN_TOKENS && !crate::ablation::get().prefill_bound;
     let mut in_flight = std::collections::VecDeque::with_capacity(PREFILL_LAYERS_AHEAD + 1);
     for (i, (layer, cache)) in layers.iter().zip(caches.iter_mut()).enumerate() {
         h = f(layer, i, &h, cache.as_mut())?;

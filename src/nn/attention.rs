@@ -3,6 +3,7 @@
 //! no-rope layers), sliding windows (the layer's cache decides: see `nn::cache`), and learned
 //! attention sinks (gpt-oss).
 use super::cache::{Cache, Mask};
+use super::kv_cache::SHORT_PASS;
 use super::linear::{Linear, Projections};
 use super::module::Params;
 use super::norm::RmsNorm;
@@ -10,6 +11,7 @@ use super::quantized_kv_cache::quantized_attention;
 use super::rope::Rope;
 use crate::error::Result;
 use crate::loader::Vb;
+use crate::mlx::fast::AttentionMask;
 use crate::mlx::{fast, Array};
 
 /// The shape and options of one attention layer, as its architecture reads them from config.json.
@@ -37,14 +39,22 @@ enum At {
 /// int32 `[offset]`, the position of a decode step's token: one array for all layers of a step
 /// (memoized per thread), not one host allocation per layer.
 fn position(offset: usize) -> Result<Array> {
+    positions(offset, 1)
+}
+
+/// int32 `[n]`: `offset .. offset + n`, the positions of a pass's tokens (memoized per thread, as
+/// [`position`]).
+fn positions(offset: usize, n: usize) -> Result<Array> {
     thread_local! {
-        static LAST: std::cell::RefCell<Option<(usize, Array)>> = const { std::cell::RefCell::new(None) };
+        static LAST: std::cell::RefCell<Option<((usize, usize), Array)>> = const { std::cell::RefCell::new(None) };
     }
-    if let Some(a) = LAST.with(|l| l.borrow().as_ref().filter(|(o, _)| *o == offset).map(|(_, a)| a.clone())) {
+    let key = (offset, n);
+    if let Some(a) = LAST.with(|l| l.borrow().as_ref().filter(|(k, _)| *k == key).map(|(_, a)| a.clone())) {
         return Ok(a);
     }
-    let a = Array::from_slice(&[offset as i32], &[1])?;
-    LAST.with(|l| *l.borrow_mut() = Some((offset, a.clone())));
+    let v: Vec<i32> = (offset..offset + n).map(|p| p as i32).collect();
+    let a = Array::from_slice(&v, &[n as i32])?;
+    LAST.with(|l| *l.borrow_mut() = Some((key, a.clone())));
     Ok(a)
 }
 
@@ -125,8 +135,12 @@ impl Attention {
             Some(p) => At::Rows(p.clone()),
             None => At::Offset(cache.offset()),
         };
+        let mut token_major = false;
         let (q, k, v) = if l == 1 {
             self.decode_qkv(x, norm, b, &at)?
+        } else if let Some(qkv) = self.short_qkv(x, norm, l, &at, cache.offset())? {
+            token_major = true;
+            qkv
         } else {
             let xn = match norm {
                 Some(n) => n.forward(x)?,
@@ -147,6 +161,10 @@ impl Attention {
             (None, Mask::Padded { key_start, causal }) => {
                 fast::scaled_dot_product_attention_padded(&q, &k, &v, self.scale, *causal, key_start)?
             }
+            (None, Mask::Short { prev, mask }) => match fast::cuda_short_attention(&q, &k, &v, self.scale, *prev, token_major)? {
+                Some(o) => o,
+                None => fast::scaled_dot_product_attention(&q, &k, &v, self.scale, AttentionMask::Array(mask))?,
+            },
             (Some(sinks), _) => fast::scaled_dot_product_attention_sinks(&q, &k, &v, self.scale, mask.as_attention()?, sinks)?,
             (None, _) => fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask.as_attention()?)?,
         };
@@ -196,6 +214,23 @@ impl Attention {
         let k = self.rope(heads(&qkv[1], self.n_kv_heads, self.k_norm.as_ref())?, offset)?;
         let v = heads(&qkv[2], self.n_kv_heads, None)?;
         Ok((q, k, v))
+    }
+
+    /// A short pass (a speculative verification, a prompt's last few tokens: one row of at most
+    /// [`SHORT_PASS`] tokens) built as a decode step whose batch rows are its tokens, each at its
+    /// own position: the pre-norm folded into the q/k/v product, one rope (or our q/k norm + rope
+    /// kernel) and no transposed copies, where the prefill path runs a norm, two ropes and three
+    /// copies per layer. q, k, v come back as `[1, H, L, D]` views of token-major arrays. None:
+    /// not such a pass (or a rope whose frequencies depend on the length).
+    fn short_qkv(&self, x: &Array, norm: Option<&RmsNorm>, l: i32, at: &At, offset: usize) -> Result<Option<(Array, Array, Array)>> {
+        let short = x.dim(0) == 1 && l as usize <= SHORT_PASS && matches!(at, At::Offset(_));
+        if !short || self.sinks.is_some() || !self.rope.as_ref().is_none_or(|r| r.batchable()) {
+            return Ok(None);
+        }
+        let rows = x.reshape(&[l, 1, -1])?;
+        let (q, k, v) = self.decode_qkv(&rows, norm, l, &At::Rows(positions(offset, l as usize)?))?;
+        let view = |a: Array, h: usize| a.reshape(&[1, l, h as i32, -1])?.transpose(&[0, 2, 1, 3]);
+        Ok(Some((view(q, self.n_heads)?, view(k, self.n_kv_heads)?, view(v, self.n_kv_heads)?)))
     }
 
     /// The decode step (L = 1) with as few ops as possible, since per-op overhead is what a

@@ -19,6 +19,9 @@ pub enum Mask {
     /// A left-padded batch (continuous batching): row b sees no key before `key_start[b]`
     /// (int32 `[B]`), and with `causal` no key after its own position either.
     Padded { key_start: Array, causal: bool },
+    /// A short pass over a cache's whole buffers (`nn::kv_cache`): query i sees keys
+    /// `0 ..= prev + i`, which `mask` (additive `[L, C]`) spells out for MLX's attention.
+    Short { prev: usize, mask: Array },
 }
 
 impl Mask {
@@ -27,7 +30,7 @@ impl Mask {
         match self {
             Mask::None => Ok(AttentionMask::None),
             Mask::Causal => Ok(AttentionMask::Causal),
-            Mask::Array(a) => Ok(AttentionMask::Array(a)),
+            Mask::Array(a) | Mask::Short { mask: a, .. } => Ok(AttentionMask::Array(a)),
             Mask::Padded { .. } => Err(Error::Mlx("a padded batch's mask needs the padded attention op".into())),
         }
     }

@@ -112,7 +112,7 @@ impl KvCache {
         self.append(k, v)?;
         let (keys, values) = (self.keys.clone().unwrap(), self.values.clone().unwrap());
         let mask = short_pass_mask(prev, k.dim(2) as usize, keys.dim(2) as usize, keys.dtype())?;
-        Ok((keys, values, Mask::Array(mask)))
+        Ok((keys, values, Mask::Short { prev, mask }))
     }
 }
 
