@@ -958,7 +958,8 @@ fn cuda_short_attention_matches_attention_over_the_prefix() {
                 assert_eq!(got.shape(), want.shape(), "{what}");
                 let g = got.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
                 let w = want.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
-                let tol = if dtype == Dtype::Float32 { 1e-5 } else { 1.0 / 64.0 };
+                // Float32: MLX's reference multiplies in TF32 on CUDA unless MLX_ENABLE_TF32=0.
+                let tol = if dtype == Dtype::Float32 { 1e-3 } else { 1.0 / 64.0 };
                 for (i, (a, c)) in g.iter().zip(&w).enumerate() {
                     assert!((a - c).abs() <= tol * (1.0 + c.abs()), "{what}: element {i}: {a} vs {c}");
                 }
