@@ -123,11 +123,11 @@ std::optional<mx::array> cuda_short_attention(const mx::array& q, const mx::arra
   }
   // q as a [B, H, L, D] view of token-major memory (decode rows): read it, and write the output,
   // in that layout, rather than copying q and the output through transposes.
-  const mx::array qt = mx::transpose(q, {0, 2, 1, 3});
+  const mx::array qin = token_major ? mx::transpose(q, {0, 2, 1, 3}) : q;
   constexpr int warps = 32;
   const int blocks = b * hq * nq;
-  auto outs = cuda_jit::try_run(spec(), {token_major ? qt : q, k, v, meta_of(prev, cap, nq)},
-                                {token_major ? qt.shape() : q.shape()}, {t}, {blocks * warps * 32, 1, 1},
+  auto outs = cuda_jit::try_run(spec(), {qin, k, v, meta_of(prev, cap, nq)}, {qin.shape()}, {t},
+                                {blocks * warps * 32, 1, 1},
                                 {warps * 32, 1, 1},
                                 {{"T", t}, {"HQ", hq}, {"HKV", hkv}, {"D", d}, {"WARPS", warps},
                                  {"SCALE_BITS", float_bits(scale)}, {"QT", token_major}});
