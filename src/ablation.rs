@@ -19,6 +19,8 @@
 //! | `MLEX_ABLATE_CUDA_QK_ROPE` | our CUDA kernel for q/k norms + rope (MLX's four kernels instead) |
 //! | `MLEX_ABLATE_CUDA_SHORT_ATTN` | our CUDA attention for short passes (MLX's cuDNN under a mask instead) |
 //! | `MLEX_ABLATE_GATED_DELTA` | our gated delta kernels (CPU and CUDA) |
+//! | `MLEX_ABLATE_CUDA_DEVICE_ALLOC` | device memory for our CUDA kernels' outputs (MLX's managed memory instead) |
+//! | `MLEX_ABLATE_GPU_PREFETCH` | moving the weights into device memory at load (CUDA) |
 use crate::mlx::sys;
 use std::sync::OnceLock;
 
@@ -29,6 +31,7 @@ pub struct Ablations {
     pub prefill_bound: bool,
     pub pipelining: bool,
     pub spec_pipelining: bool,
+    pub gpu_prefetch: bool,
     /// The C++ kernels' switches (`MLEX_ABLATE_KERNEL_*` bits of shim.h).
     pub kernels: u32,
 }
@@ -56,6 +59,7 @@ impl Ablations {
             ("MLEX_ABLATE_CUDA_QK_ROPE", sys::MLEX_ABLATE_KERNEL_CUDA_QK_ROPE),
             ("MLEX_ABLATE_CPU_NORM_FOLD", sys::MLEX_ABLATE_KERNEL_CPU_NORM_FOLD),
             ("MLEX_ABLATE_CUDA_SHORT_ATTN", sys::MLEX_ABLATE_KERNEL_CUDA_SHORT_ATTN),
+            ("MLEX_ABLATE_CUDA_DEVICE_ALLOC", sys::MLEX_ABLATE_KERNEL_CUDA_DEVICE_ALLOC),
         ]
         .iter()
         .filter(|(name, _)| on(name))
@@ -65,6 +69,7 @@ impl Ablations {
             prefill_bound: on("MLEX_ABLATE_PREFILL_BOUND"),
             pipelining: on("MLEX_ABLATE_PIPELINING"),
             spec_pipelining: on("MLEX_ABLATE_SPEC_PIPELINE"),
+            gpu_prefetch: on("MLEX_ABLATE_GPU_PREFETCH"),
             kernels,
         }
     }

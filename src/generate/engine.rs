@@ -300,6 +300,7 @@ fn load(spec: &EngineSpec) -> Result<(Engine, LoadedFacts)> {
     let params = model.parameters();
     mlx::eval(&params)?;
     crate::startup_trace::mark("weights evaluated");
+    weights_to_device(&params)?;
     // Let the device finish and release what loading consumed (the unfused q/k/v and gate/up
     // parts, the pre-cast tensors) before the first generation measures its peak: on the GPU the
     // inputs of finished kernels are released by completion handlers, not by eval itself.
@@ -325,6 +326,18 @@ fn load(spec: &EngineSpec) -> Result<(Engine, LoadedFacts)> {
     }
     let engine = Engine { model, tokenizer, eos, grammars: Default::default(), drafts, context_length: spec.context_length, kv_per_token };
     Ok((engine, facts))
+}
+
+/// Moves a model's loaded weights into device memory when computing on a GPU (CUDA; see
+/// [`mlx::prefetch_to_device`]), so that the first request does not migrate them page by page.
+pub(crate) fn weights_to_device(params: &[&mlx::Array]) -> Result<()> {
+    if mlx::default_device()? == Device::Gpu && !crate::ablation::get().gpu_prefetch {
+        let bytes = mlx::prefetch_to_device(params)?;
+        if bytes > 0 {
+            crate::startup_trace::mark("weights moved to device memory");
+        }
+    }
+    Ok(())
 }
 
 /// Cache bytes one more token takes in every layer (measured on a one-token step).

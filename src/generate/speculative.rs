@@ -220,7 +220,10 @@ impl DraftModel {
         let weights = RefCell::new(weights);
         let model = build_model(&config, &Vb::new(&weights, config.quantization.as_ref()))?;
         weights.into_inner().finish()?;
-        eval(&model.parameters())?;
+        let params = model.parameters();
+        eval(&params)?;
+        crate::generate::engine::weights_to_device(&params)?;
+        drop(params);
         if model.make_caches().has_recurrent_state() {
             return Err(bad("its caches cannot be taken back (a recurrent state): it cannot draft".into()));
         }

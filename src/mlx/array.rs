@@ -223,6 +223,17 @@ pub fn eval(arrays: &[&Array]) -> Result<()> {
     check(unsafe { sys::mlex_eval(raws.as_ptr(), raws.len()) })
 }
 
+/// Moves the CUDA managed-memory buffers of `arrays` (evaluated) into device memory, waiting for
+/// the copy: the bytes moved (0 off CUDA). Arrays made from host data, such as weights read from a
+/// file, live in managed memory, whose pages otherwise migrate page fault by page fault on the
+/// GPU's first touch, inside the first request.
+pub fn prefetch_to_device(arrays: &[&Array]) -> Result<u64> {
+    let raws: Vec<sys::mlex_array> = arrays.iter().map(|a| a.raw).collect();
+    let mut bytes = 0u64;
+    check(unsafe { sys::mlex_cuda_prefetch(raws.as_ptr(), raws.len(), &mut bytes) })?;
+    Ok(bytes)
+}
+
 /// The not-yet-evaluated operations behind `arrays`, counted by MLX primitive name (most
 /// frequent first): what one evaluation will dispatch, for profiling graph size.
 pub fn graph_census(arrays: &[&Array]) -> Result<Vec<(String, usize)>> {

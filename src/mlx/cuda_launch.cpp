@@ -3,13 +3,23 @@
 #include <cstdint>
 #include <functional>
 #include <stdexcept>
+#include <unordered_set>
 
 #include "mlx/allocator.h"
 #include "mlx/primitives.h"
 
 #if defined(__linux__)
 #include <dlfcn.h>
+#include <elf.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
 #endif
+
+#include "ablation.h"
 
 #include "mlx/backend/cuda/cuda.h"
 
@@ -28,6 +38,49 @@ struct Encoder;
 
 using CuResult = int;  // CUresult; 0 is CUDA_SUCCESS
 
+// CUmemLocation (type 1: CU_MEM_LOCATION_TYPE_DEVICE, id: the device ordinal).
+struct CuMemLocation {
+  int type = 1;
+  int id = 0;
+};
+
+#if defined(__linux__)
+// The address of function `name` of the library mapped at `base` from file `path`, found in the
+// file's static symbol table (.symtab), for a function the library does not export. nullptr
+// when the file has no such table or no such function.
+void* local_function(const char* path, uintptr_t base, const char* name) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  struct stat st {};
+  void* map = fstat(fd, &st) == 0 ? mmap(nullptr, st.st_size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
+  close(fd);
+  if (map == MAP_FAILED) return nullptr;
+  const char* p = static_cast<const char*>(map);
+  const size_t size = st.st_size, len = std::strlen(name);
+  void* found = nullptr;
+  const auto* eh = reinterpret_cast<const Elf64_Ehdr*>(p);
+  bool ok = size >= sizeof *eh && std::memcmp(eh->e_ident, ELFMAG, SELFMAG) == 0 && eh->e_ident[EI_CLASS] == ELFCLASS64 &&
+            eh->e_shentsize == sizeof(Elf64_Shdr) && eh->e_shoff + eh->e_shnum * sizeof(Elf64_Shdr) <= size;
+  const auto* sh = ok ? reinterpret_cast<const Elf64_Shdr*>(p + eh->e_shoff) : nullptr;
+  for (int i = 0; ok && found == nullptr && i < eh->e_shnum; ++i) {
+    if (sh[i].sh_type != SHT_SYMTAB || sh[i].sh_link >= eh->e_shnum) continue;
+    const Elf64_Shdr& strs = sh[sh[i].sh_link];
+    if (sh[i].sh_offset + sh[i].sh_size > size || strs.sh_offset + strs.sh_size > size) continue;
+    const auto* syms = reinterpret_cast<const Elf64_Sym*>(p + sh[i].sh_offset);
+    for (size_t j = 0, n = sh[i].sh_size / sizeof(Elf64_Sym); j < n; ++j) {
+      const Elf64_Sym& s = syms[j];
+      if (ELF64_ST_TYPE(s.st_info) != STT_FUNC || s.st_value == 0 || s.st_name + len >= strs.sh_size) continue;
+      if (std::memcmp(p + strs.sh_offset + s.st_name, name, len + 1) == 0) {
+        found = reinterpret_cast<void*>(base + s.st_value);
+        break;
+      }
+    }
+  }
+  munmap(map, size);
+  return found;
+}
+#endif
+
 struct Api {
   // libmlx 0.32 (mlx/backend/cuda/device.h)
   Encoder& (*get_command_encoder)(mx::Stream) = nullptr;
@@ -36,6 +89,12 @@ struct Api {
   void (*add_kernel_node_raw)(Encoder*, void* fn, Dim3 grid, Dim3 block, Dim3 cluster, uint32_t smem,
                               void** params) = nullptr;
   void (*add_completed_handler)(Encoder*, std::function<void()>) = nullptr;
+  // cu::malloc_async: device memory from the stream's pool, as MLX's own kernels allocate their
+  // outputs. Not exported: found in libmlx's symbol table; nullptr when it is not there.
+  mx::allocator::Data (*malloc_async)(size_t, Encoder&) = nullptr;
+  // the CUDA driver, for weights: see prefetch_to_device
+  CuResult (*mem_prefetch)(unsigned long long, size_t, CuMemLocation, unsigned int, void*) = nullptr;
+  CuResult (*ctx_synchronize)() = nullptr;
   // the CUDA driver
   CuResult (*ctx_get_current)(void**) = nullptr;
   CuResult (*ctx_set_current)(void*) = nullptr;
@@ -84,6 +143,18 @@ const Api& api() {
     sym(cuda, a.module_load_data, "cuModuleLoadData");
     sym(cuda, a.module_get_function, "cuModuleGetFunction");
     sym(cuda, a.error_string, "cuGetErrorString");
+    // Optional: without them outputs come from MLX's managed memory and weights are not prefetched.
+    a.mem_prefetch = reinterpret_cast<decltype(a.mem_prefetch)>(dlsym(cuda, "cuMemPrefetchAsync_v2"));
+    a.ctx_synchronize = reinterpret_cast<decltype(a.ctx_synchronize)>(dlsym(cuda, "cuCtxSynchronize"));
+    if (a.why_not.empty()) {
+      void* f = local_function(info.dli_fname, reinterpret_cast<uintptr_t>(info.dli_fbase),
+                               "_ZN3mlx4core2cu12malloc_asyncEmRNS1_14CommandEncoderE");
+      Dl_info in{};
+      // Only an address inside libmlx itself (a stale or foreign symbol table would point elsewhere).
+      if (f != nullptr && dladdr(f, &in) != 0 && in.dli_fbase == info.dli_fbase) {
+        a.malloc_async = reinterpret_cast<decltype(a.malloc_async)>(f);
+      }
+    }
 #else
     a.why_not = "CUDA kernels are launched on Linux only";
 #endif
@@ -122,7 +193,13 @@ class Launch : public mx::Primitive {
     const Api& a = api();
     Encoder& enc = a.get_command_encoder(stream());
     void* fn = kernel_->function();
-    for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
+    // Device memory, as MLX's kernels take (cu::malloc_async). mx::allocator::malloc is managed
+    // memory: when it reuses a cached device buffer, MLX first copies that buffer into fresh
+    // managed memory with a synchronous cudaMemcpy, stalling the host mid-encoding.
+    const bool device_memory = a.malloc_async != nullptr && !ablated(MLEX_ABLATE_KERNEL_CUDA_DEVICE_ALLOC);
+    for (auto& out : outputs) {
+      out.set_data(device_memory ? a.malloc_async(out.nbytes(), enc) : mx::allocator::malloc(out.nbytes()));
+    }
     std::vector<void*> addresses;
     addresses.reserve(inputs.size() + outputs.size());
     // An input that is not row contiguous is copied first, by MLX's own Contiguous primitive on
@@ -164,22 +241,55 @@ class Launch : public mx::Primitive {
   Dim3 grid_, block_;
 };
 
+// MLX makes its device current with the runtime API; if this thread has no context yet, take
+// the device's primary context, the one the runtime API uses.
+void make_context_current() {
+  const Api& a = api();
+  void* ctx = nullptr;
+  if (a.ctx_get_current(&ctx) != 0 || ctx == nullptr) {
+    int dev = 0;
+    CuResult r = a.device_get(&dev, 0);
+    if (r == 0) r = a.primary_ctx_retain(&ctx, dev);
+    if (r == 0) r = a.ctx_set_current(ctx);
+    if (r != 0) throw std::runtime_error("no CUDA context: " + cu_error(r));
+  }
+}
+
 }  // namespace
+
+size_t prefetch_to_device(const std::vector<mx::array>& arrays) {
+  const Api& a = api();
+  if (!a.why_not.empty() || a.mem_prefetch == nullptr || a.ctx_synchronize == nullptr) return 0;
+  make_context_current();
+  // libmlx's CudaBuffer (mlx/backend/cuda/allocator.h): device -1 is managed memory.
+  struct CudaBufferHead {
+    void* data;
+    size_t size;
+    int device;
+  };
+  std::unordered_set<const void*> seen;
+  size_t bytes = 0;
+  for (const auto& x : arrays) {
+    if (x.nbytes() == 0 || !x.is_available()) continue;
+    auto* head = static_cast<const CudaBufferHead*>(x.buffer().ptr());
+    // Small buffers may share pages with MLX's pool of scalars, which the host reads.
+    if (head == nullptr || head->data == nullptr || head->device != -1 || head->size < (64u << 10)) continue;
+    if (!seen.insert(head).second) continue;
+    CuResult r = a.mem_prefetch(reinterpret_cast<unsigned long long>(head->data), head->size, CuMemLocation{}, 0, nullptr);
+    if (r != 0) throw std::runtime_error("cuMemPrefetchAsync: " + cu_error(r));
+    bytes += head->size;
+  }
+  if (bytes != 0) {
+    if (CuResult r = a.ctx_synchronize(); r != 0) throw std::runtime_error("cuCtxSynchronize: " + cu_error(r));
+  }
+  return bytes;
+}
 
 void* Kernel::function() const {
   std::call_once(once_, [this] {
     const Api& a = api();
     try {
-      void* ctx = nullptr;
-      if (a.ctx_get_current(&ctx) != 0 || ctx == nullptr) {
-        // MLX makes its device current with the runtime API; if this thread has no context yet,
-        // take the device's primary context, the one the runtime API uses.
-        int dev = 0;
-        CuResult r = a.device_get(&dev, 0);
-        if (r == 0) r = a.primary_ctx_retain(&ctx, dev);
-        if (r == 0) r = a.ctx_set_current(ctx);
-        if (r != 0) throw std::runtime_error("no CUDA context: " + cu_error(r));
-      }
+      make_context_current();
       void* module = nullptr;
       if (CuResult r = a.module_load_data(&module, binary_.c_str()); r != 0) {
         throw std::runtime_error("cuModuleLoadData: " + cu_error(r));

@@ -14,7 +14,7 @@ pub mod random;
 pub mod threads;
 pub(crate) mod sys;
 
-pub use array::{async_eval, eval, graph_census, Array};
+pub use array::{async_eval, eval, graph_census, prefetch_to_device, Array};
 pub use blas::blas_backend;
 pub use device::*;
 pub use dtype::{Dtype, Element};

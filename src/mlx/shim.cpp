@@ -5,6 +5,7 @@
 #include "cpu_dense_matmul.h"
 #include "cpu_quantized_matmul.h"
 #include "cuda_qk_norm_rope.h"
+#include "cuda_launch.h"
 #include "cuda_short_attention.h"
 #include "cuda_quantized_matvec.h"
 #include "gated_delta.h"
@@ -555,6 +556,9 @@ int mlex_fast_sdpa_padded(mlex_array q, mlex_array k, mlex_array v, float scale,
   });
 }
 
+int mlex_cuda_prefetch(const mlex_array* arrays, size_t n, uint64_t* bytes) {
+  return guard([&] { *bytes = mlex::cuda_launch::prefetch_to_device(to_vec(arrays, n)); });
+}
 int mlex_cuda_short_attention(mlex_array q, mlex_array k, mlex_array v, float scale, int32_t prev, bool token_major,
                               mlex_array* out) {
   return guard([&] {

@@ -212,6 +212,9 @@ int mlex_fast_sdpa_padded(mlex_array q, mlex_array k, mlex_array v, float scale,
    Sets *out, or leaves it NULL where the kernel does not apply (the caller masks). */
 int mlex_cuda_short_attention(mlex_array q, mlex_array k, mlex_array v, float scale, int32_t prev, bool token_major,
                               mlex_array* out);
+/* Moves the managed-memory buffers of the (evaluated) arrays into CUDA device memory and waits
+   (src/mlx/cuda_launch.h: prefetch_to_device); *bytes: how many bytes moved, 0 without CUDA. */
+int mlex_cuda_prefetch(const mlex_array* arrays, size_t n, uint64_t* bytes);
 /* mask_mode: "" (none, or mask given), "causal"; mask may be NULL. */
 int mlex_fast_sdpa(mlex_array q, mlex_array k, mlex_array v, float scale, const char* mask_mode,
                    mlex_array mask, mlex_array* out);
@@ -275,6 +278,7 @@ int mlex_random_categorical(mlex_array logits, int32_t axis, mlex_array key, mle
 #define MLEX_ABLATE_KERNEL_CUDA_QK_ROPE 128u
 #define MLEX_ABLATE_KERNEL_CPU_NORM_FOLD 256u
 #define MLEX_ABLATE_KERNEL_CUDA_SHORT_ATTN 512u
+#define MLEX_ABLATE_KERNEL_CUDA_DEVICE_ALLOC 1024u
 void mlex_set_ablations(uint32_t kernels);
 
 /* ---- compile: fused element-wise helpers used by the models ---- */

@@ -211,6 +211,7 @@ pub struct Gemma3Images {
 impl ImageEncoder for Gemma3Images {
     fn encode(&self, image: &RgbImage) -> Result<Array> {
         let pv = self.processor.preprocess(image)?;
+        crate::startup_trace::mark("image preprocessed");
         let shape: Vec<i32> = pv.shape.iter().map(|&d| d as i32).collect();
         let pixels = Array::from_slice(&pv.data, &shape)?;
         let t = (pv.shape[0] * self.vision.tokens_per_image()) as i32;
@@ -240,6 +241,7 @@ pub struct Gemma4Images {
 impl Gemma4Images {
     fn rows(&self, processor: &Gemma4ImageProcessor, image: &RgbImage) -> Result<Array> {
         let pv = processor.preprocess(image)?;
+        crate::startup_trace::mark("image preprocessed");
         let shape: Vec<i32> = pv.shape.iter().map(|&d| d as i32).collect();
         let pixels = Array::from_slice(&pv.data, &shape)?;
         let n = self.vision.soft_tokens(pv.shape[2], pv.shape[3]);
@@ -408,6 +410,7 @@ impl VisionLm {
             return Ok(ids);
         }
         let decoded = decode_image(&image.bytes)?;
+        crate::startup_trace::mark("image decoded");
         let size = (decoded.width, decoded.height);
         let rows = if frame { self.encoder.encode_frame(&decoded)? } else { self.encoder.encode(&decoded)? };
         self.keep(slots, Kept::new(image, frame, false, size, rows))
@@ -450,6 +453,7 @@ impl VisionLm {
             return Err(Error::InvalidArgument("this session has seen too many distinct images".into()));
         }
         entry.rows.eval()?;
+        crate::startup_trace::mark("media rows evaluated");
         slots.next += len;
         let size = entry.size;
         (entry.first, entry.len) = (first, len);
