@@ -20,6 +20,7 @@
 //! | `MLEX_ABLATE_CUDA_SHORT_ATTN` | our CUDA attention for short passes (MLX's cuDNN under a mask instead) |
 //! | `MLEX_ABLATE_GATED_DELTA` | our gated delta kernels (CPU and CUDA) |
 //! | `MLEX_ABLATE_CUDA_DEVICE_ALLOC` | device memory for our CUDA kernels' outputs (MLX's managed memory instead) |
+//! | `MLEX_ABLATE_PREFILL_OVERLAP` | building a prompt's first step while its last prefill chunk (and its images' encoding) runs: each is waited for |
 //! | `MLEX_ABLATE_GPU_PREFETCH` | moving the weights into device memory at load (CUDA) |
 use crate::mlx::sys;
 use std::sync::OnceLock;
@@ -32,6 +33,7 @@ pub struct Ablations {
     pub pipelining: bool,
     pub spec_pipelining: bool,
     pub gpu_prefetch: bool,
+    pub prefill_overlap: bool,
     /// The C++ kernels' switches (`MLEX_ABLATE_KERNEL_*` bits of shim.h).
     pub kernels: u32,
 }
@@ -70,6 +72,7 @@ impl Ablations {
             pipelining: on("MLEX_ABLATE_PIPELINING"),
             spec_pipelining: on("MLEX_ABLATE_SPEC_PIPELINE"),
             gpu_prefetch: on("MLEX_ABLATE_GPU_PREFETCH"),
+            prefill_overlap: on("MLEX_ABLATE_PREFILL_OVERLAP"),
             kernels,
         }
     }

@@ -85,7 +85,16 @@ class Resolver:
 
 
 def short(name, width=150):
-    name = re.sub(r"\(.*\)( const)?$", "", name) if len(name) > width else name
+    """The name without its argument list (the last balanced parentheses), cut to `width`."""
+    if len(name) > width:
+        end = name[:-6] if name.endswith(" const") else name
+        if end.endswith(")"):
+            depth = 0
+            for i in range(len(end) - 1, -1, -1):
+                depth += {")": 1, "(": -1}.get(end[i], 0)
+                if depth == 0:
+                    name = end[:i]
+                    break
     return name if len(name) <= width else name[: width - 3] + "..."
 
 

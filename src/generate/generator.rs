@@ -376,7 +376,7 @@ pub(crate) fn prepare(model: &dyn CausalLm, caches: &mut LayerCaches, prompt: &[
 
 /// Prefills the next chunk of `prompt` after its first `pos` tokens (everything but the last
 /// token, at most `prefill_step_size` at a time), evaluating the caches so the graph (and its
-/// memory) stays bounded; returns the new position.
+/// memory) stays bounded (the last chunk is only scheduled); returns the new position.
 pub(crate) fn prefill_chunk(
     model: &dyn CausalLm,
     caches: &mut LayerCaches,
@@ -390,8 +390,15 @@ pub(crate) fn prefill_chunk(
         return Ok(pos);
     }
     model.forward_prompt(&prompt[pos..pos + n], caches)?;
-    eval(&caches.state())?;
-    crate::startup_trace::mark("prefill chunk evaluated");
+    if pos + n == prompt.len() - 1 && !crate::ablation::get().prefill_overlap {
+        // The last chunk: the first step is built on the host while the device runs it (its
+        // memory is bounded by the chunk).
+        async_eval(&caches.state())?;
+        crate::startup_trace::mark("last prefill chunk scheduled");
+    } else {
+        eval(&caches.state())?;
+        crate::startup_trace::mark("prefill chunk evaluated");
+    }
     Ok(pos + n)
 }
 

@@ -452,8 +452,13 @@ impl VisionLm {
         if first as u64 + len as u64 > (u32::MAX - MEDIA_TOKEN_BASE) as u64 {
             return Err(Error::InvalidArgument("this session has seen too many distinct images".into()));
         }
-        entry.rows.eval()?;
-        crate::startup_trace::mark("media rows evaluated");
+        // Scheduled, not waited for: the prompt's graph is built while the tower runs.
+        if crate::ablation::get().prefill_overlap {
+            entry.rows.eval()?;
+        } else {
+            crate::mlx::async_eval(&[&entry.rows])?;
+        }
+        crate::startup_trace::mark("media rows scheduled");
         slots.next += len;
         let size = entry.size;
         (entry.first, entry.len) = (first, len);
