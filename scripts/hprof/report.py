@@ -8,6 +8,7 @@ ran (an unstripped copy of a binary that ran stripped has the same addresses).
 
   python3 scripts/hprof/report.py HPROF.txt --lib libmlx.so=PATH [--lib mlex=PATH ...] [--top 40]
       [--under FUNC]   only samples with FUNC (a substring) on the stack
+      [--exclude FUNC] without the samples that have FUNC on the stack (repeatable)
 """
 import argparse
 import bisect
@@ -104,6 +105,7 @@ def main():
     ap.add_argument("--lib", action="append", default=[], help="NAME=PATH")
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--under", default=None)
+    ap.add_argument("--exclude", action="append", default=[])
     ap.add_argument("--tid", type=int, default=None, help="the thread to report (default: the lowest id sampled)")
     args = ap.parse_args()
     samples, maps = [], []
@@ -133,6 +135,8 @@ def main():
         stacks.append([r.name(pc - (1 if k > 0 else 0)) for k, pc in enumerate(s)])
     if args.under:
         stacks = [s for s in stacks if any(args.under in n for n in s)]
+    for ex in args.exclude:
+        stacks = [s for s in stacks if not any(ex in n for n in s)]
     n = len(stacks)
     print(f"thread {tid}: {n} samples")
     own = collections.Counter(s[0] if s else "?" for s in stacks)

@@ -137,7 +137,7 @@ impl Attention {
         };
         let mut token_major = false;
         let (q, k, v) = if l == 1 {
-            self.decode_qkv(x, norm, b, &at)?
+            self.decode_qkv(x, norm, b, &at, false)?
         } else if let Some(qkv) = self.short_qkv(x, norm, l, &at, cache.offset())? {
             token_major = true;
             qkv
@@ -228,15 +228,19 @@ impl Attention {
             return Ok(None);
         }
         let rows = x.reshape(&[l, 1, -1])?;
-        let (q, k, v) = self.decode_qkv(&rows, norm, l, &At::Rows(positions(offset, l as usize)?))?;
+        let (q, k, v) = self.decode_qkv(&rows, norm, l, &At::Rows(positions(offset, l as usize)?), true)?;
         let view = |a: Array, h: usize| a.reshape(&[1, l, h as i32, -1])?.transpose(&[0, 2, 1, 3]);
         Ok(Some((view(q, self.n_heads)?, view(k, self.n_kv_heads)?, view(v, self.n_kv_heads)?)))
     }
 
     /// The decode step (L = 1) with as few ops as possible, since per-op overhead is what a
     /// decode step costs: `[B, 1, H·D]` reshapes straight to `[B, H, 1, D]` (no transposes), and
-    /// without q/k norms one rope rotates q and k together.
-    fn decode_qkv(&self, x: &Array, norm: Option<&RmsNorm>, b: i32, offset: &At) -> Result<(Array, Array, Array)> {
+    /// without q/k norms one rope rotates q and k together. `contiguous_q` (a short pass, whose
+    /// rows are one request's tokens): q and k rotated apart, so that q comes out row
+    /// contiguous. Split from the joint rotation, q is a strided view, which our short-pass
+    /// attention kernel had copied first: on the H200 that copy's encoding was ~28 % of a
+    /// verification pass's host time, far more than a second rope costs.
+    fn decode_qkv(&self, x: &Array, norm: Option<&RmsNorm>, b: i32, offset: &At, contiguous_q: bool) -> Result<(Array, Array, Array)> {
         let (hq, hkv) = (self.n_heads as i32, self.n_kv_heads as i32);
         match &self.qkv {
             Projections::Fused { linear, .. } => {
@@ -245,6 +249,13 @@ impl Attention {
                     None => linear.forward(x)?,
                 };
                 let y = y.reshape(&[b, hq + 2 * hkv, 1, -1])?;
+                if self.q_norm.is_none() && self.k_norm.is_none() && contiguous_q && b > 1 {
+                    let mut parts = y.split_at(&[hq, hq + hkv], 1)?;
+                    let v = parts.pop().unwrap();
+                    let k = self.rope(parts.pop().unwrap(), offset)?;
+                    let q = self.rope(parts.pop().unwrap(), offset)?;
+                    return Ok((q, k, v));
+                }
                 if self.q_norm.is_none() && self.k_norm.is_none() {
                     let mut parts = y.split_at(&[hq + hkv], 1)?;
                     let v = parts.pop().unwrap();
