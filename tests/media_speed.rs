@@ -1,0 +1,55 @@
+//! Host time of an image part before the GPU sees it: decoding a PNG and each processor's
+//! preprocessing, on a 320 × 240 PNG of noise (the image of tests/vlm_prompt_bench.rs's size).
+//! On a GPU this host work is most of an image prompt's time to first token at small shapes
+//! (BENCHMARKS.md, seventh session). Not a pass/fail test: ignored, it prints medians.
+//!
+//! `cargo test --release --test media_speed -- --ignored --nocapture`
+use mlex::media::{decode_image, Gemma3ImageProcessor, Gemma4ImageProcessor, QwenImageProcessor};
+use std::time::Instant;
+
+fn noise_png(w: u32, h: u32) -> Vec<u8> {
+    let mut state = 0x2545_f491u32;
+    let img = image::RgbImage::from_fn(w, h, |_, _| {
+        let mut px = [0u8; 3];
+        for c in &mut px {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            *c = state as u8;
+        }
+        image::Rgb(px)
+    });
+    let mut out = std::io::Cursor::new(vec![]);
+    img.write_to(&mut out, image::ImageFormat::Png).unwrap();
+    out.into_inner()
+}
+
+/// Median milliseconds of `f` over 50 runs, after 5 untimed.
+fn time(mut f: impl FnMut()) -> f64 {
+    for _ in 0..5 {
+        f();
+    }
+    let mut t: Vec<f64> = (0..50)
+        .map(|_| {
+            let s = Instant::now();
+            f();
+            s.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    t.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    t[t.len() / 2]
+}
+
+#[test]
+#[ignore]
+fn bench_image_decode_and_preprocessing() {
+    let png = noise_png(320, 240);
+    let img = decode_image(&png).unwrap();
+    let g3 = Gemma3ImageProcessor { height: 224, width: 224, ..Default::default() };
+    let g4 = Gemma4ImageProcessor { max_soft_tokens: 70, ..Default::default() };
+    let qwen = QwenImageProcessor::default();
+    println!("PNG decode (320x240, {} bytes): {:.2} ms", png.len(), time(|| drop(decode_image(&png).unwrap())));
+    println!("Gemma 3 preprocess (224 px): {:.2} ms", time(|| drop(g3.preprocess(&img).unwrap())));
+    println!("Gemma 4 preprocess (70 tokens): {:.2} ms", time(|| drop(g4.preprocess(&img).unwrap())));
+    println!("Qwen preprocess: {:.2} ms", time(|| drop(qwen.preprocess(&img).unwrap())));
+}
