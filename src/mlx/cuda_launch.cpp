@@ -260,7 +260,11 @@ void make_context_current() {
 size_t prefetch_to_device(const std::vector<mx::array>& arrays) {
   const Api& a = api();
   if (!a.why_not.empty() || a.mem_prefetch == nullptr || a.ctx_synchronize == nullptr) return 0;
-  make_context_current();
+  try {
+    make_context_current();
+  } catch (const std::exception&) {
+    return 0;
+  }
   // libmlx's CudaBuffer (mlx/backend/cuda/allocator.h): device -1 is managed memory.
   struct CudaBufferHead {
     void* data;
@@ -275,8 +279,11 @@ size_t prefetch_to_device(const std::vector<mx::array>& arrays) {
     // Small buffers may share pages with MLX's pool of scalars, which the host reads.
     if (head == nullptr || head->data == nullptr || head->device != -1 || head->size < (64u << 10)) continue;
     if (!seen.insert(head).second) continue;
-    CuResult r = a.mem_prefetch(reinterpret_cast<unsigned long long>(head->data), head->size, CuMemLocation{}, 0, nullptr);
-    if (r != 0) throw std::runtime_error("cuMemPrefetchAsync: " + cu_error(r));
+    // Best effort: where the device cannot prefetch (no concurrent managed access: MLX then
+    // allocates pinned host memory instead), the weights stay where they are.
+    if (a.mem_prefetch(reinterpret_cast<unsigned long long>(head->data), head->size, CuMemLocation{}, 0, nullptr) != 0) {
+      break;
+    }
     bytes += head->size;
   }
   if (bytes != 0) {
