@@ -57,9 +57,9 @@ std::vector<mlx::core::array> launch(const std::shared_ptr<const Kernel>& kernel
                                      mlx::core::Stream stream);
 
 // Moves the managed-memory buffers of `arrays` (evaluated) into device memory and waits: the
-// bytes moved, 0 where there is no CUDA (or the device cannot prefetch: best effort). Arrays made from host data (weights read from a file)
-// live in CUDA managed memory, whose pages otherwise migrate on the GPU's first touch, page
-// fault by page fault, inside the first request.
+// bytes moved, 0 where there is no CUDA or the device cannot prefetch (best effort). Arrays
+// made from host data (weights read from a file) live in CUDA managed memory, whose pages
+// otherwise migrate on the GPU's first touch, page fault by page fault, inside the first request.
 size_t prefetch_to_device(const std::vector<mlx::core::array>& arrays);
 
 }  // namespace mlex::cuda_launch

@@ -239,7 +239,8 @@ impl Attention {
     /// rows are one request's tokens): q and k rotated apart, so that q comes out row
     /// contiguous. Split from the joint rotation, q is a strided view, which our short-pass
     /// attention kernel had copied first: on the H200 that copy's encoding was ~28 % of a
-    /// verification pass's host time, far more than a second rope costs.
+    /// verification pass's host time, far more than a second rope costs. Done on every backend
+    /// (one more rope a layer is negligible on the CPU), so the CPU suites cover this path.
     fn decode_qkv(&self, x: &Array, norm: Option<&RmsNorm>, b: i32, offset: &At, contiguous_q: bool) -> Result<(Array, Array, Array)> {
         let (hq, hkv) = (self.n_heads as i32, self.n_kv_heads as i32);
         match &self.qkv {
