@@ -74,6 +74,7 @@ pub fn shape_config(name: &str) -> Result<Value> {
 }
 
 /// What to benchmark.
+#[derive(Clone)]
 pub struct BenchSpec {
     pub model: Option<String>,
     pub shape: Option<String>,
@@ -129,21 +130,21 @@ pub fn run(spec: &BenchSpec, mut report: impl FnMut(Value)) -> Result<()> {
     Ok(())
 }
 
-/// The MLX operations one decode step of a random-weight `shape` builds (model forward only;
-/// greedy sampling adds a handful), counted by primitive, most frequent first, on the default
-/// device in its default compute dtype (on the CPU, mlex's own kernels replace MLX's `fast` ops,
-/// which MLX's CPU backend would expand into several each).
+/// The MLX operations one decode step of `spec`'s model (a checkpoint, or a random-weight shape
+/// quantized to `bits`) builds (model forward only; greedy sampling adds a handful), counted by
+/// primitive, most frequent first, on the default device in the load options' dtype (for a shape
+/// without one, the device's default compute dtype; on the CPU, mlex's own kernels replace MLX's
+/// `fast` ops, which MLX's CPU backend would expand into several each).
 /// Per-operation overhead is what a small model's decode step costs on a GPU, so this is the
 /// number that fused projections and view-free decode paths reduce (BENCHMARKS.md).
-pub fn decode_step_census(shape: &str, bits: u32, group_size: u32) -> Result<Vec<(String, usize)>> {
-    let mut cfg = shape_config(shape)?;
-    if bits > 0 {
-        cfg["quantization"] = json!({"group_size": group_size, "bits": bits, "mode": "affine"});
+pub fn decode_step_census(spec: &BenchSpec) -> Result<Vec<(String, usize)>> {
+    if spec.shape.is_some() && spec.load.dtype.is_none() {
+        // Each device's default compute dtype (float32 on the CPU), since which kernels apply depends on it.
+        let dtype = if crate::mlx::gpu_available() { crate::Dtype::Bfloat16 } else { crate::Dtype::Float32 };
+        let spec = BenchSpec { load: LoadOptions { dtype: Some(dtype), ..spec.load.clone() }, ..spec.clone() };
+        return load(&spec)?.0.decode_step_census();
     }
-    // Each device's default compute dtype (float32 on the CPU), since which kernels apply depends on it.
-    let dtype = if crate::mlx::gpu_available() { crate::Dtype::Bfloat16 } else { crate::Dtype::Float32 };
-    let session = Session::load_random(&cfg.to_string(), 0, LoadOptions { dtype: Some(dtype), ..Default::default() })?;
-    session.decode_step_census()
+    load(spec)?.0.decode_step_census()
 }
 
 /// `concurrency` requests at once on one session (each its own random prompt of `prompt_len`

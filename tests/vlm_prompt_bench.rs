@@ -5,7 +5,7 @@
 //! tests/oracle/vlm_prompt_bench.py builds mlx-vlm's Gemma 3, Gemma 4 or Qwen3.5 model at a
 //! CPU-sized shape (its docstring states it) with random weights, writes the checkpoint and a
 //! 320 × 240 PNG, and times TTFT (image open, processor, embeddings, prefill, first token) and
-//! decode over 32 more greedy tokens. Here a `Session` loads the same checkpoint (with a byte-level
+//! decode over 32 more greedy tokens (by default). Here a `Session` loads the same checkpoint (with a byte-level
 //! tokenizer and a chat template that places the image part), and the same prompt is timed from
 //! reading the PNG's bytes to the first token, then to the 33rd. Each side: one warm-up run, then
 //! the median of 3 (a fresh session each run, so no prompt cache). The greedy tokens must equal
@@ -21,6 +21,9 @@
 //! mlex computes in float32 whatever the checkpoint, so with bfloat16 the tokens differ from
 //! mlx-vlm's bfloat16 ones (Gemma 3 4-bit: mlx-vlm's model cast to float32 on the same bf16
 //! weights gives mlex's 33 tokens exactly); the variable is for GPU machines only.
+//!
+//! `MLEX_VLM_BENCH_STEPS=N` (default 33) sets the greedy tokens each side generates: decode over
+//! 32 tokens is a short sample on a GPU, where one step takes 1–3 ms.
 //!
 //! `MLEX_ORACLE_VENV=<venv> cargo test --release --test vlm_prompt_bench -- --ignored --nocapture bench_`
 
@@ -130,6 +133,9 @@ fn bench(arch: &str, bits: Option<u32>, specials: &[(u64, &str)], bos: Option<&s
         .arg(repo_root().join("tests/oracle/vlm_prompt_bench.py"))
         .arg(out.path())
         .args(["--arch", arch, "--runs", &RUNS.to_string(), "--dtype", &dtype]);
+    if let Ok(steps) = std::env::var("MLEX_VLM_BENCH_STEPS") {
+        oracle.args(["--steps", &steps]);
+    }
     if let Some(b) = bits {
         oracle.args(["--bits", &b.to_string()]);
     }

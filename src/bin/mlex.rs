@@ -151,8 +151,9 @@ struct BenchArgs {
     /// --prompt-len tokens, its --gen-token reply and 64 new tokens), cached vs cold.
     #[arg(long)]
     prompt_cache: bool,
-    /// Print the MLX operations one decode step of --shape builds (by primitive) instead of timing
-    /// (the step requests decode with: a continuous batch of one where the model batches).
+    /// Print the MLX operations one decode step of --shape (or of the checkpoint --model) builds
+    /// (by primitive) instead of timing (the step requests decode with: a continuous batch of one
+    /// where the model batches).
     #[arg(long)]
     graph: bool,
     /// Run this many requests at once on one session (each its own prompt): aggregate and
@@ -544,10 +545,10 @@ fn bench(a: BenchArgs) -> mlex::Result<()> {
     };
     let json = a.json;
     if a.graph {
-        let shape = spec.shape.as_deref().ok_or_else(|| mlex::Error::InvalidArgument("--graph needs --shape".into()))?;
-        let census = mlex::bench::decode_step_census(shape, spec.bits, spec.group_size)?;
+        let census = mlex::bench::decode_step_census(&spec)?;
         let total: usize = census.iter().map(|(_, c)| c).sum();
-        println!("{}", serde_json::json!({"engine": "mlex", "model": shape, "bits": spec.bits, "ops": total, "by_primitive": census}));
+        let model = spec.shape.as_deref().or(spec.model.as_deref()).unwrap_or_default();
+        println!("{}", serde_json::json!({"engine": "mlex", "model": model, "bits": spec.bits, "ops": total, "by_primitive": census}));
         return Ok(());
     }
     if let Some(n) = a.concurrency {

@@ -373,29 +373,58 @@ fn check(img: &RgbImage) -> Result<()> {
     Ok(())
 }
 
+/// Splits `out` (`rows` rows of `row_len` bytes) into bands of whole rows and fills them with
+/// `fill(first_row, band)`, on several threads when the image is large enough to pay for them
+/// (a resize of a few hundred thousand samples takes milliseconds on one core, and it sits on the
+/// path to an image prompt's first token). The bands' results do not depend on the split.
+fn par_rows(out: &mut [u8], row_len: usize, rows: usize, work_per_row: usize, fill: impl Fn(usize, &mut [u8]) + Sync) {
+    /// Samples × taps below which one thread does it all (a thread costs tens of microseconds).
+    const MIN_WORK_PER_THREAD: usize = 250_000;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
+    let threads = threads.min((rows * work_per_row / MIN_WORK_PER_THREAD).max(1)).min(rows.max(1));
+    if threads <= 1 {
+        fill(0, out);
+        return;
+    }
+    let band = rows.div_ceil(threads);
+    std::thread::scope(|s| {
+        let mut parts = out.chunks_mut(band * row_len).enumerate();
+        let first = parts.next();
+        for (i, part) in parts {
+            let fill = &fill;
+            s.spawn(move || fill(i * band, part));
+        }
+        if let Some((_, part)) = first {
+            fill(0, part);
+        }
+    });
+}
+
 /// Resamples each row of a `w × h` RGB image to `out_w` pixels.
 fn horizontal_pass(src: &[u8], w: usize, h: usize, out_w: usize, filter: Filter) -> Vec<u8> {
     let half = 1i32 << (PRECISION_BITS - 1);
     let ax = axis_weights(w, out_w, filter);
     let mut out = vec![0u8; out_w * h * 3];
-    for y in 0..h {
-        let row = &src[y * w * 3..(y + 1) * w * 3];
-        let dst = &mut out[y * out_w * 3..(y + 1) * out_w * 3];
-        for x in 0..out_w {
-            let k = &ax.weights[x * ax.ksize..x * ax.ksize + ax.count[x]];
-            let base = ax.first[x] * 3;
-            let (mut r, mut g, mut b) = (half, half, half);
-            for (i, &wt) in k.iter().enumerate() {
-                let p = base + i * 3;
-                r += row[p] as i32 * wt;
-                g += row[p + 1] as i32 * wt;
-                b += row[p + 2] as i32 * wt;
+    par_rows(&mut out, out_w * 3, h, out_w * 3 * ax.ksize, |y0, band| {
+        for (dy, dst) in band.chunks_exact_mut(out_w * 3).enumerate() {
+            let y = y0 + dy;
+            let row = &src[y * w * 3..(y + 1) * w * 3];
+            for x in 0..out_w {
+                let k = &ax.weights[x * ax.ksize..x * ax.ksize + ax.count[x]];
+                let base = ax.first[x] * 3;
+                let (mut r, mut g, mut b) = (half, half, half);
+                for (i, &wt) in k.iter().enumerate() {
+                    let p = base + i * 3;
+                    r += row[p] as i32 * wt;
+                    g += row[p + 1] as i32 * wt;
+                    b += row[p + 2] as i32 * wt;
+                }
+                dst[x * 3] = clip8(r);
+                dst[x * 3 + 1] = clip8(g);
+                dst[x * 3 + 2] = clip8(b);
             }
-            dst[x * 3] = clip8(r);
-            dst[x * 3 + 1] = clip8(g);
-            dst[x * 3 + 2] = clip8(b);
         }
-    }
+    });
     out
 }
 
@@ -405,20 +434,23 @@ fn vertical_pass(src: &[u8], w: usize, h: usize, out_h: usize, filter: Filter) -
     let ax = axis_weights(h, out_h, filter);
     let stride = w * 3;
     let mut out = vec![0u8; out_h * stride];
-    let mut acc = vec![0i32; stride];
-    for y in 0..out_h {
-        acc.iter_mut().for_each(|a| *a = half);
-        let k = &ax.weights[y * ax.ksize..y * ax.ksize + ax.count[y]];
-        for (i, &wt) in k.iter().enumerate() {
-            let row = &src[(ax.first[y] + i) * stride..(ax.first[y] + i + 1) * stride];
-            for (a, &p) in acc.iter_mut().zip(row) {
-                *a += p as i32 * wt;
+    par_rows(&mut out, stride, out_h, stride * ax.ksize, |y0, band| {
+        let mut acc = vec![0i32; stride];
+        for (dy, dst) in band.chunks_exact_mut(stride).enumerate() {
+            let y = y0 + dy;
+            acc.iter_mut().for_each(|a| *a = half);
+            let k = &ax.weights[y * ax.ksize..y * ax.ksize + ax.count[y]];
+            for (i, &wt) in k.iter().enumerate() {
+                let row = &src[(ax.first[y] + i) * stride..(ax.first[y] + i + 1) * stride];
+                for (a, &p) in acc.iter_mut().zip(row) {
+                    *a += p as i32 * wt;
+                }
+            }
+            for (d, &a) in dst.iter_mut().zip(&acc) {
+                *d = clip8(a);
             }
         }
-        for (d, &a) in out[y * stride..(y + 1) * stride].iter_mut().zip(&acc) {
-            *d = clip8(a);
-        }
-    }
+    });
     out
 }
 
