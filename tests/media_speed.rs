@@ -51,5 +51,6 @@ fn bench_image_decode_and_preprocessing() {
     println!("PNG decode (320x240, {} bytes): {:.2} ms", png.len(), time(|| drop(decode_image(&png).unwrap())));
     println!("Gemma 3 preprocess (224 px): {:.2} ms", time(|| drop(g3.preprocess(&img).unwrap())));
     println!("Gemma 4 preprocess (70 tokens): {:.2} ms", time(|| drop(g4.preprocess(&img).unwrap())));
+    println!("  of which the bicubic resize to 432x336: {:.2} ms", time(|| drop(g4.resized(&img).unwrap())));
     println!("Qwen preprocess: {:.2} ms", time(|| drop(qwen.preprocess(&img).unwrap())));
 }

@@ -129,10 +129,10 @@ impl Gemma4ImageProcessor {
             })
             .collect();
         let mut data = vec![0f32; 3 * plane];
-        for (i, px) in r.data.chunks_exact(3).enumerate() {
-            for c in 0..3 {
-                data[c * plane + i] = lut[px[c] as usize][c];
-            }
+        let (red, rest) = data.split_at_mut(plane);
+        let (green, blue) = rest.split_at_mut(plane);
+        for (((px, r), g), b) in r.data.chunks_exact(3).zip(red).zip(green).zip(blue) {
+            (*r, *g, *b) = (lut[px[0] as usize][0], lut[px[1] as usize][1], lut[px[2] as usize][2]);
         }
         Ok(PixelValues { data, shape: [1, 3, h, w], num_crops: 0 })
     }

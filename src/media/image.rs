@@ -409,19 +409,19 @@ fn horizontal_pass(src: &[u8], w: usize, h: usize, out_w: usize, filter: Filter)
         for (dy, dst) in band.chunks_exact_mut(out_w * 3).enumerate() {
             let y = y0 + dy;
             let row = &src[y * w * 3..(y + 1) * w * 3];
-            for x in 0..out_w {
-                let k = &ax.weights[x * ax.ksize..x * ax.ksize + ax.count[x]];
-                let base = ax.first[x] * 3;
+            for (x, out) in dst.chunks_exact_mut(3).enumerate() {
+                let n = ax.count[x];
+                let k = &ax.weights[x * ax.ksize..x * ax.ksize + n];
+                let px = &row[ax.first[x] * 3..(ax.first[x] + n) * 3];
                 let (mut r, mut g, mut b) = (half, half, half);
-                for (i, &wt) in k.iter().enumerate() {
-                    let p = base + i * 3;
-                    r += row[p] as i32 * wt;
-                    g += row[p + 1] as i32 * wt;
-                    b += row[p + 2] as i32 * wt;
+                for (p, &wt) in px.chunks_exact(3).zip(k) {
+                    r += p[0] as i32 * wt;
+                    g += p[1] as i32 * wt;
+                    b += p[2] as i32 * wt;
                 }
-                dst[x * 3] = clip8(r);
-                dst[x * 3 + 1] = clip8(g);
-                dst[x * 3 + 2] = clip8(b);
+                out[0] = clip8(r);
+                out[1] = clip8(g);
+                out[2] = clip8(b);
             }
         }
     });
