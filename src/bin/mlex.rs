@@ -489,11 +489,30 @@ fn main() {
         Command::Serve(a) => serve(a),
     };
     mlex::startup_trace::mark("done (the session dropped)");
-    if let Err(e) = result {
-        let _ = std::io::stdout().flush();
-        eprintln!("mlex: {e}");
-        std::process::exit(1);
+    let code = match result {
+        Ok(()) => 0,
+        Err(e) => {
+            let _ = std::io::stdout().flush();
+            eprintln!("mlex: {e}");
+            1
+        }
+    };
+    exit_now(code)
+}
+
+/// Ends the process without running C++ static destructors. Every session is dropped by now
+/// (its engine thread joined, queued prompt-cache writes finished), so what is left is MLX's
+/// teardown of its buffer caches, streams and CUDA context, which the OS reclaims anyway: on the
+/// H200 that teardown took ~160 ms after the reply was printed, a fifth of a one-shot
+/// `mlex generate` (BENCHMARKS.md, eighth session).
+fn exit_now(code: i32) -> ! {
+    extern "C" {
+        fn _exit(status: i32) -> !;
     }
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: _exit only ends the process; stdout and stderr are flushed above.
+    unsafe { _exit(code) }
 }
 
 fn load(m: &ModelArgs) -> mlex::Result<Session> {
