@@ -502,9 +502,9 @@ fn main() {
 
 /// Ends the process without running C++ static destructors. Every session is dropped by now
 /// (its engine thread joined, queued prompt-cache writes finished), so what is left is MLX's
-/// teardown of its buffer caches, streams and CUDA context, which the OS reclaims anyway: on the
-/// H200 that teardown took ~160 ms after the reply was printed, a fifth of a one-shot
-/// `mlex generate` (BENCHMARKS.md, eighth session).
+/// teardown of its buffer caches and streams, which the OS reclaims anyway: ~20 ms of a one-shot
+/// `mlex generate` on the H200 (BENCHMARKS.md, eighth session; the ~100 ms the kernel then takes
+/// to release the CUDA context remain).
 fn exit_now(code: i32) -> ! {
     extern "C" {
         fn _exit(status: i32) -> !;
