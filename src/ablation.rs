@@ -22,7 +22,6 @@
 //! | `MLEX_ABLATE_CUDA_DEVICE_ALLOC` | device memory for our CUDA kernels' outputs (MLX's managed memory instead) |
 //! | `MLEX_ABLATE_PREFILL_OVERLAP` | building a prompt's first step while its last prefill chunk (and its images' encoding) runs: each is waited for |
 //! | `MLEX_ABLATE_GPU_PREFETCH` | moving the weights into device memory at load (CUDA) |
-//! | `MLEX_ABLATE_CUDA_WEIGHT_DMA` | weights copied into their buffers by the GPU's copy engine (MLX's host copy instead) |
 use crate::mlx::sys;
 use std::sync::OnceLock;
 
@@ -63,7 +62,6 @@ impl Ablations {
             ("MLEX_ABLATE_CPU_NORM_FOLD", sys::MLEX_ABLATE_KERNEL_CPU_NORM_FOLD),
             ("MLEX_ABLATE_CUDA_SHORT_ATTN", sys::MLEX_ABLATE_KERNEL_CUDA_SHORT_ATTN),
             ("MLEX_ABLATE_CUDA_DEVICE_ALLOC", sys::MLEX_ABLATE_KERNEL_CUDA_DEVICE_ALLOC),
-            ("MLEX_ABLATE_CUDA_WEIGHT_DMA", sys::MLEX_ABLATE_KERNEL_CUDA_WEIGHT_DMA),
         ]
         .iter()
         .filter(|(name, _)| on(name))

@@ -2,7 +2,6 @@
 
 #include <cstdint>
 #include <functional>
-#include <optional>
 #include <stdexcept>
 #include <unordered_set>
 
@@ -96,7 +95,6 @@ struct Api {
   // the CUDA driver, for weights: see prefetch_to_device
   CuResult (*mem_prefetch)(unsigned long long, size_t, CuMemLocation, unsigned int, void*) = nullptr;
   CuResult (*ctx_synchronize)() = nullptr;
-  CuResult (*memcpy)(unsigned long long, unsigned long long, size_t) = nullptr;
   // the CUDA driver
   CuResult (*ctx_get_current)(void**) = nullptr;
   CuResult (*ctx_set_current)(void*) = nullptr;
@@ -148,7 +146,6 @@ const Api& api() {
     // Optional: without them outputs come from MLX's managed memory and weights are not prefetched.
     a.mem_prefetch = reinterpret_cast<decltype(a.mem_prefetch)>(dlsym(cuda, "cuMemPrefetchAsync_v2"));
     a.ctx_synchronize = reinterpret_cast<decltype(a.ctx_synchronize)>(dlsym(cuda, "cuCtxSynchronize"));
-    a.memcpy = reinterpret_cast<decltype(a.memcpy)>(dlsym(cuda, "cuMemcpy"));
     if (a.why_not.empty()) {
       void* f = local_function(info.dli_fname, reinterpret_cast<uintptr_t>(info.dli_fbase),
                                "_ZN3mlx4core2cu12malloc_asyncEmRNS1_14CommandEncoderE");
@@ -260,55 +257,6 @@ void make_context_current() {
 
 }  // namespace
 
-namespace {
-// libmlx's CudaBuffer (mlx/backend/cuda/allocator.h): device -1 is managed memory.
-struct CudaBufferHead {
-  void* data;
-  size_t size;
-  int device;
-};
-
-// Whether MLX has brought CUDA up in this process (its libcuda loaded). `api()` resolves the
-// driver once per process, so nothing may call it before then.
-bool cuda_started() {
-#if defined(__linux__)
-  if (!mx::cu::is_available()) return false;
-  void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
-  if (cuda == nullptr) return false;
-  dlclose(cuda);
-  return true;
-#else
-  return false;
-#endif
-}
-}  // namespace
-
-std::optional<mx::array> copy_to_new_buffer(const void* data, const mx::Shape& shape, mx::Dtype dtype) {
-  size_t n = dtype.size();
-  for (auto d : shape) n *= static_cast<size_t>(d);
-  // Small tensors may share pages with MLX's pool of scalars, which the host reads.
-  if (data == nullptr || n < (64u << 10) || ablated(MLEX_ABLATE_KERNEL_CUDA_WEIGHT_DMA) || !cuda_started()) {
-    return std::nullopt;
-  }
-  const Api& a = api();
-  if (!a.why_not.empty() || a.memcpy == nullptr || a.ctx_synchronize == nullptr) return std::nullopt;
-  try {
-    make_context_current();
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-  mx::allocator::Data owned = mx::allocator::malloc(n);  // freed on every early return
-  auto* head = static_cast<const CudaBufferHead*>(owned.buffer().ptr());
-  // cuMemcpy from pageable memory may return before the copy lands: the synchronize makes it
-  // visible to MLX's streams, which do not order themselves after the legacy stream.
-  if (head == nullptr || head->data == nullptr || head->size < n ||
-      a.memcpy(reinterpret_cast<unsigned long long>(head->data), reinterpret_cast<unsigned long long>(data), n) != 0 ||
-      a.ctx_synchronize() != 0) {
-    return std::nullopt;
-  }
-  return mx::array(std::move(owned), shape, dtype);
-}
-
 size_t prefetch_to_device(const std::vector<mx::array>& arrays) {
   const Api& a = api();
   if (!a.why_not.empty() || a.mem_prefetch == nullptr || a.ctx_synchronize == nullptr) return 0;
@@ -317,6 +265,12 @@ size_t prefetch_to_device(const std::vector<mx::array>& arrays) {
   } catch (const std::exception&) {
     return 0;
   }
+  // libmlx's CudaBuffer (mlx/backend/cuda/allocator.h): device -1 is managed memory.
+  struct CudaBufferHead {
+    void* data;
+    size_t size;
+    int device;
+  };
   std::unordered_set<const void*> seen;
   size_t bytes = 0;
   for (const auto& x : arrays) {

@@ -19,7 +19,6 @@
 #include <mutex>
 #include <string>
 #include <tuple>
-#include <optional>
 #include <vector>
 
 #include "mlx/mlx.h"
@@ -62,14 +61,5 @@ std::vector<mlx::core::array> launch(const std::shared_ptr<const Kernel>& kernel
 // made from host data (weights read from a file) live in CUDA managed memory, whose pages
 // otherwise migrate on the GPU's first touch, page fault by page fault, inside the first request.
 size_t prefetch_to_device(const std::vector<mlx::core::array>& arrays);
-
-// A new MLX array holding a copy of `data` (`shape`, `dtype`), copied by the GPU's copy engine
-// straight into a fresh (managed) buffer: a weight read from a file. MLX's own constructor copies
-// on the host, and each page it first writes of managed memory costs a fault; the copy engine
-// puts the bytes on the device with none. Nothing (the caller copies as MLX does) for a tensor
-// under 64 KB, before MLX has started CUDA, without the driver's functions, or when ablated
-// (`MLEX_ABLATE_CUDA_WEIGHT_DMA`).
-std::optional<mlx::core::array> copy_to_new_buffer(const void* data, const mlx::core::Shape& shape,
-                                                   mlx::core::Dtype dtype);
 
 }  // namespace mlex::cuda_launch

@@ -183,11 +183,6 @@ int mlex_array_from_data(void* data, const int32_t* shape, size_t ndim, mlex_dty
       *out = wrap(mx::array(std::move(owner), to_shape(shape, ndim), to_dtype(dtype)));
       return;
     }
-    if (auto copy = mlex::cuda_launch::copy_to_new_buffer(data, to_shape(shape, ndim), to_dtype(dtype))) {
-      if (release) release(ctx);
-      *out = wrap(std::move(*copy));
-      return;
-    }
     auto deleter = [release, ctx](void*) {
       if (release) release(ctx);
     };
