@@ -467,13 +467,6 @@ pub mod fast {
         Array::try_from_op(|out| unsafe { sys::mlex_compiled_precise_swiglu(like.raw(), gate.raw(), x.raw(), out) })
     }
 
-    /// gelu (tanh approximation) of `x`, one compiled kernel (MLX's `nn.gelu_approx`, which is
-    /// compiled too). On the CPU the first use of a compiled kernel runs a C++ compiler; callers
-    /// there keep the element-wise ops.
-    pub fn gelu_tanh(x: &Array) -> Result<Array> {
-        Array::try_from_op(|out| unsafe { sys::mlex_compiled_gelu_tanh(x.raw(), out) })
-    }
-
     /// gelu_tanh(gate) · up, one compiled kernel.
     pub fn geglu(gate: &Array, up: &Array) -> Result<Array> {
         Array::try_from_op(|out| unsafe { sys::mlex_compiled_geglu(gate.raw(), up.raw(), out) })

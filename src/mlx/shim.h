@@ -286,8 +286,6 @@ void mlex_set_ablations(uint32_t kernels);
 int mlex_compiled_swiglu(mlex_array gate, mlex_array up, mlex_array* out);
 /* gelu_approx(gate) * up (tanh approximation), compiled likewise. */
 int mlex_compiled_geglu(mlex_array gate, mlex_array up, mlex_array* out);
-// gelu (tanh approximation) of x, one compiled kernel: MLX's `nn.gelu_approx`.
-int mlex_compiled_gelu_tanh(mlex_array x, mlex_array* out);
 /* (silu(float32(gate)) * float32(x)) in like's dtype (mlx-lm's precise_swiglu), compiled likewise. */
 int mlex_compiled_precise_swiglu(mlex_array like, mlex_array gate, mlex_array x, mlex_array* out);
 

@@ -125,13 +125,8 @@ impl EncoderLayer {
     }
 }
 
-/// MLX's `gelu_approx`: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, in the same order. On a
-/// GPU one compiled kernel, as mlx-vlm's (nine element-wise kernels otherwise, per layer); on
-/// the CPU the element-wise ops (a compiled kernel's first use there runs a C++ compiler).
+/// MLX's `gelu_approx`: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, in the same order.
 fn gelu_tanh(x: &Array) -> Result<Array> {
-    if crate::mlx::default_device()? == crate::mlx::Device::Gpu {
-        return fast::gelu_tanh(x);
-    }
     let dt = x.dtype();
     let c = |v: f32| Array::scalar_f32(v, dt);
     let cube = x.power(&c(3.0)?)?;
