@@ -138,13 +138,12 @@ pub fn run(spec: &BenchSpec, mut report: impl FnMut(Value)) -> Result<()> {
 /// Per-operation overhead is what a small model's decode step costs on a GPU, so this is the
 /// number that fused projections and view-free decode paths reduce (BENCHMARKS.md).
 pub fn decode_step_census(spec: &BenchSpec) -> Result<Vec<(String, usize)>> {
+    let mut spec = spec.clone();
     if spec.shape.is_some() && spec.load.dtype.is_none() {
         // Each device's default compute dtype (float32 on the CPU), since which kernels apply depends on it.
-        let dtype = if crate::mlx::gpu_available() { crate::Dtype::Bfloat16 } else { crate::Dtype::Float32 };
-        let spec = BenchSpec { load: LoadOptions { dtype: Some(dtype), ..spec.load.clone() }, ..spec.clone() };
-        return load(&spec)?.0.decode_step_census();
+        spec.load.dtype = Some(if crate::mlx::gpu_available() { crate::Dtype::Bfloat16 } else { crate::Dtype::Float32 });
     }
-    load(spec)?.0.decode_step_census()
+    load(&spec)?.0.decode_step_census()
 }
 
 /// `concurrency` requests at once on one session (each its own random prompt of `prompt_len`

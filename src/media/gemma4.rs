@@ -131,8 +131,8 @@ impl Gemma4ImageProcessor {
         let mut data = vec![0f32; 3 * plane];
         let (red, rest) = data.split_at_mut(plane);
         let (green, blue) = rest.split_at_mut(plane);
-        for (((px, r), g), b) in r.data.chunks_exact(3).zip(red).zip(green).zip(blue) {
-            (*r, *g, *b) = (lut[px[0] as usize][0], lut[px[1] as usize][1], lut[px[2] as usize][2]);
+        for (((px, rd), gd), bd) in r.data.chunks_exact(3).zip(red).zip(green).zip(blue) {
+            (*rd, *gd, *bd) = (lut[px[0] as usize][0], lut[px[1] as usize][1], lut[px[2] as usize][2]);
         }
         Ok(PixelValues { data, shape: [1, 3, h, w], num_crops: 0 })
     }

@@ -28,6 +28,7 @@ use crate::error::{Error, Result};
 use crate::loader::Vb;
 use crate::mlx::fast::{self, AttentionMask};
 use crate::mlx::{Array, Dtype};
+use crate::nn::rope::{rotate_half_rope, signed_sin};
 use crate::nn::{Linear, Params, RmsNorm};
 
 /// `vision_config` of a gemma4 config.json, with mlx-vlm's defaults.
@@ -232,19 +233,10 @@ impl Params for Block {
 }
 
 /// `x·cos + rotate_half(x)·sin` on each half of the head (`x` `[B, L, H, D]`; the tables
-/// `[L, 1, 2, 2, D/4]` from [`Gemma4Vision::rope_tables`], one half of D per spatial axis, each
-/// half's rotation inside itself). `rotate_half` of a half `(x1, x2)` is `(−x2, x1)`: here the
-/// two quarters of each half are swapped by a reversed view (no copy) and the minus sign sits in
-/// the sine table, so the rotation costs two products and a sum (the same values, bit for bit:
-/// `(−a)·b = a·(−b)`), where slicing and concatenating took seven more operations per call.
+/// `[L, 1, D]` from [`Gemma4Vision::rope_tables`], one half of D per spatial axis, each half's
+/// rotation inside itself).
 fn apply_rope(x: &Array, (cos, sin): &(Array, Array)) -> Result<Array> {
-    let s = x.shape();
-    let (b, l, h, d) = (s[0], s[1], s[2], s[3]);
-    let q = d / 4;
-    let x6 = x.reshape(&[b, l, h, 2, 2, q])?;
-    // Axis 4 reversed: (x1, x2) → (x2, x1) within each half.
-    let swapped = x6.slice(&[0, 0, 0, 0, 1, 0], &[b, l, h, 2, -3, q], &[1, 1, 1, 1, -1, 1])?;
-    x6.multiply(cos)?.add(&swapped.multiply(sin)?)?.reshape(&[b, l, h, d])
+    rotate_half_rope(x, cos, sin, 2)
 }
 
 /// Gemma 4's vision encoder and its embedder into the text model.
@@ -320,9 +312,9 @@ impl Gemma4Vision {
         (height / p) * (width / p) / (k * k)
     }
 
-    /// The 2-D RoPE tables for a `rows × cols` patch grid, in `dtype`: (cos, signed sin), each
-    /// `[rows·cols, 1, 2, 2, head_dim/4]` (axis 2: the half, column then row; axis 3: the quarter),
-    /// the sine negated on each half's first quarter (see [`apply_rope`]).
+    /// The 2-D RoPE tables for a `rows × cols` patch grid, in `dtype`: (cos, sin), each
+    /// `[rows·cols, 1, head_dim]`, the first half from the patch's column, the second from its
+    /// row; the sine signed for [`rotate_half_rope`].
     fn rope_tables(&self, rows: i32, cols: i32, dtype: Dtype) -> Result<(Array, Array)> {
         let hd = self.config.head_dim as i32;
         let c = hd / 2; // channels per spatial axis
@@ -337,13 +329,12 @@ impl Gemma4Vision {
         let table = |pos: Vec<f32>| -> Result<(Array, Array)> {
             let ang = Array::from_slice(&pos, &[n, 1])?.divide(&timescale)?;
             let (cs, sn) = (ang.cos()?, ang.sin()?);
-            Ok((Array::concatenate(&[&cs, &cs], 1)?, Array::concatenate(&[&sn.negative()?, &sn], 1)?))
+            Ok((Array::concatenate(&[&cs, &cs], 1)?, signed_sin(&sn)?))
         };
         let (cx, sx) = table(xs)?;
         let (cy, sy) = table(ys)?;
-        let shape = [n, 1, 2, 2, half];
-        let cos = Array::concatenate(&[&cx, &cy], 1)?.reshape(&shape)?.astype(dtype)?;
-        let sin = Array::concatenate(&[&sx, &sy], 1)?.reshape(&shape)?.astype(dtype)?;
+        let cos = Array::concatenate(&[&cx, &cy], 1)?.reshape(&[n, 1, hd])?.astype(dtype)?;
+        let sin = Array::concatenate(&[&sx, &sy], 1)?.reshape(&[n, 1, hd])?.astype(dtype)?;
         Ok((cos, sin))
     }
 

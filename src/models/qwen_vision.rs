@@ -37,6 +37,7 @@ use crate::media::{QwenImageProcessor, QwenVideoProcessor, RgbImage};
 use crate::mlx::fast::{self, AttentionMask};
 use crate::mlx::{Array, Dtype};
 use crate::nn::{Embedding, LayerNorm, Linear, Params};
+use crate::nn::rope::{rotate_half_rope, signed_sin};
 
 /// `vision_config` of a qwen3_5 config.json, with mlx-vlm's defaults.
 #[derive(Debug, Clone, Deserialize)]
@@ -174,18 +175,10 @@ impl Params for Block {
     }
 }
 
-/// `x·cos + rotate_half(x)·sin` over the whole head (`x` `[1, L, H, D]`; the tables `[1, L, 1, D]`
-/// from [`vision_rope`], the sine signed). `rotate_half(x)` is `(−x₂, x₁)`: the halves are
-/// swapped by a reversed view (no copy) and the minus sign sits in the sine table, the same values
-/// bit for bit (`(−a)·b = a·(−b)`) with two fewer kernels (a negation and a concatenation).
+/// `x·cos + rotate_half(x)·sin` over the whole head (`x` `[1, L, H, D]`; the tables
+/// `[1, L, 1, D]` from [`vision_rope`]), cast back to `x`'s dtype.
 pub(crate) fn apply_rope(x: &Array, (cos, sin): &(Array, Array)) -> Result<Array> {
-    let s = x.shape();
-    let (b, l, h, d) = (s[0], s[1], s[2], s[3]);
-    let halves = |t: &Array| t.reshape(&[1, l, 1, 2, d / 2]);
-    let x5 = x.reshape(&[b, l, h, 2, d / 2])?;
-    // Axis 3 reversed: (x₁, x₂) → (x₂, x₁).
-    let swapped = x5.slice(&[0, 0, 0, 1, 0], &[b, l, h, -3, d / 2], &[1, 1, 1, -1, 1])?;
-    x5.multiply(&halves(cos)?)?.add(&swapped.multiply(&halves(sin)?)?)?.reshape(&[b, l, h, d])?.astype(x.dtype())
+    rotate_half_rope(x, cos, sin, 1)?.astype(x.dtype())
 }
 
 /// The Qwen3-VL vision tower (Qwen3.5's).
@@ -651,10 +644,9 @@ pub(crate) fn vision_rope(head_dim: usize, m: usize, gh: usize, gw: usize) -> Re
     let fr = Array::from_slice(&rows, &[l, 1])?.multiply(&inv)?;
     let fc = Array::from_slice(&cols, &[l, 1])?.multiply(&inv)?;
     let freqs = Array::concatenate(&[&fr, &fc], 1)?;
-    let (cos, sin) = (freqs.cos()?, freqs.sin()?);
-    let table = |a: &Array, b: &Array| Array::concatenate(&[a, b], 1)?.reshape(&[1, l, 1, -1]);
-    // float32, as mlx-vlm's (the rotated head is cast back to its dtype); the sine's first half
-    // negated for `apply_rope`.
-    Ok((table(&cos, &cos)?, table(&sin.negative()?, &sin)?))
+    let cos = freqs.cos()?;
+    // float32, as mlx-vlm's (the rotated head is cast back to its dtype); the sine signed for
+    // `rotate_half_rope`.
+    Ok((Array::concatenate(&[&cos, &cos], 1)?.reshape(&[1, l, 1, -1])?, signed_sin(&freqs.sin()?)?.reshape(&[1, l, 1, -1])?))
 }
 

@@ -145,3 +145,39 @@ impl Rope {
     }
 }
 
+
+/// `x·cos + rotate_half(x)·sin` for rotary tables computed outside MLX's `fast::rope` (vision
+/// towers' 2-D positions), with the head (`x`'s last axis, D) split into `groups` equal parts,
+/// each rotated inside itself: `rotate_half` of a part `(x₁, x₂)` is `(−x₂, x₁)`. `cos` and `sin`
+/// are `[..., D]`, broadcastable against `x`, with the sine already negated on each part's first
+/// half ([`signed_sin`]). The halves are swapped through a reversed view (no copy), so the
+/// rotation costs two products and a sum instead of slices, negations and a concatenation, with
+/// the same values bit for bit (`(−a)·b = a·(−b)`).
+pub fn rotate_half_rope(x: &Array, cos: &Array, sin: &Array, groups: i32) -> Result<Array> {
+    let shape = x.shape();
+    let d = *shape.last().expect("rank ≥ 1");
+    let split = |t: &Array| -> Result<Array> {
+        let mut s = t.shape();
+        s.pop();
+        s.extend([groups, 2, d / (2 * groups)]);
+        t.reshape(&s)
+    };
+    let parts = split(x)?;
+    let rank = parts.ndim();
+    // The axis of size 2 reversed: (x₁, x₂) → (x₂, x₁) within each part.
+    let mut start = vec![0; rank];
+    let mut stop = parts.shape();
+    let mut strides = vec![1; rank];
+    start[rank - 2] = 1;
+    stop[rank - 2] = -3;
+    strides[rank - 2] = -1;
+    let swapped = parts.slice(&start, &stop, &strides)?;
+    parts.multiply(&split(cos)?)?.add(&swapped.multiply(&split(sin)?)?)?.reshape(&shape)
+}
+
+/// The sine table [`rotate_half_rope`] takes for one part of the head: `sin` `[..., D/(2·groups)]`
+/// (one angle per rotated pair) becomes `[−sin, sin]` along the last axis.
+pub fn signed_sin(sin: &Array) -> Result<Array> {
+    let axis = sin.ndim() as i32 - 1;
+    Array::concatenate(&[&sin.negative()?, sin], axis)
+}
