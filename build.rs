@@ -38,6 +38,8 @@ fn main() {
     println!("cargo:rerun-if-changed=src/mlx/cpu_dense_matmul.h");
     println!("cargo:rerun-if-changed=src/mlx/cpu_dense_matmul.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cpu_gemm.cpp");
+    println!("cargo:rerun-if-changed=src/mlx/cpu_matvec_avx512.cpp");
+    println!("cargo:rerun-if-changed=src/mlx/cpu_matvec_avx512.h");
     println!("cargo:rerun-if-changed=src/mlx/cuda_jit.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cuda_launch.h");
     println!("cargo:rerun-if-changed=src/mlx/cuda_launch.cpp");
@@ -77,6 +79,7 @@ fn main() {
         .file("src/mlx/cuda_launch.cpp")
         .file("src/mlx/cpu_gemm.cpp")
         .file("src/mlx/cpu_dense_matmul.cpp")
+        .file("src/mlx/cpu_matvec_avx512.cpp")
         .include(&include)
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-deprecated-declarations")

@@ -417,6 +417,53 @@ fn cpu_quantized_gemm_rows_do_not_depend_on_the_chunk() {
     assert!(first.iter().zip(&all).all(|(a, b)| a.to_bits() == b.to_bits()), "row results depend on the chunk");
 }
 
+/// A decode step's rows (the matrix-vector kernels, 1 to 32 rows of x: a continuous batch) are
+/// each computed as that row alone would be, bit for bit, whatever the batch: a batched request's
+/// tokens and logprobs do not depend on who else is decoding. 4 and 8 bits, 16-bit and float32
+/// scales, a row count (70) that leaves a partial block of weight rows.
+#[test]
+fn cpu_quantized_matvec_rows_do_not_depend_on_the_batch() {
+    on_cpu();
+    let (n, k) = (70i32, 640i32);
+    let wa = arr(&rand_vec((n * k) as usize, 73), &[n, k]);
+    for (bits, group) in [(4, 32), (4, 128), (8, 64)] {
+        let q = quant::quantize(&wa, group, bits, QuantMode::Affine).unwrap();
+        for dtype in [Dtype::Float32, Dtype::Float16] {
+            let s = q.scales.astype(dtype).unwrap();
+            let b = q.biases.as_ref().unwrap().astype(dtype).unwrap();
+            mlex::mlx::eval(&[&q.weight, &s, &b]).unwrap();
+            let x = arr(&rand_vec((5 * k) as usize, 74), &[5, k]);
+            let mm = |x: &Array| {
+                quant::quantized_matmul(x, &q.weight, &s, Some(&b), true, group, bits, QuantMode::Affine).unwrap().to_vec::<f32>().unwrap()
+            };
+            let all = mm(&x);
+            for r in 0..5 {
+                let one = mm(&x.slice_axis(0, r, r + 1).unwrap().contiguous().unwrap());
+                let row = &all[(r * n) as usize..((r + 1) * n) as usize];
+                assert!(one.iter().zip(row).all(|(a, b)| a.to_bits() == b.to_bits()), "bits {bits} {dtype:?}: row {r} differs in a batch of 5");
+            }
+        }
+    }
+}
+
+/// The AVX2 kernels on a machine that has AVX-512 (which takes 4 and 8 bits there), in child
+/// processes: the same checks as above.
+#[test]
+fn cpu_quantized_matmul_avx2_path_matches_too() {
+    for name in [
+        "cpu_quantized_matmul_kernel_matches_dequantize_then_matmul",
+        "cpu_quantized_matmul_reads_16bit_scales",
+        "cpu_quantized_matvec_rows_do_not_depend_on_the_batch",
+    ] {
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([name, "--exact", "--test-threads", "1"])
+            .env("MLEX_CPU_NO_AVX512", "1")
+            .status()
+            .unwrap();
+        assert!(status.success(), "{name} without AVX-512");
+    }
+}
+
 /// The same check on the portable (non-AVX2) path, in a child process since the choice is made
 /// once per process.
 #[test]
@@ -628,6 +675,41 @@ fn cpu_swiglu_equals_the_ops_bit_for_bit() {
 #[test]
 fn cpu_swiglu_portable_path_matches_too() {
     rerun_without_avx2("cpu_swiglu_equals_the_ops_bit_for_bit");
+}
+
+/// mlex's CPU logsumexp over the last axis (`CpuLogSumExp`, the sampler's normalizer) against
+/// MLX's own kernel, bit for bit: MLX's runs when the reduced axis is not the last one (a
+/// transposed view). Rows of a vocabulary's width and of odd widths, logits wide enough for exp's
+/// cut-offs, a row of one value, a row with -inf entries and a row that is all -inf.
+#[test]
+fn cpu_logsumexp_equals_mlx_bit_for_bit() {
+    on_cpu();
+    for (rows, width) in [(1usize, 49_152usize), (3, 1000), (2, 7), (1, 1)] {
+        let mut raw: Vec<f32> = rand_vec(rows * width, 90 + width as u64).iter().map(|v| v * 40.0).collect();
+        if rows > 1 && width > 3 {
+            raw[1] = f32::NEG_INFINITY;
+            raw[width..2 * width].iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
+        }
+        let x = arr(&raw, &[rows as i32, width as i32]);
+        let got = x.logsumexp(&[-1], true).unwrap();
+        let census = mlex::mlx::graph_census(&[&got]).unwrap();
+        assert!(census.iter().any(|(n, _)| n == "CpuLogSumExp"), "CpuLogSumExp not used: {census:?}");
+        assert_eq!(got.shape(), vec![rows as i32, 1]);
+        let xt = arr(&raw, &[rows as i32, width as i32]).transpose(&[1, 0]).unwrap();
+        let want = xt.logsumexp(&[0], false).unwrap();
+        let census = mlex::mlx::graph_census(&[&want]).unwrap();
+        assert!(!census.iter().any(|(n, _)| n == "CpuLogSumExp"), "{census:?}");
+        let (got, want) = (got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+        for (i, (a, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(a.to_bits(), w.to_bits(), "{rows}x{width}, row {i}: {a} vs {w}");
+        }
+    }
+}
+
+/// The same check on the portable loop, in a child process.
+#[test]
+fn cpu_logsumexp_portable_path_matches_too() {
+    rerun_without_avx2("cpu_logsumexp_equals_mlx_bit_for_bit");
 }
 
 /// Inputs of a gated delta-net layer's recurrence: q/k/v read as slices of one wider tensor (as

@@ -12,6 +12,7 @@
 #include "cpu_primitive.h"
 #include "cpu_scales.h"
 #include "cpu_gemm.h"
+#include "cpu_matvec_avx512.h"
 #include "cpu_simd.h"
 #include "cpu_strided.h"
 #include "cpu_thread_pool.h"
@@ -275,6 +276,33 @@ void compute(const Problem& p) {
   const int tasks = work < (1 << 18) ? 1 : pool().size() * 4;
   const int chunk = (p.N + tasks - 1) / tasks;
 #ifdef MLEX_X86_64
+  // 4 and 8 bits on a CPU with AVX-512 (cpu_matvec_avx512.h), the scales as stored.
+  if ((p.bits == 4 || p.bits == 8) && p.group_size % 32 == 0 && groups <= kAvx512MaxGroups && has_avx512_matvec()) {
+    std::vector<float> deinterleaved;
+    const float* xk = p.x;
+    if (p.bits == 4) {
+      deinterleaved.resize(static_cast<size_t>(p.M) * p.K);
+      for (int m = 0; m < p.M; ++m) {
+        deinterleave_x_q4(p.x + static_cast<size_t>(m) * p.K, p.K, deinterleaved.data() + static_cast<size_t>(m) * p.K);
+      }
+      xk = deinterleaved.data();
+    }
+    const size_t row_bytes = static_cast<size_t>(p.K) * p.bits / 8;
+    const int chunk4 = (chunk + 3) / 4 * 4;  // whole four-row blocks per task
+    pool().run((p.N + chunk4 - 1) / chunk4, [&](int t) {
+      const int lo = t * chunk4, hi = std::min(p.N, lo + chunk4);
+      const size_t at = static_cast<size_t>(lo) * groups * (p.scale_dtype == ScaleDtype::F32 ? 4 : 2);
+      const uint8_t* w = reinterpret_cast<const uint8_t*>(p.w) + static_cast<size_t>(lo) * row_bytes;
+      for (int m = 0; m < p.M; ++m) {
+        matvec_rows_avx512(w, row_bytes, static_cast<const char*>(p.scales) + at, static_cast<const char*>(p.biases) + at,
+                           p.scale_dtype, groups,
+                           p.group_size, p.bits, xk + static_cast<size_t>(m) * p.K,
+                           xsum.data() + static_cast<size_t>(m) * groups, p.K, hi - lo,
+                           p.out + static_cast<size_t>(m) * p.N + lo);
+      }
+    });
+    return;
+  }
   // Several rows of x (a batch's decode step) share each unpacked 4-bit weight row.
   if (p.bits == 4 && p.M > 1 && has_avx2_fma()) {
     pool().run(tasks, [&](int t) {

@@ -397,7 +397,17 @@ int mlex_reduce(mlex_reduce_op op, mlex_array a, const int32_t* axes, size_t n_a
       case MLEX_REDUCE_MEAN: *out = wrap(mx::mean(x, ax, keepdims)); return;
       case MLEX_REDUCE_MAX: *out = wrap(mx::max(x, ax, keepdims)); return;
       case MLEX_REDUCE_MIN: *out = wrap(mx::min(x, ax, keepdims)); return;
-      case MLEX_REDUCE_LOGSUMEXP: *out = wrap(mx::logsumexp(x, ax, keepdims)); return;
+      case MLEX_REDUCE_LOGSUMEXP: {
+        const int nd = static_cast<int>(x.ndim());
+        if (ax.size() == 1 && (ax[0] == nd - 1 || ax[0] == -1)) {
+          if (auto fast = mlex::cpu_logsumexp_last(x, keepdims)) {
+            *out = wrap(std::move(*fast));
+            return;
+          }
+        }
+        *out = wrap(mx::logsumexp(x, ax, keepdims));
+        return;
+      }
     }
     throw std::invalid_argument("unknown reduction");
   });
