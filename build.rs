@@ -40,6 +40,7 @@ fn main() {
     println!("cargo:rerun-if-changed=src/mlx/cpu_gemm.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cpu_matvec_avx512.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cpu_matvec_avx512.h");
+    println!("cargo:rerun-if-changed=src/mlx/quant_epilogue.h");
     println!("cargo:rerun-if-changed=src/mlx/cuda_jit.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cuda_launch.h");
     println!("cargo:rerun-if-changed=src/mlx/cuda_launch.cpp");

@@ -805,7 +805,8 @@ fn cpu_gated_delta_portable_path_matches_too() {
 /// BENCHMARKS.md).
 /// A quantized product with the op that follows it folded in (the residual add after an
 /// output projection, SwiGLU after a fused gate/up projection) gives exactly the unfused ops'
-/// values, on every device; on CUDA it is one kernel, for one row of x and for a batch's rows.
+/// values, on every device; on CUDA it is one kernel, for one row of x and for a batch's rows,
+/// and on the CPU (float32) one op of ours.
 #[test]
 fn quantized_matmul_epilogues_equal_the_unfused_ops() {
     use mlex::mlx::quant::Epilogue;
@@ -839,6 +840,10 @@ fn quantized_matmul_epilogues_equal_the_unfused_ops() {
                         let census = mlex::mlx::graph_census(&[&got]).unwrap();
                         let kernels: usize = census.iter().filter(|(p, _)| is_our_cuda_kernel(p)).map(|(_, c)| c).sum();
                         assert_eq!((kernels, census.len()), (1, 1), "{what} {name}: one kernel, nothing else: {census:?}");
+                    } else if dtype == Dtype::Float32 {
+                        // Our CPU kernel takes the epilogue too: one op.
+                        let census = mlex::mlx::graph_census(&[&got]).unwrap();
+                        assert_eq!(census, vec![("CpuQuantizedMatmul".to_string(), 1)], "{what} {name}: {census:?}");
                     }
                     assert_eq!(got.shape(), want.shape(), "{what} {name}");
                     let (g, w) = (got.astype(Dtype::Float32).unwrap(), want.astype(Dtype::Float32).unwrap());

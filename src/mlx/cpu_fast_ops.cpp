@@ -271,6 +271,7 @@ class CpuSwiglu : public CpuPrimitive {
     });
   }
   const char* name() const override { return "CpuSwiglu"; }
+  static void contiguous_row(const float* g, const float* u, float* o, int64_t n) { row(g, 1, u, 1, o, n); }
   bool is_equivalent(const mx::Primitive& other) const override { return dynamic_cast<const CpuSwiglu*>(&other); }
 };
 
@@ -330,6 +331,8 @@ void rms_norm_row(const float* x, int64_t stride, int64_t d, const float* w, int
 }
 
 bool cpu_fast_ops_ablated() { return ablated(); }
+
+void swiglu_row(const float* g, const float* u, float* o, int64_t n) { CpuSwiglu::contiguous_row(g, u, o, n); }
 
 std::optional<mx::array> cpu_rms_norm(const mx::array& x, const std::optional<mx::array>& weight, float eps) {
   if (ablated() || !on_cpu() || x.ndim() < 1 || x.dtype() != mx::float32 ||

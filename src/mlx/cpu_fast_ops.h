@@ -43,6 +43,9 @@ std::optional<mlx::core::array> cpu_attention(const mlx::core::array& q, const m
 // MLX's compiled kernel for `gate · sigmoid(gate) · up` gives, without its JIT (see the .cpp).
 std::optional<mlx::core::array> cpu_swiglu(const mlx::core::array& gate, const mlx::core::array& up);
 
+// One row of cpu_swiglu: o[i] = silu(g[i]) · u[i] for contiguous rows, the same bits.
+void swiglu_row(const float* g, const float* u, float* o, int64_t n);
+
 // log Σ exp(x) over the last axis of float32 x, bit for bit MLX's CPU result (see the .cpp): the
 // sampler's normalizer over the vocabulary.
 std::optional<mlx::core::array> cpu_logsumexp_last(const mlx::core::array& x, bool keepdims);

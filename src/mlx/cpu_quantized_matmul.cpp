@@ -375,25 +375,33 @@ void compute(const Problem& p) {
 
 class CpuQuantizedMatmul : public CpuPrimitive {
  public:
-  // norm: inputs[4] is an RMSNorm weight, applied to x (with eps) before the product.
-  CpuQuantizedMatmul(mx::Stream s, int group_size, int bits, bool norm = false, float eps = 0.0f)
-      : CpuPrimitive(s), group_size_(group_size), bits_(bits), norm_(norm), eps_(eps) {}
+  // norm: inputs[4] is an RMSNorm weight, applied to x (with eps) before the product; epilogue:
+  // the op applied to the product (AddResidual: the last input is the residual).
+  CpuQuantizedMatmul(mx::Stream s, int group_size, int bits, bool norm = false, float eps = 0.0f,
+                     Epilogue epilogue = Epilogue::None)
+      : CpuPrimitive(s), group_size_(group_size), bits_(bits), norm_(norm), eps_(eps), epilogue_(epilogue) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto& x = inputs[0];
-    const int K = x.shape(-1), N = out.shape(-1);
+    const int K = x.shape(-1), N = inputs[1].shape(0);
     const mx::Dtype sd = inputs[2].dtype();
     const ScaleDtype scale_dtype =
         sd == mx::float16 ? ScaleDtype::F16 : sd == mx::bfloat16 ? ScaleDtype::BF16 : ScaleDtype::F32;
     Problem p{x.data<float>(), inputs[1].data<uint32_t>(), inputs[2].data<void>(), inputs[3].data<void>(),
-              scale_dtype, nullptr, static_cast<int>(out.size() / N), N, K, group_size_, bits_};
+              scale_dtype, nullptr, static_cast<int>(out.size() / out.shape(-1)), N, K, group_size_, bits_};
     // A view as x is gathered into rows here, on the CPU thread, rather than by a copy op in the
     // graph (one op per matmul of a decode step).
     const bool gather = !x.flags().row_contiguous;
     const std::optional<mx::array> nw = norm_ ? std::optional<mx::array>(inputs[4]) : std::nullopt;
+    const std::optional<mx::array> res =
+        epilogue_ == Epilogue::AddResidual ? std::optional<mx::array>(inputs.back()) : std::nullopt;
     const float eps = eps_;
-    dispatch(inputs, out, [p, gather, x, nw, eps](float* o) mutable {
-      p.out = o;
+    const Epilogue epilogue = epilogue_;
+    dispatch(inputs, out, [p, gather, x, nw, eps, epilogue, res](float* o) mutable {
+      // SwiGLU reads the whole product [g, u]: it goes to a buffer, the output is half as wide.
+      std::vector<float> product;
+      if (epilogue == Epilogue::SwiGlu) product.resize(static_cast<size_t>(p.M) * p.N);
+      p.out = epilogue == Epilogue::SwiGlu ? product.data() : o;
       std::vector<float> rows;
       if (nw) {
         // The normalized rows, as cpu_rms_norm writes them (views read in place).
@@ -413,18 +421,36 @@ class CpuQuantizedMatmul : public CpuPrimitive {
         p.x = rows.data();
       }
       compute(p);
+      // The epilogues as the unfused graph computes them: MLX's add(residual, y), cpu_swiglu.
+      if (res) {
+        const float* rp = res->data<float>();
+        const int64_t rs = res->strides().back();
+        for (int m = 0; m < p.M; ++m) {
+          const float* r = rp + mlex::row_offset(*res, m);
+          float* y = o + static_cast<size_t>(m) * p.N;
+          for (int n = 0; n < p.N; ++n) y[n] = r[n * rs] + y[n];
+        }
+      } else if (epilogue == Epilogue::SwiGlu) {
+        const int half = p.N / 2;
+        for (int m = 0; m < p.M; ++m) {
+          const float* g = product.data() + static_cast<size_t>(m) * p.N;
+          swiglu_row(g, g + half, o + static_cast<size_t>(m) * half, half);
+        }
+      }
     });
   }
   const char* name() const override { return "CpuQuantizedMatmul"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const CpuQuantizedMatmul*>(&other);
-    return o != nullptr && o->group_size_ == group_size_ && o->bits_ == bits_ && o->norm_ == norm_ && o->eps_ == eps_;
+    return o != nullptr && o->group_size_ == group_size_ && o->bits_ == bits_ && o->norm_ == norm_ && o->eps_ == eps_ &&
+           o->epilogue_ == epilogue_;
   }
 
  private:
   int group_size_, bits_;
   bool norm_;
   float eps_;
+  Epilogue epilogue_;
 };
 
 bool ready_row_contiguous(const mx::array& a) { return a.is_available() && a.flags().row_contiguous; }
@@ -434,7 +460,8 @@ bool ready_row_contiguous(const mx::array& a) { return a.is_available() && a.fla
 std::optional<mx::array> cpu_quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
                                               const std::optional<mx::array>& biases, bool transpose, int group_size,
                                               int bits, const std::string& mode,
-                                              const std::optional<mx::array>& norm_weight, float eps) {
+                                              const std::optional<mx::array>& norm_weight, float eps, Epilogue epilogue,
+                                              const std::optional<mx::array>& residual) {
   // Benchmark ablation only (BENCHMARKS.md): MLX's own CPU kernel everywhere.
   const bool ablated = mlex::ablated(MLEX_ABLATE_KERNEL_CPU_QMM);
   auto stream = mx::to_stream({});
@@ -457,10 +484,23 @@ std::optional<mx::array> cpu_quantized_matmul(const mx::array& x, const mx::arra
   }
   auto shape = x.shape();
   shape.back() = N;
+  if (epilogue != Epilogue::None) {
+    if (mlex::ablated(MLEX_ABLATE_KERNEL_CPU_EPILOGUE)) return std::nullopt;
+    if (epilogue == Epilogue::AddResidual &&
+        (!residual || residual->dtype() != mx::float32 || residual->shape() != shape)) {
+      return std::nullopt;
+    }
+    if (epilogue == Epilogue::SwiGlu) {
+      if (N % 2 != 0) return std::nullopt;
+      shape.back() = N / 2;
+    }
+  }
   std::vector<mx::array> inputs{x, w, scales, *biases};
   if (norm_weight) inputs.push_back(*norm_weight);
+  if (epilogue == Epilogue::AddResidual) inputs.push_back(*residual);
   return mx::array(shape, mx::float32,
-                   std::make_shared<CpuQuantizedMatmul>(stream, group_size, bits, norm_weight.has_value(), eps), inputs);
+                   std::make_shared<CpuQuantizedMatmul>(stream, group_size, bits, norm_weight.has_value(), eps, epilogue),
+                   inputs);
 }
 
 }  // namespace mlex

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "mlx/mlx.h"
+#include "quant_epilogue.h"
 
 namespace mlex {
 
@@ -15,12 +16,16 @@ namespace mlex {
 // CPU, another mode or bit width, other dtypes, weights not evaluated and row-contiguous): the
 // caller then uses mx::quantized_matmul. With `norm_weight` (float32 [K]) the product is of
 // cpu_rms_norm(x, norm_weight, eps), the same bits, normalized inside this op (a decoder layer's
-// pre-norm folded in: one op fewer in the graph).
+// pre-norm folded in: one op fewer in the graph). With `epilogue`, the op that follows the product
+// in a decode step is applied here too, giving the unfused ops' bits: residual + product (float32
+// `residual` of the product's shape), or silu(g) · u of the product's halves [g, u] as
+// cpu_swiglu computes it (half the columns).
 std::optional<mlx::core::array> cpu_quantized_matmul(const mlx::core::array& x, const mlx::core::array& w,
                                                      const mlx::core::array& scales,
                                                      const std::optional<mlx::core::array>& biases, bool transpose,
                                                      int group_size, int bits, const std::string& mode,
                                                      const std::optional<mlx::core::array>& norm_weight = std::nullopt,
-                                                     float eps = 0.0f);
+                                                     float eps = 0.0f, Epilogue epilogue = Epilogue::None,
+                                                     const std::optional<mlx::core::array>& residual = std::nullopt);
 
 }  // namespace mlex

@@ -8,18 +8,9 @@
 #include <optional>
 
 #include "mlx/mlx.h"
+#include "quant_epilogue.h"
 
 namespace mlex {
-
-// What the kernel does with the product before writing it (the template constant EPI): the op
-// that would follow it in the decode graph, folded in to save a kernel launch per use.
-enum class Epilogue : int {
-  None = 0,
-  // residual + x @ wᵀ (the residual stream's add after an output or down projection).
-  AddResidual = 1,
-  // silu(g) * u where x @ wᵀ = [g, u] (a fused gate/up projection): the output has half the rows.
-  SwiGlu = 2,
-};
 
 // The product as a lazy array, or nothing when this kernel does not cover the case (not the
 // CUDA backend, more than 32 rows of x, another mode, bit width, group size or dtype): the caller

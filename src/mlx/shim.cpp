@@ -699,6 +699,12 @@ int mlex_quantized_matmul_fused(mlex_array x, mlex_array norm_weight, float eps,
       *out = wrap(*fast);
       return;
     }
+    // Our CPU kernel with the norm and the epilogue folded in (the unfused ops' bits).
+    if (auto fast = mlex::cpu_quantized_matmul(unwrap(x), unwrap(w), unwrap(scales), opt(biases), true, group_size,
+                                               bits, m, opt(norm_weight), eps, epi, opt(residual))) {
+      *out = wrap(*fast);
+      return;
+    }
     // Our CPU kernel with the norm folded in (the same bits as the norm's own op), or the norm on
     // its own (our CUDA kernel may still take the product and its epilogue), else the same ops
     // unfused, as the model would write them.

@@ -279,6 +279,7 @@ int mlex_random_categorical(mlex_array logits, int32_t axis, mlex_array key, mle
 #define MLEX_ABLATE_KERNEL_CPU_NORM_FOLD 256u
 #define MLEX_ABLATE_KERNEL_CUDA_SHORT_ATTN 512u
 #define MLEX_ABLATE_KERNEL_CUDA_DEVICE_ALLOC 1024u
+#define MLEX_ABLATE_KERNEL_CPU_EPILOGUE 2048u
 void mlex_set_ablations(uint32_t kernels);
 
 /* ---- compile: fused element-wise helpers used by the models ---- */
