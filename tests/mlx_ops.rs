@@ -446,14 +446,15 @@ fn cpu_quantized_matvec_rows_do_not_depend_on_the_batch() {
     }
 }
 
-/// The AVX2 kernels on a machine that has AVX-512 (which takes 4 and 8 bits there), in child
-/// processes: the same checks as above.
+/// The AVX2 kernels on a machine that has AVX-512 (whose kernels take 4 and 8 bits and attention
+/// rows there), in child processes: the same checks as above.
 #[test]
-fn cpu_quantized_matmul_avx2_path_matches_too() {
+fn cpu_avx2_paths_match_too() {
     for name in [
         "cpu_quantized_matmul_kernel_matches_dequantize_then_matmul",
         "cpu_quantized_matmul_reads_16bit_scales",
         "cpu_quantized_matvec_rows_do_not_depend_on_the_batch",
+        "cpu_fast_ops_match_naive_on_views_and_variants",
     ] {
         let status = std::process::Command::new(std::env::current_exe().unwrap())
             .args([name, "--exact", "--test-threads", "1"])
@@ -608,9 +609,11 @@ fn cpu_fast_ops_match_naive_on_views_and_variants() {
 
     // Attention: one query, 4 query heads over 2 KV heads, batch 2, keys/values the first 5 of 8
     // slots; a context long enough for the SIMD loops and the thread pool (8 heads x 300 keys x
-    // 64); and causal prefill rows, the last L of S positions (a cached prefix of S - L).
+    // 64); causal prefill rows, the last L of S positions (a cached prefix of S - L); the head
+    // widths of the AVX-512 kernel (64, 128, 256).
     let cases = [(2usize, 4usize, 2usize, 1usize, 5usize, 8usize, 6usize, false), (1, 8, 2, 1, 300, 320, 64, false),
-                 (2, 4, 2, 3, 5, 8, 6, true), (1, 8, 2, 40, 100, 128, 64, true)];
+                 (2, 4, 2, 3, 5, 8, 6, true), (1, 8, 2, 40, 100, 128, 64, true), (2, 4, 1, 1, 37, 40, 128, false),
+                 (1, 2, 2, 2, 9, 9, 256, true)];
     for (b, hq, hkv, l, s, cap, d, causal) in cases {
         let q = rand_vec(b * hq * l * d, 42);
         let kb = rand_vec(b * hkv * cap * d, 43);

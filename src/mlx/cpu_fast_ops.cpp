@@ -131,6 +131,61 @@ class CpuRope : public CpuPrimitive {
 };
 
 
+// e[i] = exp(x[i·xs] − top) for i < n, with MLX's own exp. Where AVX2/FMA is, the loop is
+// vectorised by the compiler: the fma() of MLX's exp becomes one instruction (exactly rounded, as
+// the library call is) and nothing else is fused, so every lane computes the scalar loop's bits.
+[[gnu::flatten]] void exp_shifted_scalar(const float* x, int64_t xs, float top, float* e, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) e[i] = mx::simd::exp(mx::simd::Simd<float, 1>(x[i * xs] - top)).value;
+}
+#ifdef MLEX_X86_64
+[[gnu::flatten]] __attribute__((target("avx2,fma"), optimize("O3", "fp-contract=off"))) void exp_shifted_avx2(
+    const float* x, float top, float* e, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) e[i] = mx::simd::exp(mx::simd::Simd<float, 1>(x[i] - top)).value;
+}
+#endif
+void exp_shifted(const float* x, int64_t xs, float top, float* e, int64_t n) {
+#ifdef MLEX_X86_64
+  if (xs == 1 && has_avx2_fma()) return exp_shifted_avx2(x, top, e, n);
+#endif
+  exp_shifted_scalar(x, xs, top, e, n);
+}
+
+#ifdef MLEX_X86_64
+// One query row of attention with AVX-512 for a head width D of 16·C (C ≤ 16): the query and the
+// output accumulator stay in registers across the keys (the AVX2 path reloads and stores the
+// accumulator per key: most of a decode step's attention time), the softmax's exponentials are
+// vectorised. q is already scaled; p holds `seen` floats of scratch.
+template <int D>
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_row_avx512(const float* q, const float* kb,
+                                                                                  int64_t kstride, const float* vb,
+                                                                                  int64_t vstride, int64_t seen,
+                                                                                  float* p, float* out) {
+  constexpr int C = D / 16;
+  __m512 qv[C];
+  _Pragma("GCC unroll 16") for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < seen; ++j) {
+    const float* kr = kb + j * kstride;
+    __m512 s = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
+    _Pragma("GCC unroll 16") for (int c = 1; c < C; ++c) s = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), s);
+    p[j] = hsum512(s);
+    top = std::max(top, p[j]);
+  }
+  exp_shifted(p, 1, top, p, seen);
+  __m512 acc[C];
+  _Pragma("GCC unroll 16") for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+  float sum = 0.f;
+  for (int64_t j = 0; j < seen; ++j) {
+    const float* vr = vb + j * vstride;
+    const __m512 pj = _mm512_set1_ps(p[j]);
+    sum += p[j];
+    _Pragma("GCC unroll 16") for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vr + 16 * c), acc[c]);
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / sum);
+  _Pragma("GCC unroll 16") for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + 16 * c, _mm512_mul_ps(acc[c], inv));
+}
+#endif
+
 // Each query row against the keys it may see: scores = (scale·q)·kᵀ, a max-subtracted softmax,
 // then ·v; query head h reads key/value head h / (Hq / Hkv). With `causal`, query l of L (the
 // last L positions of the S keys) sees keys 0 … S-L+l, as MLX's causal mask does. Rows are spread
@@ -157,6 +212,9 @@ class CpuAttention : public CpuPrimitive {
 #ifdef MLEX_X86_64
       const bool simd = has_avx2_fma() && ks[3] == 1 && vs[3] == 1;
 #endif
+#ifdef MLEX_X86_64
+      const bool wide = simd && has_avx512() && (D == 64 || D == 128 || D == 256);
+#endif
       auto row = [&](int64_t bhl) {
         const int64_t l = bhl % L, bh = bhl / L, b = bh / hq, h = bh % hq, g = h / rep;
         // Keys this query sees: all of them without a mask, else up to its own position (L <= S,
@@ -170,6 +228,14 @@ class CpuAttention : public CpuPrimitive {
         for (int64_t i = 0; i < D; ++i) qh[i] = scale * qr[i * qs[3]];
         const float* kb = kp + b * ks[0] + g * ks[1] + first * ks[2];
         const float* vb = vp + b * vs[0] + g * vs[1] + first * vs[2];
+#ifdef MLEX_X86_64
+        if (wide) {
+          float* orow = o + bhl * D;
+          if (D == 64) return attend_row_avx512<64>(qh.data(), kb, ks[2], vb, vs[2], seen, p.data(), orow);
+          if (D == 128) return attend_row_avx512<128>(qh.data(), kb, ks[2], vb, vs[2], seen, p.data(), orow);
+          return attend_row_avx512<256>(qh.data(), kb, ks[2], vb, vs[2], seen, p.data(), orow);
+        }
+#endif
         float top = -std::numeric_limits<float>::infinity();
         for (int64_t j = 0; j < seen; ++j) {
           const float* kr = kb + j * ks[2];
@@ -225,7 +291,6 @@ class CpuAttention : public CpuPrimitive {
   bool causal_, has_start_;
 };
 
-// Benchmark ablation only (src/ablation.rs): MLX's reference graphs everywhere.
 // silu(gate) · up element-wise, computed as MLX's compiled kernel for the graph
 // `(gate · sigmoid(gate)) · up` computes it (MLX's own sigmoid, the same order of products), so the
 // results are the same bits. The compiled kernel is JIT-built: its first use in a process runs a
@@ -279,22 +344,9 @@ class CpuSwiglu : public CpuPrimitive {
 // then Σ exp(x − maximum) in order, then log(Σ) + maximum, with MLX's own exp), so the results are
 // the same bits. MLX's build for x86 runs that loop one element at a time, its exp calling the
 // C library's fma() per polynomial step: on a vocabulary of 49,152 it took about a tenth of a
-// CPU decode step (the sampler's logprobs). Here the exponentials are vectorised (every lane
-// computes the scalar bits, as in CpuSwiglu) and only the sum stays sequential.
+// CPU decode step (the sampler's logprobs). Here the exponentials are vectorised (exp_shifted)
+// and only the sum stays sequential.
 class CpuLogSumExp : public CpuPrimitive {
-  [[gnu::flatten]] static void exps(const float* x, int64_t xs, float top, float* e, int64_t n) {
-#ifdef MLEX_X86_64
-    if (xs == 1 && has_avx2_fma()) return exps_avx2(x, top, e, n);
-#endif
-    for (int64_t i = 0; i < n; ++i) e[i] = mx::simd::exp(mx::simd::Simd<float, 1>(x[i * xs] - top)).value;
-  }
-#ifdef MLEX_X86_64
-  [[gnu::flatten]] __attribute__((target("avx2,fma"), optimize("O3", "fp-contract=off"))) static void exps_avx2(
-      const float* x, float top, float* e, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) e[i] = mx::simd::exp(mx::simd::Simd<float, 1>(x[i] - top)).value;
-  }
-#endif
-
  public:
   explicit CpuLogSumExp(mx::Stream s) : CpuPrimitive(s) {}
 
@@ -308,7 +360,7 @@ class CpuLogSumExp : public CpuPrimitive {
         const float* row = xp + row_offset(x, r);
         float top = -std::numeric_limits<float>::infinity();
         for (int64_t i = 0; i < d; ++i) top = row[i * xs] > top ? row[i * xs] : top;
-        exps(row, xs, top, e.data(), d);
+        exp_shifted(row, xs, top, e.data(), d);
         float sum = 0.f;
         for (int64_t i = 0; i < d; ++i) sum += e[i];
         o[r] = std::isinf(top) ? top : std::log(sum) + top;
@@ -319,6 +371,7 @@ class CpuLogSumExp : public CpuPrimitive {
   bool is_equivalent(const mx::Primitive& other) const override { return dynamic_cast<const CpuLogSumExp*>(&other); }
 };
 
+// Benchmark ablation only (src/ablation.rs): MLX's reference graphs everywhere.
 bool ablated() { return mlex::ablated(MLEX_ABLATE_KERNEL_CPU_FAST_OPS); }
 
 }  // namespace

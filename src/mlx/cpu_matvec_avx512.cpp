@@ -1,20 +1,12 @@
 // See cpu_matvec_avx512.h.
-// GCC 12's own AVX-512 headers trip these warnings (their _mm*_undefined_* placeholders).
+// GCC 12's own AVX-512 headers trip this warning (_mm512_undefined_epi32 in _mm512_cvtepu8_epi32).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
 #include "cpu_matvec_avx512.h"
 
-#include <cstdlib>
 
 namespace mlex {
 
 #ifdef MLEX_X86_64
-
-bool has_avx512_matvec() {
-  static const bool yes = has_avx2_fma() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl") && std::getenv("MLEX_CPU_NO_AVX512") == nullptr;
-  return yes;
-}
 
 namespace {
 
@@ -91,7 +83,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void rows_kernel(const 
       ++g;
     }
   }
-  _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(t[r]) + _mm512_reduce_add_ps(bt[r]);
+  _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) out[r] = hsum512(t[r]) + hsum512(bt[r]);
 }
 
 template <int BITS, ScaleDtype SD>
@@ -144,7 +136,6 @@ void matvec_rows_avx512(const uint8_t* w, size_t row_bytes, const void* s, const
 
 #else
 
-bool has_avx512_matvec() { return false; }
 void deinterleave_x_q4(const float*, int, float*) {}
 void matvec_rows_avx512(const uint8_t*, size_t, const void*, const void*, ScaleDtype, int, int, int, const float*,
                         const float*, int, int, float*) {}

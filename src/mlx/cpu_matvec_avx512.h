@@ -26,10 +26,7 @@
 
 namespace mlex {
 
-// Whether the CPU (and OS) support the AVX-512 subset used here; off under MLEX_CPU_NO_AVX512
-// (tests of the AVX2 kernels on a machine that has AVX-512; the benchmarks' ablation) and
-// MLEX_CPU_QMM_SCALAR.
-bool has_avx512_matvec();
+// Callers check has_avx512() (cpu_simd.h) first.
 
 // The widest row, in groups of scales, the kernel takes (it widens a block's scales on its stack).
 constexpr int kAvx512MaxGroups = 1024;

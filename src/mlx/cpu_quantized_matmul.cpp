@@ -277,7 +277,7 @@ void compute(const Problem& p) {
   const int chunk = (p.N + tasks - 1) / tasks;
 #ifdef MLEX_X86_64
   // 4 and 8 bits on a CPU with AVX-512 (cpu_matvec_avx512.h), the scales as stored.
-  if ((p.bits == 4 || p.bits == 8) && p.group_size % 32 == 0 && groups <= kAvx512MaxGroups && has_avx512_matvec()) {
+  if ((p.bits == 4 || p.bits == 8) && p.group_size % 32 == 0 && groups <= kAvx512MaxGroups && has_avx512()) {
     std::vector<float> deinterleaved;
     const float* xk = p.x;
     if (p.bits == 4) {

@@ -21,11 +21,28 @@ inline bool has_avx2_fma() {
   return yes;
 }
 
+// The AVX-512 subset our AVX-512 kernels use (F, BW, VL), where the CPU and OS have it; off under
+// MLEX_CPU_NO_AVX512 (tests of the AVX2 kernels on a machine that has AVX-512; the benchmarks'
+// ablation) and MLEX_CPU_QMM_SCALAR.
+inline bool has_avx512() {
+  static const bool yes = has_avx2_fma() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && std::getenv("MLEX_CPU_NO_AVX512") == nullptr;
+  return yes;
+}
+
 __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
   return _mm_cvtss_f32(s);
+}
+
+// The sum of v's lanes. (GCC 12's _mm512_reduce_add_ps and lane shuffles trip -Wuninitialized
+// in its own headers; a store and two half loads do not.)
+__attribute__((target("avx512f,avx2"))) inline float hsum512(__m512 v) {
+  alignas(64) float t[16];
+  _mm512_store_ps(t, v);
+  return hsum(_mm256_add_ps(_mm256_load_ps(t), _mm256_load_ps(t + 8)));
 }
 
 // a · b over n floats.
