@@ -455,6 +455,8 @@ fn cpu_avx2_paths_match_too() {
         "cpu_quantized_matmul_reads_16bit_scales",
         "cpu_quantized_matvec_rows_do_not_depend_on_the_batch",
         "cpu_fast_ops_match_naive_on_views_and_variants",
+        "cpu_swiglu_equals_the_ops_bit_for_bit",
+        "cpu_logsumexp_equals_mlx_bit_for_bit",
     ] {
         let status = std::process::Command::new(std::env::current_exe().unwrap())
             .args([name, "--exact", "--test-threads", "1"])
