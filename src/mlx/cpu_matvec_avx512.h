@@ -6,8 +6,9 @@
 // each 32-bit word and shifts each lane by its own amount (five instructions per eight
 // multiply-adds), works one weight row at a time, and loses much of its time to per-row setup
 // and memory latency on 576-wide rows. This one
-//  - widens 16 packed bytes into 16 lanes and splits low and high nibbles with one AND and one
-//    shift, against x laid out per 32 values as [16 even | 16 odd] to match (4-bit);
+//  - widens 16 packed bytes into 16 lanes and turns low and high nibbles into floats with a
+//    16-entry table lookup (and one shift), against x laid out per 32 values as
+//    [16 even | 16 odd] to match (4-bit);
 //  - works four weight rows at once (one load of x for four rows, four independent chains);
 //  - prefetches each row's bytes ahead, and the next rows' scales and biases, since four
 //    interleaved row streams and short bursts of scales defeat the hardware prefetcher;
