@@ -419,14 +419,14 @@ fn cpu_quantized_gemm_rows_do_not_depend_on_the_chunk() {
 
 /// A decode step's rows (the matrix-vector kernels, 1 to 32 rows of x: a continuous batch) are
 /// each computed as that row alone would be, bit for bit, whatever the batch: a batched request's
-/// tokens and logprobs do not depend on who else is decoding. 4 and 8 bits, 16-bit and float32
+/// tokens and logprobs do not depend on who else is decoding. Every bit width, 16-bit and float32
 /// scales, a row count (70) that leaves a partial block of weight rows.
 #[test]
 fn cpu_quantized_matvec_rows_do_not_depend_on_the_batch() {
     on_cpu();
     let (n, k) = (70i32, 640i32);
     let wa = arr(&rand_vec((n * k) as usize, 73), &[n, k]);
-    for (bits, group) in [(4, 32), (4, 128), (8, 64)] {
+    for (bits, group) in [(4, 32), (4, 128), (8, 64), (2, 32), (3, 64), (5, 32), (6, 128)] {
         let q = quant::quantize(&wa, group, bits, QuantMode::Affine).unwrap();
         for dtype in [Dtype::Float32, Dtype::Float16] {
             let s = q.scales.astype(dtype).unwrap();

@@ -3,6 +3,9 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "cpu_matvec_avx512.h"
 
+#include <algorithm>
+#include <type_traits>
+
 
 namespace mlex {
 
@@ -29,24 +32,22 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load16(const 
   }
 }
 
-// R weight rows against one x. Each row's sums run in the same order whatever R is, so a row's
-// result does not depend on which block (or tail) it falls in.
-template <int R, int BITS, ScaleDtype SD>
-__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void rows_kernel(const uint8_t* w, size_t row_bytes,
-                                                                            const char* s, const char* b, int groups,
-                                                                            int group_size, const float* xk,
-                                                                            const float* xsum, int K, float* out) {
+// A block's scales as floats (sc[r][g]) and each row's Σ_g bias_g · Σ_{i∈g} x_i (bsum[r],
+// sixteen groups at a time), after asking for the next block's scales and biases: this block's
+// products hide their latency.
+template <int R, ScaleDtype SD>
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline void block_scales(const char* s, const char* b,
+                                                                                  int groups, const float* xsum,
+                                                                                  float (*sc)[kAvx512MaxGroups],
+                                                                                  float* bsum) {
   constexpr size_t elem = SD == ScaleDtype::F32 ? 4 : 2;
   const size_t scale_row = static_cast<size_t>(groups) * elem;
-  // The next block's scales and biases: this block's products hide their latency.
   for (size_t i = 0; i < R * scale_row; i += 64) {
     _mm_prefetch(s + R * scale_row + i, _MM_HINT_T0);
     _mm_prefetch(b + R * scale_row + i, _MM_HINT_T0);
   }
-  // This block's scales as floats; Σ_g bias_g · Σ_{i∈g} x_i, sixteen groups at a time.
-  alignas(64) float sc[R][kAvx512MaxGroups];
-  __m512 t[R], bt[R];
-  _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) t[r] = bt[r] = _mm512_setzero_ps();
+  __m512 bt[R];
+  _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) bt[r] = _mm512_setzero_ps();
   for (int g = 0; g < groups; g += 16) {
     const int n = groups - g < 16 ? groups - g : 16;
     const __m512 xs = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1), xsum + g);
@@ -55,6 +56,21 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void rows_kernel(const 
       bt[r] = _mm512_fmadd_ps(load16<SD>(b + r * scale_row + g * elem, n), xs, bt[r]);
     }
   }
+  _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) bsum[r] = hsum512(bt[r]);
+}
+
+// R weight rows of 4 or 8 bits against one x. Each row's sums run in the same order whatever R
+// is, so a row's result does not depend on which block (or tail) it falls in.
+template <int R, int BITS, ScaleDtype SD>
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void rows_kernel(const uint8_t* w, size_t row_bytes,
+                                                                            const char* s, const char* b, int groups,
+                                                                            int group_size, const float* xk,
+                                                                            const float* xsum, int K, float* out) {
+  alignas(64) float sc[R][kAvx512MaxGroups];
+  float bsum[R];
+  block_scales<R, SD>(s, b, groups, xsum, sc, bsum);
+  __m512 t[R];
+  _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) t[r] = _mm512_setzero_ps();
   // 4-bit values to floats by table lookup (vpermps reads only an index's low four bits): one
   // instruction for the low nibble instead of an AND and a conversion (6 % faster in isolation).
   const __m512 to_float = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -85,22 +101,73 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void rows_kernel(const 
       ++g;
     }
   }
-  _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) out[r] = hsum512(t[r]) + hsum512(bt[r]);
+  _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) out[r] = hsum512(t[r]) + bsum[r];
+}
+
+// R weight rows of 2, 3, 5 or 6 bits (MLX packs a row as one little-endian bit stream: eight
+// values in BITS bytes) against x as it is. A block of 32 values is 4·BITS bytes: vpermb puts
+// each eight values' BITS bytes in a 64-bit lane, vpmultishiftqb pulls the eight BITS-bit fields
+// out of each lane into bytes (AVX-512 VBMI), then they widen to floats as the 8-bit ones do.
+template <int R, int BITS, ScaleDtype SD>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi,fma"))) void rows_kernel_bits(
+    const uint8_t* w, size_t row_bytes, const char* s, const char* b, int groups, int group_size, const float* xk,
+    const float* xsum, int K, float* out) {
+  alignas(64) float sc[R][kAvx512MaxGroups];
+  float bsum[R];
+  block_scales<R, SD>(s, b, groups, xsum, sc, bsum);
+  __m512 t[R];
+  _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) t[r] = _mm512_setzero_ps();
+  alignas(32) uint8_t gather[32], shifts[32];
+  for (int lane = 0; lane < 4; ++lane) {
+    for (int k = 0; k < 8; ++k) {
+      gather[8 * lane + k] = static_cast<uint8_t>(std::min(lane * BITS + k, 4 * BITS - 1));
+      shifts[8 * lane + k] = static_cast<uint8_t>(k * BITS);
+    }
+  }
+  const __m256i gather_v = _mm256_load_si256(reinterpret_cast<const __m256i*>(gather));
+  const __m256i shifts_v = _mm256_load_si256(reinterpret_cast<const __m256i*>(shifts));
+  const __m256i field = _mm256_set1_epi8(static_cast<char>((1 << BITS) - 1));
+  const __mmask32 block_bytes = (1u << (4 * BITS)) - 1;
+  const int blocks = K / 32, per_group = group_size / 32;
+  int g = 0, in_group = 0;
+  for (int j = 0; j < blocks; ++j) {
+    const __m512 x0 = _mm512_loadu_ps(xk + 32 * j), x1 = _mm512_loadu_ps(xk + 32 * j + 16);
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) {
+      const uint8_t* p = w + r * row_bytes + 4 * BITS * static_cast<size_t>(j);
+      if ((j & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch8), _MM_HINT_T0);
+      const __m256i bytes = _mm256_maskz_loadu_epi8(block_bytes, p);  // never past this block
+      const __m256i q = _mm256_and_si256(
+          _mm256_multishift_epi64_epi8(shifts_v, _mm256_permutexvar_epi8(gather_v, bytes)), field);
+      const __m512i v0 = _mm512_cvtepu8_epi32(_mm256_castsi256_si128(q));
+      const __m512i v1 = _mm512_cvtepu8_epi32(_mm256_extracti128_si256(q, 1));
+      __m512 a = _mm512_mul_ps(_mm512_cvtepi32_ps(v0), x0);
+      a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v1), x1, a);
+      t[r] = _mm512_fmadd_ps(a, _mm512_set1_ps(sc[r][g]), t[r]);
+    }
+    if (++in_group == per_group) {
+      in_group = 0;
+      ++g;
+    }
+  }
+  _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) out[r] = hsum512(t[r]) + bsum[r];
 }
 
 template <int BITS, ScaleDtype SD>
 void rows_all(const uint8_t* w, size_t row_bytes, const char* s, const char* b, int groups, int group_size,
               const float* xk, const float* xsum, int K, int rows, float* out) {
   const size_t scale_row = static_cast<size_t>(groups) * (SD == ScaleDtype::F32 ? 4 : 2);
+  auto kernel = [&](auto r_count, int r) {
+    constexpr int R = decltype(r_count)::value;
+    const char *sr = s + r * scale_row, *br = b + r * scale_row;
+    if constexpr (BITS == 4 || BITS == 8) {
+      rows_kernel<R, BITS, SD>(w + r * row_bytes, row_bytes, sr, br, groups, group_size, xk, xsum, K, out + r);
+    } else {
+      rows_kernel_bits<R, BITS, SD>(w + r * row_bytes, row_bytes, sr, br, groups, group_size, xk, xsum, K, out + r);
+    }
+  };
   int r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    rows_kernel<4, BITS, SD>(w + r * row_bytes, row_bytes, s + r * scale_row, b + r * scale_row, groups, group_size,
-                             xk, xsum, K, out + r);
-  }
-  for (; r < rows; ++r) {
-    rows_kernel<1, BITS, SD>(w + r * row_bytes, row_bytes, s + r * scale_row, b + r * scale_row, groups, group_size,
-                             xk, xsum, K, out + r);
-  }
+  for (; r + 4 <= rows; r += 4) kernel(std::integral_constant<int, 4>{}, r);
+  for (; r < rows; ++r) kernel(std::integral_constant<int, 1>{}, r);
 }
 
 template <int BITS>
@@ -129,10 +196,13 @@ void deinterleave_x_q4(const float* x, int K, float* out) {
 void matvec_rows_avx512(const uint8_t* w, size_t row_bytes, const void* s, const void* b, ScaleDtype dtype,
                         int groups, int group_size, int bits, const float* xk, const float* xsum, int K, int rows,
                         float* out) {
-  if (bits == 4) {
-    rows_typed<4>(w, row_bytes, s, b, dtype, groups, group_size, xk, xsum, K, rows, out);
-  } else {
-    rows_typed<8>(w, row_bytes, s, b, dtype, groups, group_size, xk, xsum, K, rows, out);
+  switch (bits) {
+    case 2: return rows_typed<2>(w, row_bytes, s, b, dtype, groups, group_size, xk, xsum, K, rows, out);
+    case 3: return rows_typed<3>(w, row_bytes, s, b, dtype, groups, group_size, xk, xsum, K, rows, out);
+    case 4: return rows_typed<4>(w, row_bytes, s, b, dtype, groups, group_size, xk, xsum, K, rows, out);
+    case 5: return rows_typed<5>(w, row_bytes, s, b, dtype, groups, group_size, xk, xsum, K, rows, out);
+    case 6: return rows_typed<6>(w, row_bytes, s, b, dtype, groups, group_size, xk, xsum, K, rows, out);
+    default: return rows_typed<8>(w, row_bytes, s, b, dtype, groups, group_size, xk, xsum, K, rows, out);
   }
 }
 

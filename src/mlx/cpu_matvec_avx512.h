@@ -1,6 +1,7 @@
-// The decode-step matrix-vector product of 4- and 8-bit affine weights with AVX-512, for CPUs
-// that have it (x86-64 servers since Skylake-X, including the CI machines): a decode step on the
-// CPU spent about two thirds of its time in these products (BENCHMARKS.md).
+// The decode-step matrix-vector product of affine weights with AVX-512, for CPUs that have it
+// (x86-64 servers since Skylake-X, including the CI machines; 2, 3, 5 and 6 bits also need VBMI,
+// Ice Lake and later): a decode step on the CPU spent about two thirds of its time in these
+// products (BENCHMARKS.md).
 //
 // Why a kernel of its own rather than wider registers in the AVX2 one: the AVX2 kernel broadcasts
 // each 32-bit word and shifts each lane by its own amount (five instructions per eight
@@ -12,7 +13,9 @@
 //  - works four weight rows at once (one load of x for four rows, four independent chains);
 //  - prefetches each row's bytes ahead, and the next rows' scales and biases, since four
 //    interleaved row streams and short bursts of scales defeat the hardware prefetcher;
-//  - reads 16-bit scales and biases as stored, widening them in registers.
+//  - reads 16-bit scales and biases as stored, widening them in registers;
+//  - unpacks 2/3/5/6-bit bit streams with two byte shuffles per 32 values (VBMI), where the
+//    AVX2 kernel spends about nine instructions per eight values.
 // The arithmetic stays float32: per row, Σ_blocks scale · Σ q·x + Σ_g bias · Σ x over the group.
 // Only the order of the sums differs from the AVX2 kernel's (results agree to float rounding).
 // Each row of x goes through the same code whatever the number of rows, and each weight row
@@ -33,13 +36,14 @@ namespace mlex {
 constexpr int kAvx512MaxGroups = 1024;
 
 // x (K floats) rearranged for the 4-bit kernel: per 32 values, the 16 even then the 16 odd ones
-// (the low and high nibbles of 16 packed bytes). 8-bit weights take x as it is.
+// (the low and high nibbles of 16 packed bytes). Other widths take x as it is.
 void deinterleave_x_q4(const float* x, int K, float* out);
 
-// out[r] = Σ_k dequantize(w)[r, k] · x[k] for r in 0 .. rows, for `bits` 4 or 8, group_size a
+// out[r] = Σ_k dequantize(w)[r, k] · x[k] for r in 0 .. rows, for `bits` 2-6 or 8, group_size a
 // multiple of 32 and groups ≤ kAvx512MaxGroups. w: the first row's packed bytes (rows are
 // `row_bytes` apart); s, b: the first row's scales and biases in `dtype`, `groups` per row, rows
 // contiguous; xk: x as the kernel takes it (deinterleave_x_q4 for 4 bits); xsum: Σ x per group.
+// Bits other than 4 and 8 need has_avx512_vbmi().
 void matvec_rows_avx512(const uint8_t* w, size_t row_bytes, const void* s, const void* b, ScaleDtype dtype,
                         int groups, int group_size, int bits, const float* xk, const float* xsum, int K, int rows,
                         float* out);

@@ -276,8 +276,10 @@ void compute(const Problem& p) {
   const int tasks = work < (1 << 18) ? 1 : pool().size() * 4;
   const int chunk = (p.N + tasks - 1) / tasks;
 #ifdef MLEX_X86_64
-  // 4 and 8 bits on a CPU with AVX-512 (cpu_matvec_avx512.h), the scales as stored.
-  if ((p.bits == 4 || p.bits == 8) && p.group_size % 32 == 0 && groups <= kAvx512MaxGroups && has_avx512()) {
+  // 4 and 8 bits on a CPU with AVX-512, 2, 3, 5 and 6 with AVX-512 VBMI too (cpu_matvec_avx512.h),
+  // the scales as stored.
+  const bool avx512_bits = p.bits == 4 || p.bits == 8 ? has_avx512() : p.bits != 7 && has_avx512_vbmi();
+  if (avx512_bits && p.group_size % 32 == 0 && groups <= kAvx512MaxGroups) {
     std::vector<float> deinterleaved;
     const float* xk = p.x;
     if (p.bits == 4) {

@@ -30,6 +30,12 @@ inline bool has_avx512() {
   return yes;
 }
 
+// has_avx512 and AVX-512 VBMI (byte permutes and bit-field extraction: Ice Lake and later).
+inline bool has_avx512_vbmi() {
+  static const bool yes = has_avx512() && __builtin_cpu_supports("avx512vbmi");
+  return yes;
+}
+
 __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
