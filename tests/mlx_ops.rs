@@ -446,8 +446,8 @@ fn cpu_quantized_matvec_rows_do_not_depend_on_the_batch() {
     }
 }
 
-/// The AVX2 kernels on a machine that has AVX-512 (whose kernels take 4 and 8 bits and attention
-/// rows there), in child processes: the same checks as above.
+/// The AVX2 kernels on a machine that has AVX-512 (whose kernels take the matrix-vector products,
+/// the prompt chunks' GEMM, attention rows, exp), in child processes: the same checks as above.
 #[test]
 fn cpu_avx2_paths_match_too() {
     for name in [
@@ -457,6 +457,8 @@ fn cpu_avx2_paths_match_too() {
         "cpu_fast_ops_match_naive_on_views_and_variants",
         "cpu_swiglu_equals_the_ops_bit_for_bit",
         "cpu_logsumexp_equals_mlx_bit_for_bit",
+        "cpu_quantized_gemm_rows_do_not_depend_on_the_chunk",
+        "cpu_dense_matmul_matches_naive",
     ] {
         let status = std::process::Command::new(std::env::current_exe().unwrap())
             .args([name, "--exact", "--test-threads", "1"])

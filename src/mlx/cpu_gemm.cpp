@@ -12,11 +12,15 @@
 namespace mlex {
 namespace {
 
-// Columns of a panel (two AVX2 vectors), rows of x per micro-tile, weight rows per superpanel
-// (what a task dequantizes at once, and x is read once per), and k per block (a superpanel's
-// panels are 64 × 256 floats = 64 KB, an L2-resident block).
+// Columns of a panel (two AVX2 vectors; two AVX-512 vectors where the CPU has them), rows of x
+// per micro-tile (6 with AVX2, 12 with AVX-512: the accumulators fill the register file), weight
+// rows per superpanel (what a task dequantizes at once, and x is read once per), and k per block
+// (a superpanel's panels are 64 × 256 floats = 64 KB, an L2-resident block). Every output is the
+// same sequential sum over k with either width, so the two give the same bits.
 constexpr int kNr = 16;
 constexpr int kMr = 6;
+constexpr int kNr512 = 32;
+constexpr int kMr512 = 12;
 constexpr int kSuper = 64;
 constexpr int kKc = 256;
 
@@ -42,21 +46,22 @@ __attribute__((target("avx2,fma"))) inline void transpose8(__m256 r[8]) {
   r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
 }
 
-// Dequantizes rows n0 .. n0 + rows of w, columns k0 .. k0 + kc, into k-major panels of 16 rows:
-// panel p's element (k, j) at wt[p · kc · 16 + k · 16 + j]; rows past `rows` are zeros. Eight
+// Dequantizes rows n0 .. n0 + rows of w, columns k0 .. k0 + kc, into k-major panels of nr rows:
+// panel p's element (k, j) at wt[p · kc · nr + k · nr + j]; rows past `rows` are zeros. Eight
 // rows × eight columns at a time: each row's eight values dequantized as one vector
 // (scale · q + bias), the 8×8 block transposed in registers, stored as eight k-rows.
 // scales/biases: row n0 + j's group g at [j · stride + g - g0] (the block's groups from g0).
 __attribute__((target("avx2,fma"))) void pack(const uint32_t* w, const float* scales, const float* biases,
                                               size_t stride, int g0, int N, int K, int group_size,
-                                              const BitLanesAvx2& lanes, int n0, int rows, int k0, int kc, float* wt) {
+                                              const BitLanesAvx2& lanes, int n0, int rows, int k0, int kc, int nr,
+                                              float* wt) {
   const int bits = lanes.bits;
   const size_t row_bytes = static_cast<size_t>(K) * bits / 8;
   const size_t total = row_bytes * N;
   const uint8_t* base = reinterpret_cast<const uint8_t*>(w);
-  const int padded = (rows + kNr - 1) / kNr * kNr;
+  const int padded = (rows + nr - 1) / nr * nr;
   for (int j0 = 0; j0 < padded; j0 += 8) {
-    float* panel = wt + static_cast<size_t>(j0 / kNr) * kc * kNr + (j0 % kNr);
+    float* panel = wt + static_cast<size_t>(j0 / nr) * kc * nr + (j0 % nr);
     // k0 and kc are multiples of 8 and so is the group size: eight values share a group.
     for (int k = 0; k < kc; k += 8) {
       const int at = k0 + k;
@@ -74,18 +79,18 @@ __attribute__((target("avx2,fma"))) void pack(const uint32_t* w, const float* sc
         r[i] = _mm256_fmadd_ps(_mm256_set1_ps(scales[g]), q, _mm256_set1_ps(biases[g]));
       }
       transpose8(r);
-      for (int t = 0; t < 8; ++t) _mm256_storeu_ps(panel + (k + t) * kNr, r[t]);
+      for (int t = 0; t < 8; ++t) _mm256_storeu_ps(panel + (k + t) * nr, r[t]);
     }
   }
 }
 
 // Copies rows n0 .. n0 + rows of a float32 w ([N, K] row-major), columns k0 .. k0 + kc, into the
 // same k-major panels (8×8 blocks transposed in registers; rows past `rows` are zeros).
-__attribute__((target("avx2,fma"))) void pack_dense(const float* w, int K, int n0, int rows, int k0, int kc,
+__attribute__((target("avx2,fma"))) void pack_dense(const float* w, int K, int n0, int rows, int k0, int kc, int nr,
                                                     float* wt) {
-  const int padded = (rows + kNr - 1) / kNr * kNr;
+  const int padded = (rows + nr - 1) / nr * nr;
   for (int j0 = 0; j0 < padded; j0 += 8) {
-    float* panel = wt + static_cast<size_t>(j0 / kNr) * kc * kNr + (j0 % kNr);
+    float* panel = wt + static_cast<size_t>(j0 / nr) * kc * nr + (j0 % nr);
     for (int k = 0; k < kc; k += 8) {
       __m256 r[8];
       for (int i = 0; i < 8; ++i) {
@@ -101,7 +106,7 @@ __attribute__((target("avx2,fma"))) void pack_dense(const float* w, int K, int n
         }
       }
       transpose8(r);
-      for (int t = 0; t < 8 && k + t < kc; ++t) _mm256_storeu_ps(panel + (k + t) * kNr, r[t]);
+      for (int t = 0; t < 8 && k + t < kc; ++t) _mm256_storeu_ps(panel + (k + t) * nr, r[t]);
     }
   }
 }
@@ -140,29 +145,69 @@ __attribute__((target("avx2,fma"))) void micro(const float* x, size_t ldx, const
   }
 }
 
+// The same with AVX-512 on 32-column panels: c[r, 0..ncols) (+)= Σ_k x[r, k] · wt[k, 0..32).
+template <int MR>
+__attribute__((target("avx512f,avx2,fma"))) void micro512(const float* x, size_t ldx, const float* wt, int kc,
+                                                          float* c, size_t ldc, int ncols, bool accumulate) {
+  __m512 acc[MR][2];
+  _Pragma("GCC unroll 12") for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int k = 0; k < kc; ++k) {
+    const __m512 w0 = _mm512_loadu_ps(wt + k * kNr512);
+    const __m512 w1 = _mm512_loadu_ps(wt + k * kNr512 + 16);
+    _Pragma("GCC unroll 12") for (int r = 0; r < MR; ++r) {
+      const __m512 xb = _mm512_set1_ps(x[r * ldx + k]);
+      acc[r][0] = _mm512_fmadd_ps(xb, w0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(xb, w1, acc[r][1]);
+    }
+  }
+  _Pragma("GCC unroll 12") for (int r = 0; r < MR; ++r) {
+    float* cr = c + r * ldc;
+    if (ncols == kNr512) {
+      __m512 lo = acc[r][0], hi = acc[r][1];
+      if (accumulate) {
+        lo = _mm512_add_ps(_mm512_loadu_ps(cr), lo);
+        hi = _mm512_add_ps(_mm512_loadu_ps(cr + 16), hi);
+      }
+      _mm512_storeu_ps(cr, lo);
+      _mm512_storeu_ps(cr + 16, hi);
+    } else {
+      alignas(64) float tmp[kNr512];
+      _mm512_store_ps(tmp, acc[r][0]);
+      _mm512_store_ps(tmp + 16, acc[r][1]);
+      for (int j = 0; j < ncols; ++j) cr[j] = accumulate ? cr[j] + tmp[j] : tmp[j];
+    }
+  }
+}
+
 using Micro = void (*)(const float*, size_t, const float*, int, float*, size_t, int, bool);
 constexpr Micro kMicro[kMr + 1] = {nullptr, micro<1>, micro<2>, micro<3>, micro<4>, micro<5>, micro<6>};
+constexpr Micro kMicro512[kMr512 + 1] = {nullptr,       micro512<1>,  micro512<2>, micro512<3>, micro512<4>,
+                                         micro512<5>,   micro512<6>,  micro512<7>, micro512<8>, micro512<9>,
+                                         micro512<10>,  micro512<11>, micro512<12>};
 
-// The blocked product; pack(n0, rows, k0, kc, wt) fills a superpanel's panels.
+// The blocked product; pack(n0, rows, k0, kc, nr, wt) fills a superpanel's panels of nr columns.
 template <class Pack>
 void gemm(const float* x, float* out, int M, int N, int K, const Pack& pack) {
+  const bool wide = has_avx512();
+  const int nr = wide ? kNr512 : kNr, mr_max = wide ? kMr512 : kMr;
+  const Micro* micros = wide ? kMicro512 : kMicro;
   const int supers = (N + kSuper - 1) / kSuper;
   const int tasks = std::min(supers, pool().size() * 2);
   pool().run(tasks, [&](int t) {
     std::vector<float> wt(static_cast<size_t>(kSuper) * kKc);
     for (int sp = t; sp < supers; sp += tasks) {
       const int n0 = sp * kSuper, rows = std::min(kSuper, N - n0);
-      const int panels = (rows + kNr - 1) / kNr;
+      const int panels = (rows + nr - 1) / nr;
       for (int k0 = 0; k0 < K; k0 += kKc) {
         const int kc = std::min(kKc, K - k0);
-        pack(n0, rows, k0, kc, wt.data());
-        for (int m0 = 0; m0 < M; m0 += kMr) {
-          const int mr = std::min(kMr, M - m0);
+        pack(n0, rows, k0, kc, nr, wt.data());
+        for (int m0 = 0; m0 < M; m0 += mr_max) {
+          const int mr = std::min(mr_max, M - m0);
           const float* xm = x + static_cast<size_t>(m0) * K + k0;
           for (int p = 0; p < panels; ++p) {
-            const int ncols = std::min(kNr, rows - p * kNr);
-            float* c = out + static_cast<size_t>(m0) * N + n0 + p * kNr;
-            kMicro[mr](xm, K, wt.data() + static_cast<size_t>(p) * kc * kNr, kc, c, N, ncols, k0 > 0);
+            const int ncols = std::min(nr, rows - p * nr);
+            float* c = out + static_cast<size_t>(m0) * N + n0 + p * nr;
+            micros[mr](xm, K, wt.data() + static_cast<size_t>(p) * kc * nr, kc, c, N, ncols, k0 > 0);
           }
         }
       }
@@ -186,12 +231,12 @@ void quantized_gemm(const float* x, const uint32_t* w, const ScaleRows& scales, 
                     int group_size, int bits) {
 #ifdef MLEX_X86_64
   const BitLanes bit_lanes(bits);
-  gemm(x, out, M, N, K, [&](int n0, int rows, int k0, int kc, float* wt) {
+  gemm(x, out, M, N, K, [&](int n0, int rows, int k0, int kc, int nr, float* wt) {
     const int g0 = k0 / group_size, count = (k0 + kc - 1) / group_size + 1 - g0;
     if (scales.dtype == ScaleDtype::F32) {
       const size_t at = static_cast<size_t>(n0) * scales.groups;
       pack(w, static_cast<const float*>(scales.scales) + at, static_cast<const float*>(scales.biases) + at,
-           scales.groups, 0, N, K, group_size, BitLanesAvx2(bit_lanes), n0, rows, k0, kc, wt);
+           scales.groups, 0, N, K, group_size, BitLanesAvx2(bit_lanes), n0, rows, k0, kc, nr, wt);
       return;
     }
     // 16-bit: the block's groups of its rows widened first (a few hundred values per 64 × 256 block).
@@ -203,7 +248,7 @@ void quantized_gemm(const float* x, const uint32_t* w, const ScaleRows& scales, 
       widen(static_cast<const uint16_t*>(scales.scales) + at, scales.dtype, count, s.data() + static_cast<size_t>(j) * count);
       widen(static_cast<const uint16_t*>(scales.biases) + at, scales.dtype, count, b.data() + static_cast<size_t>(j) * count);
     }
-    pack(w, s.data(), b.data(), count, g0, N, K, group_size, BitLanesAvx2(bit_lanes), n0, rows, k0, kc, wt);
+    pack(w, s.data(), b.data(), count, g0, N, K, group_size, BitLanesAvx2(bit_lanes), n0, rows, k0, kc, nr, wt);
   });
 #else
   (void)x, (void)w, (void)scales, (void)out, (void)M, (void)N, (void)K, (void)group_size, (void)bits;
@@ -212,7 +257,8 @@ void quantized_gemm(const float* x, const uint32_t* w, const ScaleRows& scales, 
 
 void dense_gemm(const float* x, const float* w, float* out, int M, int N, int K) {
 #ifdef MLEX_X86_64
-  gemm(x, out, M, N, K, [&](int n0, int rows, int k0, int kc, float* wt) { pack_dense(w, K, n0, rows, k0, kc, wt); });
+  gemm(x, out, M, N, K,
+       [&](int n0, int rows, int k0, int kc, int nr, float* wt) { pack_dense(w, K, n0, rows, k0, kc, nr, wt); });
 #else
   (void)x, (void)w, (void)out, (void)M, (void)N, (void)K;
 #endif
