@@ -1,6 +1,8 @@
 // GCC 12's own AVX-512 headers trip these warnings (their _mm512_undefined_* placeholders).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 #include "cpu_fast_ops.h"
 
 #include "ablation.h"

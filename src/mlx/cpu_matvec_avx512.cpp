@@ -1,6 +1,8 @@
 // See cpu_matvec_avx512.h.
 // GCC 12's own AVX-512 headers trip this warning (_mm512_undefined_epi32 in _mm512_cvtepu8_epi32).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include "cpu_matvec_avx512.h"
 
 #include <algorithm>
