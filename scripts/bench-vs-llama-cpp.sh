@@ -10,6 +10,10 @@
 #   tar xzf /tmp/lcpp/llama_cpp_python-*.tar.gz -C /tmp/lcpp && cd /tmp/lcpp/llama_cpp_python-*/vendor/llama.cpp
 #   pip install cmake ninja   # if the machine has none
 #   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF && ninja -C build llama-bench
+# On a VM whose CPU reports AMX but does not let processes use it (llama-bench dies with SIGILL at
+# `tilezero`), configure without the native probe instead:
+#   -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON
+#   -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF
 # Env: LLAMA_BENCH (path to llama-bench; required), MLEX (binary, default the release build).
 # llama.cpp's threads spin while they wait: on a machine where anything else runs, its figures
 # collapse (4 tok/s decode instead of 190 on the 2-core CI machine during a build). Measure on an
