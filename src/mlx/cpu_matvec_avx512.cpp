@@ -34,91 +34,120 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load16(const 
   }
 }
 
-// A block's scales as floats (sc[r][g]) and each row's Σ_g bias_g · Σ_{i∈g} x_i (bsum[r],
-// sixteen groups at a time), after asking for the next block's scales and biases: this block's
-// products hide their latency.
-template <int R, ScaleDtype SD>
+// Rows of x go through the kernels MX at a time: each unpacked weight block serves MX rows.
+// Per (weight row, x row) the operations and their order do not depend on R or MX, so every
+// output is the same bits whichever block or batch it is computed in.
+struct Xs {
+  const float* x;     // the first row, as the kernel takes it
+  size_t x_stride;    // between rows of x
+  const float* xsum;  // the first row's Σ x per group
+  size_t xsum_stride;
+  float* out;  // the first row's first output
+  size_t out_stride;
+};
+
+// A block's scales as floats (sc[r][g]) and each (weight row, x row)'s Σ_g bias_g · Σ_{i∈g} x_i
+// (bsum[r][m], sixteen groups at a time), after asking for the next block's scales and biases:
+// this block's products hide their latency.
+template <int R, int MX, ScaleDtype SD>
 __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline void block_scales(const char* s, const char* b,
-                                                                                  int groups, const float* xsum,
+                                                                                  int groups, const Xs& xs,
                                                                                   float (*sc)[kAvx512MaxGroups],
-                                                                                  float* bsum) {
+                                                                                  float (*bsum)[4]) {
   constexpr size_t elem = SD == ScaleDtype::F32 ? 4 : 2;
   const size_t scale_row = static_cast<size_t>(groups) * elem;
   for (size_t i = 0; i < R * scale_row; i += 64) {
     _mm_prefetch(s + R * scale_row + i, _MM_HINT_T0);
     _mm_prefetch(b + R * scale_row + i, _MM_HINT_T0);
   }
-  __m512 bt[R];
-  _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) bt[r] = _mm512_setzero_ps();
+  __m512 bt[R][MX];
+  _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) {
+    _Pragma("GCC unroll 4") for (int m = 0; m < MX; ++m) bt[r][m] = _mm512_setzero_ps();
+  }
   for (int g = 0; g < groups; g += 16) {
     const int n = groups - g < 16 ? groups - g : 16;
-    const __m512 xs = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1), xsum + g);
+    const __mmask16 k = static_cast<__mmask16>((1u << n) - 1);
     _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) {
       _mm512_store_ps(sc[r] + g, load16<SD>(s + r * scale_row + g * elem, n));
-      bt[r] = _mm512_fmadd_ps(load16<SD>(b + r * scale_row + g * elem, n), xs, bt[r]);
+      const __m512 bias = load16<SD>(b + r * scale_row + g * elem, n);
+      _Pragma("GCC unroll 4") for (int m = 0; m < MX; ++m) {
+        bt[r][m] = _mm512_fmadd_ps(bias, _mm512_maskz_loadu_ps(k, xs.xsum + m * xs.xsum_stride + g), bt[r][m]);
+      }
     }
   }
-  _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) bsum[r] = hsum512(bt[r]);
+  _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) {
+    _Pragma("GCC unroll 4") for (int m = 0; m < MX; ++m) bsum[r][m] = hsum512(bt[r][m]);
+  }
 }
 
-// R weight rows of 4 or 8 bits against one x. Each row's sums run in the same order whatever R
-// is, so a row's result does not depend on which block (or tail) it falls in.
-template <int R, int BITS, ScaleDtype SD>
+// R weight rows of 4 or 8 bits against MX rows of x.
+template <int R, int MX, int BITS, ScaleDtype SD>
 __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void rows_kernel(const uint8_t* w, size_t row_bytes,
                                                                             const char* s, const char* b, int groups,
-                                                                            int group_size, const float* xk,
-                                                                            const float* xsum, int K, float* out) {
+                                                                            int group_size, const Xs& xs, int K) {
   alignas(64) float sc[R][kAvx512MaxGroups];
-  float bsum[R];
-  block_scales<R, SD>(s, b, groups, xsum, sc, bsum);
-  __m512 t[R];
-  _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) t[r] = _mm512_setzero_ps();
+  float bsum[R][4];
+  block_scales<R, MX, SD>(s, b, groups, xs, sc, bsum);
+  __m512 t[R][MX];
+  _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) {
+    _Pragma("GCC unroll 4") for (int m = 0; m < MX; ++m) t[r][m] = _mm512_setzero_ps();
+  }
   // 4-bit values to floats by table lookup (vpermps reads only an index's low four bits): one
   // instruction for the low nibble instead of an AND and a conversion (6 % faster in isolation).
   const __m512 to_float = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const int blocks = K / 32, per_group = group_size / 32;
   int g = 0, in_group = 0;  // the group of block j, without a division per block
   for (int j = 0; j < blocks; ++j) {
-    const __m512 x0 = _mm512_loadu_ps(xk + 32 * j), x1 = _mm512_loadu_ps(xk + 32 * j + 16);
+    __m512 x0[MX], x1[MX];
+    _Pragma("GCC unroll 4") for (int m = 0; m < MX; ++m) {
+      x0[m] = _mm512_loadu_ps(xs.x + m * xs.x_stride + 32 * j);
+      x1[m] = _mm512_loadu_ps(xs.x + m * xs.x_stride + 32 * j + 16);
+    }
     _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) {
-      __m512 a;
+      __m512 lo, hi;
       if constexpr (BITS == 4) {
         const uint8_t* p = w + r * row_bytes + 16 * static_cast<size_t>(j);
         if ((j & 3) == 0) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch4), _MM_HINT_T0);
         const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-        a = _mm512_mul_ps(_mm512_permutexvar_ps(v, to_float), x0);
-        a = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), to_float), x1, a);
+        lo = _mm512_permutexvar_ps(v, to_float);
+        hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), to_float);
       } else {
         const uint8_t* p = w + r * row_bytes + 32 * static_cast<size_t>(j);
         if ((j & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch8), _MM_HINT_T0);
-        const __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-        const __m512i v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
-        a = _mm512_mul_ps(_mm512_cvtepi32_ps(v0), x0);
-        a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v1), x1, a);
+        lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+        hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16))));
       }
-      t[r] = _mm512_fmadd_ps(a, _mm512_set1_ps(sc[r][g]), t[r]);
+      const __m512 scale = _mm512_set1_ps(sc[r][g]);
+      _Pragma("GCC unroll 4") for (int m = 0; m < MX; ++m) {
+        const __m512 a = _mm512_fmadd_ps(hi, x1[m], _mm512_mul_ps(lo, x0[m]));
+        t[r][m] = _mm512_fmadd_ps(a, scale, t[r][m]);
+      }
     }
     if (++in_group == per_group) {
       in_group = 0;
       ++g;
     }
   }
-  _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) out[r] = hsum512(t[r]) + bsum[r];
+  _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) {
+    _Pragma("GCC unroll 4") for (int m = 0; m < MX; ++m) xs.out[m * xs.out_stride + r] = hsum512(t[r][m]) + bsum[r][m];
+  }
 }
 
 // R weight rows of 2, 3, 5 or 6 bits (MLX packs a row as one little-endian bit stream: eight
-// values in BITS bytes) against x as it is. A block of 32 values is 4·BITS bytes: vpermb puts
-// each eight values' BITS bytes in a 64-bit lane, vpmultishiftqb pulls the eight BITS-bit fields
-// out of each lane into bytes (AVX-512 VBMI), then they widen to floats as the 8-bit ones do.
-template <int R, int BITS, ScaleDtype SD>
+// values in BITS bytes) against MX rows of x as they are. A block of 32 values is 4·BITS bytes:
+// vpermb puts each eight values' BITS bytes in a 64-bit lane, vpmultishiftqb pulls the eight
+// BITS-bit fields out of each lane into bytes (AVX-512 VBMI), then they widen to floats as the
+// 8-bit ones do.
+template <int R, int MX, int BITS, ScaleDtype SD>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi,fma"))) void rows_kernel_bits(
-    const uint8_t* w, size_t row_bytes, const char* s, const char* b, int groups, int group_size, const float* xk,
-    const float* xsum, int K, float* out) {
+    const uint8_t* w, size_t row_bytes, const char* s, const char* b, int groups, int group_size, const Xs& xs, int K) {
   alignas(64) float sc[R][kAvx512MaxGroups];
-  float bsum[R];
-  block_scales<R, SD>(s, b, groups, xsum, sc, bsum);
-  __m512 t[R];
-  _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) t[r] = _mm512_setzero_ps();
+  float bsum[R][4];
+  block_scales<R, MX, SD>(s, b, groups, xs, sc, bsum);
+  __m512 t[R][MX];
+  _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) {
+    _Pragma("GCC unroll 4") for (int m = 0; m < MX; ++m) t[r][m] = _mm512_setzero_ps();
+  }
   alignas(32) uint8_t gather[32], shifts[32];
   for (int lane = 0; lane < 4; ++lane) {
     for (int k = 0; k < 8; ++k) {
@@ -133,38 +162,49 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi,fma"))) void rows_ke
   const int blocks = K / 32, per_group = group_size / 32;
   int g = 0, in_group = 0;
   for (int j = 0; j < blocks; ++j) {
-    const __m512 x0 = _mm512_loadu_ps(xk + 32 * j), x1 = _mm512_loadu_ps(xk + 32 * j + 16);
+    __m512 x0[MX], x1[MX];
+    _Pragma("GCC unroll 4") for (int m = 0; m < MX; ++m) {
+      x0[m] = _mm512_loadu_ps(xs.x + m * xs.x_stride + 32 * j);
+      x1[m] = _mm512_loadu_ps(xs.x + m * xs.x_stride + 32 * j + 16);
+    }
     _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) {
       const uint8_t* p = w + r * row_bytes + 4 * BITS * static_cast<size_t>(j);
       if ((j & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch8), _MM_HINT_T0);
       const __m256i bytes = _mm256_maskz_loadu_epi8(block_bytes, p);  // never past this block
       const __m256i q = _mm256_and_si256(
           _mm256_multishift_epi64_epi8(shifts_v, _mm256_permutexvar_epi8(gather_v, bytes)), field);
-      const __m512i v0 = _mm512_cvtepu8_epi32(_mm256_castsi256_si128(q));
-      const __m512i v1 = _mm512_cvtepu8_epi32(_mm256_extracti128_si256(q, 1));
-      __m512 a = _mm512_mul_ps(_mm512_cvtepi32_ps(v0), x0);
-      a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v1), x1, a);
-      t[r] = _mm512_fmadd_ps(a, _mm512_set1_ps(sc[r][g]), t[r]);
+      const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(q)));
+      const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(q, 1)));
+      const __m512 scale = _mm512_set1_ps(sc[r][g]);
+      _Pragma("GCC unroll 4") for (int m = 0; m < MX; ++m) {
+        const __m512 a = _mm512_fmadd_ps(hi, x1[m], _mm512_mul_ps(lo, x0[m]));
+        t[r][m] = _mm512_fmadd_ps(a, scale, t[r][m]);
+      }
     }
     if (++in_group == per_group) {
       in_group = 0;
       ++g;
     }
   }
-  _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) out[r] = hsum512(t[r]) + bsum[r];
+  _Pragma("GCC unroll 4") for (int r = 0; r < R; ++r) {
+    _Pragma("GCC unroll 4") for (int m = 0; m < MX; ++m) xs.out[m * xs.out_stride + r] = hsum512(t[r][m]) + bsum[r][m];
+  }
 }
 
-template <int BITS, ScaleDtype SD>
-void rows_all(const uint8_t* w, size_t row_bytes, const char* s, const char* b, int groups, int group_size,
-              const float* xk, const float* xsum, int K, int rows, float* out) {
+// Weight rows in blocks of four (the last ones one at a time) against MX rows of x.
+template <int MX, int BITS, ScaleDtype SD>
+void rows_mx(const uint8_t* w, size_t row_bytes, const char* s, const char* b, int groups, int group_size, Xs xs,
+             int K, int rows) {
   const size_t scale_row = static_cast<size_t>(groups) * (SD == ScaleDtype::F32 ? 4 : 2);
   auto kernel = [&](auto r_count, int r) {
     constexpr int R = decltype(r_count)::value;
+    Xs at = xs;
+    at.out += r;
     const char *sr = s + r * scale_row, *br = b + r * scale_row;
     if constexpr (BITS == 4 || BITS == 8) {
-      rows_kernel<R, BITS, SD>(w + r * row_bytes, row_bytes, sr, br, groups, group_size, xk, xsum, K, out + r);
+      rows_kernel<R, MX, BITS, SD>(w + r * row_bytes, row_bytes, sr, br, groups, group_size, at, K);
     } else {
-      rows_kernel_bits<R, BITS, SD>(w + r * row_bytes, row_bytes, sr, br, groups, group_size, xk, xsum, K, out + r);
+      rows_kernel_bits<R, MX, BITS, SD>(w + r * row_bytes, row_bytes, sr, br, groups, group_size, at, K);
     }
   };
   int r = 0;
@@ -172,15 +212,34 @@ void rows_all(const uint8_t* w, size_t row_bytes, const char* s, const char* b, 
   for (; r < rows; ++r) kernel(std::integral_constant<int, 1>{}, r);
 }
 
+// Rows of x four at a time (the last ones in a smaller group), each block of weight rows in
+// cache for all of them.
+template <int BITS, ScaleDtype SD>
+void rows_all(const uint8_t* w, size_t row_bytes, const char* s, const char* b, int groups, int group_size, Xs xs,
+              int M, int K, int rows) {
+  for (int m = 0; m < M; m += 4) {
+    Xs at = xs;
+    at.x += m * xs.x_stride;
+    at.xsum += m * xs.xsum_stride;
+    at.out += m * xs.out_stride;
+    switch (std::min(4, M - m)) {
+      case 4: rows_mx<4, BITS, SD>(w, row_bytes, s, b, groups, group_size, at, K, rows); break;
+      case 3: rows_mx<3, BITS, SD>(w, row_bytes, s, b, groups, group_size, at, K, rows); break;
+      case 2: rows_mx<2, BITS, SD>(w, row_bytes, s, b, groups, group_size, at, K, rows); break;
+      default: rows_mx<1, BITS, SD>(w, row_bytes, s, b, groups, group_size, at, K, rows); break;
+    }
+  }
+}
+
 template <int BITS>
 void rows_typed(const uint8_t* w, size_t row_bytes, const void* s, const void* b, ScaleDtype dtype, int groups,
-                int group_size, const float* xk, const float* xsum, int K, int rows, float* out) {
+                int group_size, const Xs& xs, int M, int K, int rows) {
   const char* sc = static_cast<const char*>(s);
   const char* bc = static_cast<const char*>(b);
   switch (dtype) {
-    case ScaleDtype::F32: return rows_all<BITS, ScaleDtype::F32>(w, row_bytes, sc, bc, groups, group_size, xk, xsum, K, rows, out);
-    case ScaleDtype::F16: return rows_all<BITS, ScaleDtype::F16>(w, row_bytes, sc, bc, groups, group_size, xk, xsum, K, rows, out);
-    case ScaleDtype::BF16: return rows_all<BITS, ScaleDtype::BF16>(w, row_bytes, sc, bc, groups, group_size, xk, xsum, K, rows, out);
+    case ScaleDtype::F32: return rows_all<BITS, ScaleDtype::F32>(w, row_bytes, sc, bc, groups, group_size, xs, M, K, rows);
+    case ScaleDtype::F16: return rows_all<BITS, ScaleDtype::F16>(w, row_bytes, sc, bc, groups, group_size, xs, M, K, rows);
+    case ScaleDtype::BF16: return rows_all<BITS, ScaleDtype::BF16>(w, row_bytes, sc, bc, groups, group_size, xs, M, K, rows);
   }
 }
 
@@ -196,15 +255,16 @@ void deinterleave_x_q4(const float* x, int K, float* out) {
 }
 
 void matvec_rows_avx512(const uint8_t* w, size_t row_bytes, const void* s, const void* b, ScaleDtype dtype,
-                        int groups, int group_size, int bits, const float* xk, const float* xsum, int K, int rows,
-                        float* out) {
+                        int groups, int group_size, int bits, const float* xk, const float* xsum, int M, int K,
+                        int rows, float* out, size_t out_stride) {
+  const Xs xs{xk, static_cast<size_t>(K), xsum, static_cast<size_t>(groups), out, out_stride};
   switch (bits) {
-    case 2: return rows_typed<2>(w, row_bytes, s, b, dtype, groups, group_size, xk, xsum, K, rows, out);
-    case 3: return rows_typed<3>(w, row_bytes, s, b, dtype, groups, group_size, xk, xsum, K, rows, out);
-    case 4: return rows_typed<4>(w, row_bytes, s, b, dtype, groups, group_size, xk, xsum, K, rows, out);
-    case 5: return rows_typed<5>(w, row_bytes, s, b, dtype, groups, group_size, xk, xsum, K, rows, out);
-    case 6: return rows_typed<6>(w, row_bytes, s, b, dtype, groups, group_size, xk, xsum, K, rows, out);
-    default: return rows_typed<8>(w, row_bytes, s, b, dtype, groups, group_size, xk, xsum, K, rows, out);
+    case 2: return rows_typed<2>(w, row_bytes, s, b, dtype, groups, group_size, xs, M, K, rows);
+    case 3: return rows_typed<3>(w, row_bytes, s, b, dtype, groups, group_size, xs, M, K, rows);
+    case 4: return rows_typed<4>(w, row_bytes, s, b, dtype, groups, group_size, xs, M, K, rows);
+    case 5: return rows_typed<5>(w, row_bytes, s, b, dtype, groups, group_size, xs, M, K, rows);
+    case 6: return rows_typed<6>(w, row_bytes, s, b, dtype, groups, group_size, xs, M, K, rows);
+    default: return rows_typed<8>(w, row_bytes, s, b, dtype, groups, group_size, xs, M, K, rows);
   }
 }
 
@@ -212,7 +272,7 @@ void matvec_rows_avx512(const uint8_t* w, size_t row_bytes, const void* s, const
 
 void deinterleave_x_q4(const float*, int, float*) {}
 void matvec_rows_avx512(const uint8_t*, size_t, const void*, const void*, ScaleDtype, int, int, int, const float*,
-                        const float*, int, int, float*) {}
+                        const float*, int, int, int, float*, size_t) {}
 
 #endif
 

@@ -18,9 +18,9 @@
 //    AVX2 kernel spends about nine instructions per eight values.
 // The arithmetic stays float32: per row, Σ_blocks scale · Σ q·x + Σ_g bias · Σ x over the group.
 // Only the order of the sums differs from the AVX2 kernel's (results agree to float rounding).
-// Each row of x goes through the same code whatever the number of rows, and each weight row
-// whatever block it falls in, so a continuous batch's rows are bit for bit their single-row
-// results and the thread split does not change any.
+// Up to four rows of x (a continuous batch's decode step) share each unpacked block of weights.
+// Each (weight row, x row) product runs the same operations in the same order whatever block,
+// batch or thread split it falls in, so a batch's rows are bit for bit their single-row results.
 #pragma once
 
 #include <cstddef>
@@ -39,13 +39,14 @@ constexpr int kAvx512MaxGroups = 1024;
 // (the low and high nibbles of 16 packed bytes). Other widths take x as it is.
 void deinterleave_x_q4(const float* x, int K, float* out);
 
-// out[r] = Σ_k dequantize(w)[r, k] · x[k] for r in 0 .. rows, for `bits` 2-6 or 8, group_size a
-// multiple of 32 and groups ≤ kAvx512MaxGroups. w: the first row's packed bytes (rows are
-// `row_bytes` apart); s, b: the first row's scales and biases in `dtype`, `groups` per row, rows
-// contiguous; xk: x as the kernel takes it (deinterleave_x_q4 for 4 bits); xsum: Σ x per group.
-// Bits other than 4 and 8 need has_avx512_vbmi().
+// out[m · out_stride + r] = Σ_k dequantize(w)[r, k] · x[m, k] for r < rows and m < M, for `bits`
+// 2-6 or 8, group_size a multiple of 32 and groups ≤ kAvx512MaxGroups. w: the first row's packed
+// bytes (rows are `row_bytes` apart); s, b: the first row's scales and biases in `dtype`, `groups`
+// per row, rows contiguous; xk: M rows of K as the kernel takes them (deinterleave_x_q4 for 4
+// bits); xsum: M rows of Σ x per group. Each unpacked block of weights serves up to four rows of
+// x. Bits other than 4 and 8 need has_avx512_vbmi().
 void matvec_rows_avx512(const uint8_t* w, size_t row_bytes, const void* s, const void* b, ScaleDtype dtype,
-                        int groups, int group_size, int bits, const float* xk, const float* xsum, int K, int rows,
-                        float* out);
+                        int groups, int group_size, int bits, const float* xk, const float* xsum, int M, int K,
+                        int rows, float* out, size_t out_stride);
 
 }  // namespace mlex

@@ -295,13 +295,9 @@ void compute(const Problem& p) {
       const int lo = t * chunk4, hi = std::min(p.N, lo + chunk4);
       const size_t at = static_cast<size_t>(lo) * groups * (p.scale_dtype == ScaleDtype::F32 ? 4 : 2);
       const uint8_t* w = reinterpret_cast<const uint8_t*>(p.w) + static_cast<size_t>(lo) * row_bytes;
-      for (int m = 0; m < p.M; ++m) {
-        matvec_rows_avx512(w, row_bytes, static_cast<const char*>(p.scales) + at, static_cast<const char*>(p.biases) + at,
-                           p.scale_dtype, groups,
-                           p.group_size, p.bits, xk + static_cast<size_t>(m) * p.K,
-                           xsum.data() + static_cast<size_t>(m) * groups, p.K, hi - lo,
-                           p.out + static_cast<size_t>(m) * p.N + lo);
-      }
+      matvec_rows_avx512(w, row_bytes, static_cast<const char*>(p.scales) + at, static_cast<const char*>(p.biases) + at,
+                         p.scale_dtype, groups, p.group_size, p.bits, xk, xsum.data(), p.M, p.K, hi - lo, p.out + lo,
+                         static_cast<size_t>(p.N));
     });
     return;
   }
