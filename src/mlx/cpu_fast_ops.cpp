@@ -147,15 +147,14 @@ class CpuRope : public CpuPrimitive {
     const float* x, float top, float* e, int64_t n) {
   for (int64_t i = 0; i < n; ++i) e[i] = mx::simd::exp(mx::simd::Simd<float, 1>(x[i] - top)).value;
 }
-#endif
-#ifdef MLEX_X86_64
+
 // MLX's exp (mlx/backend/cpu/simd/math.h) on sixteen lanes, each the bits of its scalar version,
 // which is what MLX's x86 build runs: GCC does not vectorise that one (it rounds x + 0.5 in double
 // and branches per element), so the loops above stay scalar, ~25 cycles an element. The double
 // add is exact, so floor(x + 0.5) is computed exactly here as floor(x) + (x − floor(x) ≥ 0.5);
 // the polynomial's fma() steps are single FMAs, as the library calls are exactly rounded; nothing
 // else may be contracted (fp-contract=off).
-__attribute__((target("avx512f,avx512dq,fma"), optimize("fp-contract=off"))) inline __m512 mlx_exp16(__m512 in) {
+__attribute__((target("avx512f,fma"), optimize("fp-contract=off"))) inline __m512 mlx_exp16(__m512 in) {
   const __m512 x = _mm512_mul_ps(in, _mm512_set1_ps(1.442695f));
   const __m512 lo = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
   const __mmask16 up = _mm512_cmp_ps_mask(_mm512_sub_ps(x, lo), _mm512_set1_ps(0.5f), _CMP_GE_OQ);
@@ -176,7 +175,7 @@ __attribute__((target("avx512f,avx512dq,fma"), optimize("fp-contract=off"))) inl
   return _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(in, _mm512_set1_ps(-88.0f), _CMP_LT_OQ), _mm512_setzero_ps());
 }
 
-__attribute__((target("avx512f,avx512dq,fma"), optimize("fp-contract=off"))) void exp_shifted_avx512(
+__attribute__((target("avx512f,fma"), optimize("fp-contract=off"))) void exp_shifted_avx512(
     const float* x, float top, float* e, int64_t n) {
   const __m512 t = _mm512_set1_ps(top);
   for (int64_t i = 0; i < n; i += 16) {
@@ -187,7 +186,7 @@ __attribute__((target("avx512f,avx512dq,fma"), optimize("fp-contract=off"))) voi
 
 // o = (g · sigmoid(g)) · u with MLX's sigmoid, 1 / (1 + exp(|g|)) taken as is for g < 0 and
 // subtracted from 1 otherwise: the scalar loop's bits.
-__attribute__((target("avx512f,avx512dq,fma"), optimize("fp-contract=off"))) void swiglu_avx512(
+__attribute__((target("avx512f,fma"), optimize("fp-contract=off"))) void swiglu_avx512(
     const float* g, const float* u, float* o, int64_t n) {
   const __m512 one = _mm512_set1_ps(1.0f);
   for (int64_t i = 0; i < n; i += 16) {
