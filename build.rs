@@ -22,6 +22,8 @@ fn main() {
     println!("cargo:rerun-if-changed=src/mlx/cpu_thread_pool.h");
     println!("cargo:rerun-if-changed=src/mlx/cpu_thread_pool.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cpu_fast_ops.cpp");
+    println!("cargo:rerun-if-changed=src/mlx/cpu_decode_attention.cpp");
+    println!("cargo:rerun-if-changed=src/mlx/cpu_decode_attention.h");
     println!("cargo:rerun-if-changed=src/mlx/cuda_quantized_matvec.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cuda_qk_norm_rope.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cuda_qk_norm_rope.h");
@@ -74,6 +76,7 @@ fn main() {
         .file("src/mlx/cuda_qk_norm_rope.cpp")
         .file("src/mlx/cuda_short_attention.cpp")
         .file("src/mlx/cpu_fast_ops.cpp")
+        .file("src/mlx/cpu_decode_attention.cpp")
         .file("src/mlx/cpu_thread_pool.cpp")
         .file("src/mlx/gated_delta.cpp")
         .file("src/mlx/cuda_jit.cpp")

@@ -1125,3 +1125,121 @@ fn batched_rope_and_padded_attention_equal_each_row_alone() {
         }
     }
 }
+
+/// A CPU decode step's attention block as one kernel (`fast::cpu_decode_attention`) against the
+/// separate ops the model runs without it (per-head norms, rope, the cache writes, attention over
+/// the cache's prefix): the same output and the same buffers, bit for bit. Cases: plain, q/k norms,
+/// rows at their own positions with left padding (a continuous batch), a traditional and a
+/// partial rotation with explicit frequencies, no rotation, head widths 64/128 (AVX-512 rows) and
+/// 80 (the portable row).
+#[test]
+fn cpu_decode_attention_equals_the_separate_ops() {
+    use mlex::mlx::fast::{AttentionMask, DecodeRows};
+    struct Case {
+        name: &'static str,
+        b: i32,
+        hq: i32,
+        hkv: i32,
+        d: i32,
+        norms: bool,
+        batch: bool,
+        rope: Option<(i32, bool, bool)>, // dims, traditional, explicit freqs
+    }
+    let cases = [
+        Case { name: "plain", b: 1, hq: 9, hkv: 3, d: 64, norms: false, batch: false, rope: Some((64, false, false)) },
+        Case { name: "q/k norms", b: 1, hq: 8, hkv: 2, d: 128, norms: true, batch: false, rope: Some((128, false, false)) },
+        Case { name: "batch rows", b: 3, hq: 4, hkv: 2, d: 64, norms: true, batch: true, rope: Some((64, false, false)) },
+        Case { name: "traditional, partial, freqs", b: 2, hq: 4, hkv: 4, d: 80, norms: false, batch: true, rope: Some((48, true, true)) },
+        Case { name: "no rope", b: 1, hq: 2, hkv: 1, d: 64, norms: false, batch: false, rope: None },
+    ];
+    for c in &cases {
+        let (b, hq, hkv, d) = (c.b, c.hq, c.hkv, c.d);
+        let (cap, col) = (32i32, 19i32);
+        let w = (hq + 2 * hkv) * d;
+        let qkv = arr(&rand_vec((b * w) as usize, 7), &[b, 1, w]);
+        let kb = arr(&rand_vec((b * hkv * cap * d) as usize, 8), &[b, hkv, cap, d]);
+        let vb = arr(&rand_vec((b * hkv * cap * d) as usize, 9), &[b, hkv, cap, d]);
+        let qn = arr(&rand_vec(d as usize, 10).iter().map(|x| 1.0 + 0.5 * x).collect::<Vec<_>>(), &[d]);
+        let kn = arr(&rand_vec(d as usize, 11).iter().map(|x| 1.0 + 0.5 * x).collect::<Vec<_>>(), &[d]);
+        let positions = Array::from_slice(&(0..b).map(|r| col - 2 * r).collect::<Vec<i32>>(), &[b]).unwrap();
+        let key_start = Array::from_slice(&(0..b).map(|r| 2 * r).collect::<Vec<i32>>(), &[b]).unwrap();
+        let freqs = c.rope.map(|(dims, _, _)| arr(&(0..dims / 2).map(|i| 10000f32.powf(2.0 * i as f32 / dims as f32) * 1.5).collect::<Vec<_>>(), &[dims / 2]));
+        mlex::mlx::eval(&[&qkv, &kb, &vb, &qn, &kn, &positions, &key_start]).unwrap();
+        let scale = 1.0 / (d as f32).sqrt();
+        let (base, rscale) = (10000.0f32, 0.75f32);
+        let explicit = c.rope.is_some_and(|(_, _, f)| f);
+        let freqs_used = if explicit { freqs.as_ref() } else { None };
+
+        // The separate ops.
+        let heads = qkv.reshape(&[b, hq + 2 * hkv, 1, d]).unwrap().split_at(&[hq, hq + hkv], 1).unwrap();
+        let (mut q, mut k, v) = (heads[0].clone(), heads[1].clone(), heads[2].clone());
+        if c.norms {
+            q = fast::rms_norm(&q, Some(&qn), 1e-6).unwrap();
+            k = fast::rms_norm(&k, Some(&kn), 1e-6).unwrap();
+        }
+        if let Some((dims, trad, _)) = c.rope {
+            let rot = |x: &Array| {
+                if c.batch {
+                    fast::rope_offsets(x, dims, trad, base, rscale, &positions, freqs_used).unwrap()
+                } else {
+                    fast::rope(x, dims, trad, base, rscale, col, freqs_used).unwrap()
+                }
+            };
+            q = rot(&q);
+            k = rot(&k);
+        }
+        let k2 = kb.slice_update(&k, &[0, 0, col, 0], &[b, hkv, col + 1, d]).unwrap();
+        let v2 = vb.slice_update(&v, &[0, 0, col, 0], &[b, hkv, col + 1, d]).unwrap();
+        let (kv, vv) = (k2.slice_axis(2, 0, col + 1).unwrap(), v2.slice_axis(2, 0, col + 1).unwrap());
+        let o = if c.batch {
+            fast::scaled_dot_product_attention_padded(&q, &kv, &vv, scale, false, &key_start).unwrap()
+        } else {
+            fast::scaled_dot_product_attention(&q, &kv, &vv, scale, AttentionMask::None).unwrap()
+        };
+        let want = [o.reshape(&[b, 1, -1]).unwrap(), k2, v2];
+
+        // One kernel.
+        let rows = DecodeRows {
+            column: col as usize,
+            positions: c.batch.then_some(&positions),
+            key_start: c.batch.then_some(&key_start),
+        };
+        let norms = c.norms.then_some((&qn, &kn, 1e-6f32));
+        let rope = c.rope.map(|(dims, trad, _)| (dims, trad, base, rscale, freqs_used));
+        let (o, k2, v2) = fast::cpu_decode_attention(&qkv, &kb, &vb, &rows, (hq, hkv), scale, norms, rope).unwrap().expect("applies on the CPU");
+        assert_eq!(mlex::mlx::graph_census(&[&o]).unwrap(), vec![("CpuDecodeAttention".to_string(), 1)], "{}", c.name);
+        for (what, got, want) in [("output", &o, &want[0]), ("keys", &k2, &want[1]), ("values", &v2, &want[2])] {
+            assert_eq!(got.shape(), want.shape(), "{} {what}", c.name);
+            let (g, w) = (got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+            for (i, (x, y)) in g.iter().zip(&w).enumerate() {
+                assert!(x.to_bits() == y.to_bits(), "{} {what}: element {i}: {x} vs {y}", c.name);
+            }
+        }
+    }
+}
+
+/// The kernel writes the cache's buffers in place when the cache held their only reference: a
+/// step over a 4 MiB buffer allocates no second one.
+#[test]
+fn cpu_decode_attention_writes_the_buffers_in_place() {
+    use mlex::mlx::fast::DecodeRows;
+    let (hq, hkv, d, cap) = (4i32, 2i32, 64i32, 8192i32);
+    let bytes = (hkv * cap * d * 4) as usize;
+    let mut kb = Array::zeros(&[1, hkv, cap, d], Dtype::Float32).unwrap().add(&Array::scalar_f32(0.5, Dtype::Float32).unwrap()).unwrap();
+    let mut vb = kb.multiply(&Array::scalar_f32(2.0, Dtype::Float32).unwrap()).unwrap();
+    mlex::mlx::eval(&[&kb, &vb]).unwrap();
+    for step in 0..3usize {
+        let qkv = arr(&rand_vec(((hq + 2 * hkv) * d) as usize, 20 + step as u64), &[1, 1, (hq + 2 * hkv) * d]);
+        mlex::mlx::eval(&[&qkv]).unwrap();
+        let rows = DecodeRows { column: 100 + step, positions: None, key_start: None };
+        let (o, k2, v2) = fast::cpu_decode_attention(&qkv, &kb, &vb, &rows, (hq, hkv), 0.125, None, Some((d, false, 10000.0, 1.0, None)))
+            .unwrap()
+            .unwrap();
+        (kb, vb) = (k2, v2);
+        mlex::mlx::reset_peak_memory();
+        let before = mlex::mlx::memory_stats().active;
+        mlex::mlx::eval(&[&o, &kb, &vb]).unwrap();
+        let grew = mlex::mlx::memory_stats().peak.saturating_sub(before);
+        assert!(grew < bytes, "step {step}: the step allocated {grew} bytes (a buffer is {bytes})");
+    }
+}

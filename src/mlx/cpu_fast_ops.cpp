@@ -20,6 +20,7 @@
 #include <cmath>
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -84,39 +85,20 @@ class CpuRope : public CpuPrimitive {
       const int64_t batches = offsets ? x.shape(0) : 1;
       const int64_t rows_per_batch = rows / batches;
       std::vector<float> inv(half);
-      if (freqs) {
-        const float* f = freqs->data<float>();
-        for (int i = 0; i < half; ++i) inv[i] = 1.0f / f[i * freqs->strides()[0]];
-      } else {
-        const float step = std::log(base) / static_cast<float>(half);
-        for (int i = 0; i < half; ++i) inv[i] = std::exp(static_cast<float>(-i) * step);
-      }
+      rope_inv_freqs(half, base, freqs ? freqs->data<float>() : nullptr, freqs ? freqs->strides()[0] : 0, inv.data());
       std::vector<float> cs(static_cast<size_t>(batches * len) * half), sn(cs.size());
       for (int64_t b = 0; b < batches; ++b) {
         const int64_t off = offsets ? offsets->data<int32_t>()[b * offsets->strides()[0]] : offset;
         for (int64_t l = 0; l < len; ++l) {
-          const float pos = (static_cast<float>(l) + static_cast<float>(off)) * scale;
-          for (int i = 0; i < half; ++i) {
-            const float theta = pos * inv[i];
-            cs[(b * len + l) * half + i] = std::cos(theta);
-            sn[(b * len + l) * half + i] = std::sin(theta);
-          }
+          const size_t at = static_cast<size_t>((b * len + l) * half);
+          rope_angles(static_cast<float>(l), off, scale, inv.data(), half, cs.data() + at, sn.data() + at);
         }
       }
       const float* xp = x.data<float>();
       for (int64_t r = 0; r < rows; ++r) {
-        const float* xr = xp + row_offset(x, r);
-        float* orow = o + r * d;
         const int64_t at = (r / rows_per_batch) * len + r % len;
-        const float* c = cs.data() + at * half;
-        const float* s = sn.data() + at * half;
-        for (int i = 0; i < half; ++i) {
-          const int64_t i1 = traditional ? 2 * i : i, i2 = traditional ? 2 * i + 1 : i + half;
-          const float x1 = xr[i1 * xs], x2 = xr[i2 * xs];
-          orow[i1] = x1 * c[i] - x2 * s[i];
-          orow[i2] = x1 * s[i] + x2 * c[i];
-        }
-        for (int64_t i = dims; i < d; ++i) orow[i] = xr[i * xs];
+        rope_row(xp + row_offset(x, r), xs, d, dims, traditional, cs.data() + at * half, sn.data() + at * half,
+                 o + r * d);
       }
     });
   }
@@ -266,12 +248,6 @@ class CpuAttention : public CpuPrimitive {
       const int64_t rep = hq / hkv;
       const auto &qs = q.strides(), &ks = k.strides(), &vs = v.strides();
       const float *qp = q.data<float>(), *kp = k.data<float>(), *vp = v.data<float>();
-#ifdef MLEX_X86_64
-      const bool simd = has_avx2_fma() && ks[3] == 1 && vs[3] == 1;
-#endif
-#ifdef MLEX_X86_64
-      const bool wide = simd && has_avx512() && (D == 64 || D == 128 || D == 256);
-#endif
       auto row = [&](int64_t bhl) {
         const int64_t l = bhl % L, bh = bhl / L, b = bh / hq, h = bh % hq, g = h / rep;
         // Keys this query sees: all of them without a mask, else up to its own position (L <= S,
@@ -279,62 +255,14 @@ class CpuAttention : public CpuPrimitive {
         const int64_t end = causal ? S - L + l + 1 : S;
         const int64_t first =
             key_start ? std::clamp<int64_t>(key_start->data<int32_t>()[b * key_start->strides()[0]], 0, end - 1) : 0;
-        const int64_t seen = end - first;
-        std::vector<float> qh(D), p(seen), acc(D, 0.f);
+        std::vector<float> qh(D);
         const float* qr = qp + b * qs[0] + h * qs[1] + l * qs[2];
         for (int64_t i = 0; i < D; ++i) qh[i] = scale * qr[i * qs[3]];
-        const float* kb = kp + b * ks[0] + g * ks[1] + first * ks[2];
-        const float* vb = vp + b * vs[0] + g * vs[1] + first * vs[2];
-#ifdef MLEX_X86_64
-        if (wide) {
-          float* orow = o + bhl * D;
-          if (D == 64) return attend_row_avx512<64>(qh.data(), kb, ks[2], vb, vs[2], seen, p.data(), orow);
-          if (D == 128) return attend_row_avx512<128>(qh.data(), kb, ks[2], vb, vs[2], seen, p.data(), orow);
-          return attend_row_avx512<256>(qh.data(), kb, ks[2], vb, vs[2], seen, p.data(), orow);
-        }
-#endif
-        float top = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < seen; ++j) {
-          const float* kr = kb + j * ks[2];
-          float dot = 0.f;
-#ifdef MLEX_X86_64
-          if (simd) {
-            dot = dot_avx2(qh.data(), kr, D);
-          } else
-#endif
-            for (int64_t i = 0; i < D; ++i) dot += qh[i] * kr[i * ks[3]];
-          p[j] = dot;
-          top = std::max(top, dot);
-        }
-        float sum = 0.f;
-        for (int64_t j = 0; j < seen; ++j) {
-          p[j] = std::exp(p[j] - top);
-          sum += p[j];
-        }
-        for (int64_t j = 0; j < seen; ++j) {
-          const float pj = p[j] / sum;
-          const float* vr = vb + j * vs[2];
-#ifdef MLEX_X86_64
-          if (simd) {
-            axpy_avx2(pj, vr, acc.data(), D);
-            continue;
-          }
-#endif
-          for (int64_t i = 0; i < D; ++i) acc[i] += pj * vr[i * vs[3]];
-        }
-        std::copy(acc.begin(), acc.end(), o + bhl * D);
+        attend_row(qh.data(), kp + b * ks[0] + g * ks[1] + first * ks[2], ks[2], ks[3],
+                   vp + b * vs[0] + g * vs[1] + first * vs[2], vs[2], vs[3], end - first, D, o + bhl * D);
       };
       const int64_t rows = batch * hq * L;
-      // Below ~2^16 multiply-adds a wake-up of the workers costs more than it saves; above, a
-      // few tasks per thread even out the causal rows' unequal lengths.
-      if (rows > 1 && rows * S * D >= (1 << 16)) {
-        const int64_t tasks = std::min<int64_t>(rows, pool().size() * 8);
-        pool().run(static_cast<int>(tasks), [&](int t) {
-          for (int64_t r = t; r < rows; r += tasks) row(r);
-        });
-      } else {
-        for (int64_t r = 0; r < rows; ++r) row(r);
-      }
+      attend_rows(rows, S * D, row);
     });
   }
   const char* name() const override { return "CpuAttention"; }
@@ -440,6 +368,93 @@ void rms_norm_row(const float* x, int64_t stride, int64_t d, const float* w, int
   for (int64_t i = 0; i < d; ++i) ss += x[i * stride] * x[i * stride];
   const float inv = 1.0f / std::sqrt(ss / static_cast<float>(d) + eps);
   for (int64_t i = 0; i < d; ++i) out[i] = w ? (x[i * stride] * inv) * w[i * w_stride] : x[i * stride] * inv;
+}
+
+void rope_inv_freqs(int half, float base, const float* freqs, int64_t freq_stride, float* inv) {
+  if (freqs) {
+    for (int i = 0; i < half; ++i) inv[i] = 1.0f / freqs[i * freq_stride];
+  } else {
+    const float step = std::log(base) / static_cast<float>(half);
+    for (int i = 0; i < half; ++i) inv[i] = std::exp(static_cast<float>(-i) * step);
+  }
+}
+
+void rope_angles(float l, int64_t offset, float scale, const float* inv, int half, float* c, float* s) {
+  const float pos = (l + static_cast<float>(offset)) * scale;
+  for (int i = 0; i < half; ++i) {
+    const float theta = pos * inv[i];
+    c[i] = std::cos(theta);
+    s[i] = std::sin(theta);
+  }
+}
+
+void rope_row(const float* x, int64_t xs, int64_t d, int dims, bool traditional, const float* c, const float* s,
+              float* out) {
+  const int half = dims / 2;
+  for (int i = 0; i < half; ++i) {
+    const int64_t i1 = traditional ? 2 * i : i, i2 = traditional ? 2 * i + 1 : i + half;
+    const float x1 = x[i1 * xs], x2 = x[i2 * xs];
+    out[i1] = x1 * c[i] - x2 * s[i];
+    out[i2] = x1 * s[i] + x2 * c[i];
+  }
+  for (int64_t i = dims; i < d; ++i) out[i] = x[i * xs];
+}
+
+void attend_row(const float* q, const float* kb, int64_t kstride, int64_t kin, const float* vb, int64_t vstride,
+                int64_t vin, int64_t seen, int64_t D, float* out) {
+  std::vector<float> p(seen);
+#ifdef MLEX_X86_64
+  const bool simd = has_avx2_fma() && kin == 1 && vin == 1;
+  if (simd && has_avx512() && (D == 64 || D == 128 || D == 256)) {
+    if (D == 64) return attend_row_avx512<64>(q, kb, kstride, vb, vstride, seen, p.data(), out);
+    if (D == 128) return attend_row_avx512<128>(q, kb, kstride, vb, vstride, seen, p.data(), out);
+    return attend_row_avx512<256>(q, kb, kstride, vb, vstride, seen, p.data(), out);
+  }
+#endif
+  std::vector<float> acc(D, 0.f);
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < seen; ++j) {
+    const float* kr = kb + j * kstride;
+    float dot = 0.f;
+#ifdef MLEX_X86_64
+    if (simd) {
+      dot = dot_avx2(q, kr, D);
+    } else
+#endif
+      for (int64_t i = 0; i < D; ++i) dot += q[i] * kr[i * kin];
+    p[j] = dot;
+    top = std::max(top, dot);
+  }
+  float sum = 0.f;
+  for (int64_t j = 0; j < seen; ++j) {
+    p[j] = std::exp(p[j] - top);
+    sum += p[j];
+  }
+  for (int64_t j = 0; j < seen; ++j) {
+    const float pj = p[j] / sum;
+    const float* vr = vb + j * vstride;
+#ifdef MLEX_X86_64
+    if (simd) {
+      axpy_avx2(pj, vr, acc.data(), D);
+      continue;
+    }
+#endif
+    for (int64_t i = 0; i < D; ++i) acc[i] += pj * vr[i * vin];
+  }
+  std::copy(acc.begin(), acc.end(), out);
+}
+
+void attend_rows(int64_t rows, int64_t keys_by_width, const std::function<void(int64_t)>& row) {
+  // Below ~2^16 multiply-adds a wake-up of the workers costs more than it saves; above, a few
+  // tasks per thread even out the causal rows' unequal lengths.
+  if (rows > 1 && rows * keys_by_width >= (1 << 16)) {
+    const int64_t tasks = std::min<int64_t>(rows, pool().size() * 8);
+    pool().run(static_cast<int>(tasks), [&](int t) {
+      for (int64_t r = t; r < rows; r += tasks) row(r);
+    });
+  } else {
+    for (int64_t r = 0; r < rows; ++r) row(r);
+  }
 }
 
 bool cpu_fast_ops_ablated() { return ablated(); }

@@ -6,6 +6,8 @@
 // Each is one MLX primitive computing what that reference graph computes, in float32.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <optional>
 
 #include "mlx/mlx.h"
@@ -22,6 +24,24 @@ std::optional<mlx::core::array> cpu_rms_norm(const mlx::core::array& x, const st
 // into `out`. The one definition both that op and the quantized matmul's folded norm run, so
 // their results are the same bits.
 void rms_norm_row(const float* x, int64_t stride, int64_t d, const float* w, int64_t w_stride, float eps, float* out);
+
+// The pieces of cpu_rope and cpu_attention that the decode-step kernel (cpu_decode_attention.h)
+// runs too, so that its results are the same bits as theirs.
+// Per-pair inverse frequencies: exp(-i·ln(base)/half), or 1/freqs[i·freq_stride] where freqs is given.
+void rope_inv_freqs(int half, float base, const float* freqs, int64_t freq_stride, float* inv);
+// cos and sin of (l + offset)·scale·inv[i], i < half: the angles of position offset + l.
+void rope_angles(float l, int64_t offset, float scale, const float* inv, int half, float* c, float* s);
+// One row of `d` features of x (`xs` apart) rotated by those angles into `out` (contiguous): the
+// first `dims` features in pairs (i, i + dims/2), or (2i, 2i+1) when `traditional`.
+void rope_row(const float* x, int64_t xs, int64_t d, int dims, bool traditional, const float* c, const float* s,
+              float* out);
+// One query row: softmax(q·kᵀ)·v over `seen` keys, q already scaled (D contiguous floats); keys
+// `kstride` apart with elements `kin` apart (values alike); D floats into `out`.
+void attend_row(const float* q, const float* kb, int64_t kstride, int64_t kin, const float* vb, int64_t vstride,
+                int64_t vin, int64_t seen, int64_t D, float* out);
+// row(0) … row(rows − 1), spread over the thread pool where rows × keys_by_width (multiply-adds
+// per row) is worth a wake-up of the workers.
+void attend_rows(int64_t rows, int64_t keys_by_width, const std::function<void(int64_t)>& row);
 
 // Whether cpu_rms_norm is switched off (the benchmark ablation MLEX_ABLATE_CPU_FAST_OPS).
 bool cpu_fast_ops_ablated();

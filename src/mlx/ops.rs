@@ -335,6 +335,69 @@ pub mod fast {
         Ok(Some((Array::from_raw(q), Array::from_raw(k))))
     }
 
+    /// Where a decode step's token goes in a cache's buffers ([`cpu_decode_attention`]): the
+    /// column, each row's rope position (int32 `[B]`; None: the column) and each row's first
+    /// visible key (int32 `[B]`; None: the first).
+    pub struct DecodeRows<'a> {
+        pub column: usize,
+        pub positions: Option<&'a Array>,
+        pub key_start: Option<&'a Array>,
+    }
+
+    /// A decode step's attention on the CPU in one kernel of ours: `qkv` (`[B, 1, (HQ + 2·HKV)·D]`,
+    /// the fused product) normalized per head (`qk_norm`: q's and k's weights and eps), rotated
+    /// (`rope`: dims, traditional, base, scale, freqs) at each row's position, k and v written
+    /// into the buffers `k_cache` / `v_cache` (`[B, HKV, C, D]`) at `rows.column`, and each row's
+    /// query attending to its keys. Returns (output `[B, 1, HQ·D]`, the key buffer, the value
+    /// buffer), or None where it does not apply (not the CPU, not float32): the caller runs the
+    /// separate ops.
+    #[allow(clippy::too_many_arguments)]
+    pub fn cpu_decode_attention(
+        qkv: &Array,
+        k_cache: &Array,
+        v_cache: &Array,
+        rows: &DecodeRows,
+        heads: (i32, i32),
+        scale: f32,
+        qk_norm: Option<(&Array, &Array, f32)>,
+        rope: Option<(i32, bool, f32, f32, Option<&Array>)>,
+    ) -> Result<Option<(Array, Array, Array)>> {
+        let (mut o, mut k, mut v) = (std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut());
+        let (qn, kn, eps) = match qk_norm {
+            Some((q, k, eps)) => (q.raw(), k.raw(), eps),
+            None => (std::ptr::null_mut(), std::ptr::null_mut(), 0.0),
+        };
+        let (dims, traditional, base, rope_scale, freqs) = rope.unwrap_or((0, false, 0.0, 1.0, None));
+        crate::mlx::error::check(unsafe {
+            sys::mlex_cpu_decode_attention(
+                qkv.raw(),
+                k_cache.raw(),
+                v_cache.raw(),
+                rows.column as i32,
+                raw_or_null(rows.positions),
+                raw_or_null(rows.key_start),
+                heads.0,
+                heads.1,
+                scale,
+                qn,
+                kn,
+                eps,
+                dims,
+                traditional,
+                base,
+                rope_scale,
+                raw_or_null(freqs),
+                &mut o,
+                &mut k,
+                &mut v,
+            )
+        })?;
+        if o.is_null() || k.is_null() || v.is_null() {
+            return Ok(None);
+        }
+        Ok(Some((Array::from_raw(o), Array::from_raw(k), Array::from_raw(v))))
+    }
+
     /// A short pass's attention over a cache's whole buffers `k`, `v` (`[B, HKV, C, D]`): query
     /// l of `q` (`[B, HQ, L, D]`) sees keys `0 ..= prev + l`, in one CUDA kernel of ours; None
     /// where it does not apply (not CUDA, other shapes): the caller masks instead. `token_major`:

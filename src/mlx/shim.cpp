@@ -2,6 +2,7 @@
 // everything so that no C++ exception ever unwinds into Rust (DESIGN.md §8.4).
 #include "shim.h"
 #include "cpu_fast_ops.h"
+#include "cpu_decode_attention.h"
 #include "cpu_dense_matmul.h"
 #include "cpu_quantized_matmul.h"
 #include "cuda_qk_norm_rope.h"
@@ -515,6 +516,23 @@ int mlex_fast_rope(mlex_array x, int32_t dims, bool traditional, float base, flo
     std::optional<float> b;
     if (freqs == nullptr) b = base;
     *out = wrap(mx::fast::rope(unwrap(x), dims, traditional, b, scale, offset, opt(freqs)));
+  });
+}
+int mlex_cpu_decode_attention(mlex_array qkv, mlex_array k_cache, mlex_array v_cache, int32_t offset,
+                              mlex_array positions, mlex_array key_start, int32_t n_q_heads, int32_t n_kv_heads, float scale, mlex_array q_norm,
+                              mlex_array k_norm, float eps, int32_t rope_dims, bool traditional, float base,
+                              float rope_scale, mlex_array freqs, mlex_array* out, mlex_array* out_k,
+                              mlex_array* out_v) {
+  return guard([&] {
+    *out = *out_k = *out_v = nullptr;
+    const mlex::DecodeAttentionArgs args{n_q_heads, n_kv_heads,  offset, opt(positions), opt(key_start),
+                                         scale,     opt(q_norm), opt(k_norm), eps,         rope_dims,
+                                         traditional, base,      rope_scale,  opt(freqs)};
+    if (auto r = mlex::cpu_decode_attention(unwrap(qkv), unwrap(k_cache), unwrap(v_cache), args)) {
+      *out = wrap(std::get<0>(*r));
+      *out_k = wrap(std::get<1>(*r));
+      *out_v = wrap(std::get<2>(*r));
+    }
   });
 }
 int mlex_cuda_qk_norm_rope(mlex_array qkv, int32_t n_q_heads, int32_t n_kv_heads, mlex_array q_norm,

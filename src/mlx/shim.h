@@ -198,6 +198,20 @@ int mlex_fast_rope(mlex_array x, int32_t dims, bool traditional, float base, flo
 int mlex_cuda_qk_norm_rope(mlex_array qkv, int32_t n_q_heads, int32_t n_kv_heads, mlex_array q_norm,
                            mlex_array k_norm, float eps, bool traditional, float base, float scale, mlex_array freqs,
                            mlex_array positions, mlex_array* out_q, mlex_array* out_k);
+/* A decode step's attention on the CPU in one kernel (src/mlx/cpu_decode_attention.h): qkv
+   [B, 1, (HQ + 2·HKV)·D] (the fused product), k_cache/v_cache [B, HKV, C, D] holding `offset`
+   columns. q and k normalized per head (q_norm/k_norm, both or neither may be NULL) and rotated
+   as mlex_fast_rope (rope_dims 0: not rotated; freqs may be NULL) at `offset`, or at positions[b]
+   (int32 [B], may be NULL) for row b; the token's key and value written into the buffers at
+   column `offset`; then row b's query attends to columns key_start[b] (int32 [B]; NULL: 0) ..=
+   offset. Sets *out
+   [B, 1, HQ·D] and *out_k / *out_v (the buffers after the write), or leaves all three NULL where
+   the kernel does not apply (the caller runs the separate ops). */
+int mlex_cpu_decode_attention(mlex_array qkv, mlex_array k_cache, mlex_array v_cache, int32_t offset,
+                              mlex_array positions, mlex_array key_start, int32_t n_q_heads, int32_t n_kv_heads, float scale, mlex_array q_norm,
+                              mlex_array k_norm, float eps, int32_t rope_dims, bool traditional, float base,
+                              float rope_scale, mlex_array freqs, mlex_array* out, mlex_array* out_k,
+                              mlex_array* out_v);
 /* As mlex_fast_rope with each row of x's leading (batch) axis at its own position: offsets [B]
    int32 (continuous batching). */
 int mlex_fast_rope_offsets(mlex_array x, int32_t dims, bool traditional, float base, float scale, mlex_array offsets,
@@ -280,6 +294,7 @@ int mlex_random_categorical(mlex_array logits, int32_t axis, mlex_array key, mle
 #define MLEX_ABLATE_KERNEL_CUDA_SHORT_ATTN 512u
 #define MLEX_ABLATE_KERNEL_CUDA_DEVICE_ALLOC 1024u
 #define MLEX_ABLATE_KERNEL_CPU_EPILOGUE 2048u
+#define MLEX_ABLATE_KERNEL_CPU_DECODE_ATTN 4096u
 void mlex_set_ablations(uint32_t kernels);
 
 /* ---- compile: fused element-wise helpers used by the models ---- */

@@ -137,6 +137,9 @@ impl Attention {
         };
         let mut token_major = false;
         let (q, k, v) = if l == 1 {
+            if let Some(o) = self.decode_on_cpu(x, norm, cache)? {
+                return self.project_out(&o, residual);
+            }
             self.decode_qkv(x, norm, b, &at, false)?
         } else if let Some(qkv) = self.short_qkv(x, norm, l, &at, cache.offset())? {
             token_major = true;
@@ -171,6 +174,44 @@ impl Attention {
         // [B, H, L, D] → [B, L, H·D]; with one query the transpose is only a reshape.
         let o = if l == 1 { o.reshape(&[b, 1, -1])? } else { o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])? };
         self.project_out(&o, residual)
+    }
+
+    /// A CPU decode step's attention block as one kernel of ours (`fast::cpu_decode_attention`):
+    /// the fused q/k/v product's heads normalized and rotated, the token's key and value written
+    /// into a plain cache's buffers, and the attention, where the separate ops are ~10 a layer and
+    /// each costs more than its arithmetic on a small model. The output `[B, 1, HQ·D]`, or None
+    /// where it does not apply (another device or cache kind, sinks, separate projections, a
+    /// scaled or length-dependent rope).
+    fn decode_on_cpu(&self, x: &Array, norm: Option<&RmsNorm>, cache: &mut dyn Cache) -> Result<Option<Array>> {
+        let Projections::Fused { linear, .. } = &self.qkv else { return Ok(None) };
+        let rope = match &self.rope {
+            Some(r) => match r.plain() {
+                Some(p) => Some(p),
+                None => return Ok(None),
+            },
+            None => None,
+        };
+        let qk_norm = match (&self.q_norm, &self.k_norm) {
+            (Some(q), Some(k)) if q.eps == k.eps => Some((&q.weight, &k.weight, q.eps)),
+            (None, None) => None,
+            _ => return Ok(None),
+        };
+        if self.sinks.is_some() || x.dtype() != crate::mlx::Dtype::Float32 {
+            return Ok(None);
+        }
+        if !crate::mlx::default_device().is_ok_and(|d| d == crate::mlx::Device::Cpu) {
+            return Ok(None);
+        }
+        let y = match norm {
+            Some(n) => linear.forward_normed(x, n)?,
+            None => linear.forward(x)?,
+        };
+        let (hq, hkv) = (self.n_heads as i32, self.n_kv_heads as i32);
+        let heads = (x.dim(0), hkv, self.head_dim as i32);
+        cache.write_token_with(heads, y.dtype(), &mut |slot| {
+            let rows = fast::DecodeRows { column: slot.column, positions: slot.positions, key_start: slot.key_start };
+            fast::cpu_decode_attention(&y, slot.keys, slot.values, &rows, (hq, hkv), self.scale, qk_norm, rope)
+        })
     }
 
     fn norm(x: Array, norm: Option<&RmsNorm>) -> Result<Array> {

@@ -8,10 +8,10 @@
 //! A request joins with the batch-1 caches its own prefill filled (left-padding it or the batch
 //! to a common length) and leaves with its row cut back out, so the prompt cache keeps working
 //! on single-request caches.
-use super::cache::{Cache, LayerCaches, Mask};
-use super::kv_cache::{grow, write, KvCache};
+use super::cache::{Cache, LayerCaches, Mask, TokenSlot, TokenStep};
+use super::kv_cache::{grow, grow_as, write, KvCache};
 use crate::error::{Error, Result};
-use crate::mlx::Array;
+use crate::mlx::{Array, Dtype};
 
 /// One layer's keys/values of a batch. Row b holds its tokens in columns `pad[b]..used`.
 #[derive(Clone)]
@@ -89,6 +89,26 @@ impl Cache for BatchKvCache {
             (None, _) => Mask::None,
         };
         Ok((self.keys.slice_axis(2, 0, end)?, self.values.slice_axis(2, 0, end)?, mask))
+    }
+
+    fn write_token_with(&mut self, heads: (i32, i32, i32), dtype: Dtype, step: TokenStep<'_>) -> Result<Option<Array>> {
+        if self.used + 1 > self.keys.dim(2) as usize {
+            self.keys = grow_as(&Some(self.keys.clone()), heads, dtype, self.used, 1)?;
+            self.values = grow_as(&Some(self.values.clone()), heads, dtype, self.used, 1)?;
+        }
+        let slot = TokenSlot {
+            keys: &self.keys,
+            values: &self.values,
+            column: self.used,
+            positions: self.positions.as_ref(),
+            key_start: self.key_start.as_ref(),
+        };
+        let Some((out, k, v)) = step(slot)? else { return Ok(None) };
+        // The old buffers' last reference is now the kernel's op's: it may write them in place.
+        self.keys = k;
+        self.values = v;
+        self.used += 1;
+        Ok(Some(out))
     }
 
     fn state(&self) -> Vec<&Array> {

@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::mlx::fast::AttentionMask;
 use super::quantized_kv_cache::QuantizedKv;
 use super::{BatchKvCache, BoundedKvCache, KvCache, QuantizedKvCache, RotatingKvCache, StateCache};
-use crate::mlx::Array;
+use crate::mlx::{Array, Dtype};
 
 /// The mask a layer's queries need over the keys its cache returned.
 pub enum Mask {
@@ -37,6 +37,20 @@ impl Mask {
 }
 
 /// One layer's state.
+/// What a kernel that writes a decode step's keys and values itself is given: the `[B, H, C, D]`
+/// key and value buffers, the column the token goes into, each row's rope position (None: the
+/// column, for every row) and each row's first visible key (None: the first).
+pub struct TokenSlot<'a> {
+    pub keys: &'a Array,
+    pub values: &'a Array,
+    pub column: usize,
+    pub positions: Option<&'a Array>,
+    pub key_start: Option<&'a Array>,
+}
+
+/// Such a kernel: the step's output and the buffers after its write, or None where it declines.
+pub type TokenStep<'a> = &'a mut dyn FnMut(TokenSlot) -> Result<Option<(Array, Array, Array)>>;
+
 pub trait Cache {
     /// Tokens seen (positions consumed).
     fn offset(&self) -> usize;
@@ -90,6 +104,15 @@ pub trait Cache {
     /// A plain growing key/value cache (the kind that can join a continuous batch).
     fn as_kv(&self) -> Option<&KvCache> {
         None
+    }
+
+    /// A decode step whose kernel writes the token's key and value into the buffers itself
+    /// (`Attention`'s CPU decode kernel): the cache makes room for one more column of
+    /// `heads` (`(B, H, D)`) of `dtype`, hands `step` the buffers, and keeps the buffers `step`
+    /// returns with the step's output. None (a cache that does not take such writes, or `step`
+    /// declined): nothing is stored, and the caller goes through `update_and_fetch`.
+    fn write_token_with(&mut self, _heads: (i32, i32, i32), _dtype: Dtype, _step: TokenStep<'_>) -> Result<Option<Array>> {
+        Ok(None)
     }
 
     /// A continuous batch's cache (see `nn::batch_kv_cache`).

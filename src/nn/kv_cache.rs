@@ -1,6 +1,6 @@
 //! The per-layer key/value cache of full attention: a buffer that grows in fixed steps (as
 //! mlx-lm's `KVCache`), written in place with `slice_update`, read as a prefix view.
-use super::cache::{Cache, Mask, SavedCache};
+use super::cache::{Cache, Mask, SavedCache, TokenSlot, TokenStep};
 use crate::error::Result;
 use crate::mlx::{Array, Dtype};
 use std::cell::RefCell;
@@ -48,9 +48,14 @@ pub struct KvCache {
 
 /// `buf` (`[B, H, cap, D]`) with room for `extra` more tokens after its first `used`.
 pub(crate) fn grow(buf: &Option<Array>, like: &Array, used: usize, extra: usize) -> Result<Array> {
-    let steps = extra.div_ceil(KV_STEP);
     let s = like.shape();
-    let fresh = Array::zeros(&[s[0], s[1], (steps * KV_STEP) as i32, s[3]], like.dtype())?;
+    grow_as(buf, (s[0], s[1], s[3]), like.dtype(), used, extra)
+}
+
+/// [`grow`] for tokens of `(B, H, D)` heads of `dtype`.
+pub(crate) fn grow_as(buf: &Option<Array>, (b, h, d): (i32, i32, i32), dtype: Dtype, used: usize, extra: usize) -> Result<Array> {
+    let steps = extra.div_ceil(KV_STEP);
+    let fresh = Array::zeros(&[b, h, (steps * KV_STEP) as i32, d], dtype)?;
     Ok(match buf {
         Some(c) => {
             let c = if used < c.dim(2) as usize { c.slice_axis(2, 0, used as i32)? } else { c.clone() };
@@ -152,6 +157,23 @@ impl Cache for KvCache {
 
     fn as_kv(&self) -> Option<&KvCache> {
         Some(self)
+    }
+
+    fn write_token_with(&mut self, heads: (i32, i32, i32), dtype: Dtype, step: TokenStep<'_>) -> Result<Option<Array>> {
+        let prev = self.offset;
+        if self.keys.as_ref().is_none_or(|k| prev + 1 > k.dim(2) as usize) {
+            self.keys = Some(grow_as(&self.keys, heads, dtype, prev, 1)?);
+            self.values = Some(grow_as(&self.values, heads, dtype, prev, 1)?);
+        }
+        let (keys, values) = (self.keys.as_ref().unwrap(), self.values.as_ref().unwrap());
+        let Some((out, k, v)) = step(TokenSlot { keys, values, column: prev, positions: None, key_start: None })? else {
+            return Ok(None);
+        };
+        // The old buffers' last reference is now the kernel's op's: it may write them in place.
+        self.keys = Some(k);
+        self.values = Some(v);
+        self.offset += 1;
+        Ok(Some(out))
     }
 
     /// Kind `"kv"`, ints `[offset]`, arrays the keys and values of the tokens held.

@@ -127,6 +127,13 @@ impl Rope {
         )
     }
 
+    /// `(dims, traditional, base, scale, freqs)` as `fast::rope` takes them, for a kernel that
+    /// rotates by itself; None for a rope that is more than that call (yarn's input scale, dynamic
+    /// NTK's length-dependent base).
+    pub fn plain(&self) -> Option<(i32, bool, f32, f32, Option<&Array>)> {
+        (self.mscale == 1.0 && self.dynamic.is_none()).then_some((self.dims, self.traditional, self.base, self.scale, self.freqs.as_ref()))
+    }
+
     /// Rotates `x` (`[B, H, L, D]`) for positions `offset..offset+L`.
     pub fn forward(&self, x: &Array, offset: usize) -> Result<Array> {
         let mut x = x.clone();
