@@ -17,6 +17,7 @@
 //! | `MLEX_ABLATE_CUDA_NORM_FOLD` | a layer's pre-norm (RMSNorm) folded into that kernel |
 //! | `MLEX_ABLATE_CPU_NORM_FOLD` | a layer's pre-norm folded into our CPU quantized matmul |
 //! | `MLEX_ABLATE_CPU_EPILOGUE` | the residual add and SwiGLU folded into our CPU quantized matmul |
+//! | `MLEX_ABLATE_CUDA_KV_WRITE` | a CUDA decode step's q/k/v written into the cache by one kernel of ours (our q/k kernel or MLX's ropes, then MLX's cache writes) |
 //! | `MLEX_ABLATE_CPU_DECODE_ATTN` | a CPU decode step's attention block as one kernel (the separate rope, cache writes and attention instead) |
 //! | `MLEX_ABLATE_CUDA_QK_ROPE` | our CUDA kernel for q/k norms + rope (MLX's four kernels instead) |
 //! | `MLEX_ABLATE_CUDA_SHORT_ATTN` | our CUDA attention for short passes (MLX's cuDNN under a mask instead) |
@@ -64,6 +65,7 @@ impl Ablations {
             ("MLEX_ABLATE_CPU_NORM_FOLD", sys::MLEX_ABLATE_KERNEL_CPU_NORM_FOLD),
             ("MLEX_ABLATE_CPU_EPILOGUE", sys::MLEX_ABLATE_KERNEL_CPU_EPILOGUE),
             ("MLEX_ABLATE_CPU_DECODE_ATTN", sys::MLEX_ABLATE_KERNEL_CPU_DECODE_ATTN),
+            ("MLEX_ABLATE_CUDA_KV_WRITE", sys::MLEX_ABLATE_KERNEL_CUDA_KV_WRITE),
             ("MLEX_ABLATE_CUDA_SHORT_ATTN", sys::MLEX_ABLATE_KERNEL_CUDA_SHORT_ATTN),
             ("MLEX_ABLATE_CUDA_DEVICE_ALLOC", sys::MLEX_ABLATE_KERNEL_CUDA_DEVICE_ALLOC),
         ]

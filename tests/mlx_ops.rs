@@ -1243,3 +1243,97 @@ fn cpu_decode_attention_writes_the_buffers_in_place() {
         assert!(grew < bytes, "step {step}: the step allocated {grew} bytes (a buffer is {bytes})");
     }
 }
+
+/// On CUDA, a decode step's q/k/v straight into the cache in one kernel (`cuda_qkv_into_cache`)
+/// against MLX's ops (q/k norms or none, rope at one position or one per row, then the cache
+/// writes): q and the written column within two roundings of 16-bit values, every other column
+/// unchanged to the bit, the buffers written in place (the caller's arrays), and a reader of the
+/// buffers that depends on q (our attention) sees the new column. Off CUDA it does not apply.
+#[test]
+fn cuda_qkv_into_cache_matches_the_separate_ops() {
+    use mlex::mlx::fast::AttentionMask;
+    use mlex::mlx::{gpu_available, set_default_device, Device};
+    let cuda = gpu_available() && !cfg!(target_os = "macos");
+    let (hq, hkv, cap) = (4i32, 2i32, 256i32);
+    let f32s = |a: &Array| a.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
+    if !cuda {
+        let qkv = arr(&rand_vec(((hq + 2 * hkv) * 64) as usize, 1), &[1, hq + 2 * hkv, 1, 64]).astype(Dtype::Bfloat16).unwrap();
+        let kc = Array::zeros(&[1, hkv, cap, 64], Dtype::Bfloat16).unwrap();
+        let at = Array::from_slice(&[3i32, cap], &[2]).unwrap();
+        let pos = Array::from_slice(&[3i32], &[1]).unwrap();
+        let got = fast::cuda_qkv_into_cache(&qkv, (hq, hkv), None, (false, 1e4, 1.0, None), &pos, &at, &kc, &kc).unwrap();
+        assert!(got.is_none(), "not CUDA: the kernel does not apply");
+        return;
+    }
+    set_default_device(Device::Gpu).unwrap();
+    for d in [64i32, 128] {
+        for &dtype in &[Dtype::Bfloat16, Dtype::Float16] {
+            for b in [1i32, 3] {
+                for norm in [true, false] {
+                    let slot = 37 + d;
+                    let what = format!("d {d} {dtype:?} b {b} norm {norm}");
+                    let seed = (d + b) as u64;
+                    let qkv = arr(&rand_vec((b * (hq + 2 * hkv) * d) as usize, seed), &[b, hq + 2 * hkv, 1, d])
+                        .multiply(&Array::scalar_f32(4.0, Dtype::Float32).unwrap())
+                        .unwrap()
+                        .astype(dtype)
+                        .unwrap();
+                    let one = Array::scalar_f32(1.0, Dtype::Float32).unwrap();
+                    let qn = arr(&rand_vec(d as usize, 72), &[d]).add(&one).unwrap().astype(dtype).unwrap();
+                    let kn = arr(&rand_vec(d as usize, 73), &[d]).add(&one).unwrap().astype(dtype).unwrap();
+                    let cache = |s: u64| arr(&rand_vec((b * hkv * cap * d) as usize, s), &[b, hkv, cap, d]).astype(dtype).unwrap();
+                    let (kc, vc) = (cache(seed + 1), cache(seed + 2));
+                    let at = Array::from_slice(&[slot, cap], &[2]).unwrap();
+                    // Rows of a batch at their own positions (b > 1), or all at the column.
+                    let pos_v: Vec<i32> = (0..b).map(|r| slot - 5 * r).collect();
+                    let pos = Array::from_slice(&pos_v, &[b]).unwrap();
+                    mlex::mlx::eval(&[&qkv, &qn, &kn, &kc, &vc, &at, &pos]).unwrap();
+                    let (k_before, v_before) = (f32s(&kc), f32s(&vc));
+                    let parts = qkv.split_at(&[hq, hq + hkv], 1).unwrap();
+                    let prep = |x: &Array, w: &Array| -> Array {
+                        let x = if norm { fast::rms_norm(x, Some(w), 1e-6).unwrap() } else { x.clone() };
+                        fast::rope_offsets(&x, d, false, 1e6, 1.0, &pos, None).unwrap()
+                    };
+                    let (want_q, want_k, want_v) = (prep(&parts[0], &qn), prep(&parts[1], &kn), parts[2].clone());
+                    // The reference attention over the prefix with the new column.
+                    let upd = |c: &Array, x: &Array| c.slice_update(x, &[0, 0, slot, 0], &[b, hkv, slot + 1, d]).unwrap().slice_axis(2, 0, slot + 1).unwrap();
+                    let want_o = fast::scaled_dot_product_attention(&want_q, &upd(&kc, &want_k), &upd(&vc, &want_v), 0.125, AttentionMask::None).unwrap();
+                    let (want_q, want_k, want_v, want_o) = (f32s(&want_q), f32s(&want_k), f32s(&want_v), f32s(&want_o));
+                    let norms = if norm { Some((&qn, &kn, 1e-6f32)) } else { None };
+                    let q = fast::cuda_qkv_into_cache(&qkv, (hq, hkv), norms, (false, 1e6, 1.0, None), &pos, &at, &kc, &vc)
+                        .unwrap()
+                        .expect("applies on CUDA");
+                    let census = mlex::mlx::graph_census(&[&q]).unwrap();
+                    let kernels: usize = census.iter().filter(|(p, _)| is_our_cuda_kernel(p)).map(|(_, c)| c).sum();
+                    assert_eq!(kernels, 1, "{what}: one kernel: {census:?}");
+                    let o = fast::cuda_short_attention(&q, &kc, &vc, 0.125, slot as usize, false).unwrap().expect("our attention");
+                    mlex::mlx::eval(&[&o]).unwrap();
+                    let row = d as usize;
+                    for (name, got, before, want) in [("k", f32s(&kc), &k_before, &want_k), ("v", f32s(&vc), &v_before, &want_v)] {
+                        for bh in 0..(b * hkv) as usize {
+                            for tok in 0..cap as usize {
+                                let at = (bh * cap as usize + tok) * row;
+                                let g = &got[at..at + row];
+                                if tok != slot as usize {
+                                    assert!(g == &before[at..at + row], "{what}: {name} column {tok} of head {bh} changed");
+                                    continue;
+                                }
+                                let w = &want[bh * row..(bh + 1) * row];
+                                for (i, (a, c)) in g.iter().zip(w).enumerate() {
+                                    let tol = if name == "v" { 0.0 } else { c.abs() / 64.0 + 4.0 / 256.0 };
+                                    assert!((a - c).abs() <= tol, "{what} {name}: head {bh} element {i}: {a} vs {c}");
+                                }
+                            }
+                        }
+                    }
+                    for (i, (a, c)) in f32s(&q).iter().zip(&want_q).enumerate() {
+                        assert!((a - c).abs() <= c.abs() / 64.0 + 4.0 / 256.0, "{what} q: element {i}: {a} vs {c}");
+                    }
+                    for (i, (a, c)) in f32s(&o).iter().zip(&want_o).enumerate() {
+                        assert!((a - c).abs() <= c.abs() / 32.0 + 8.0 / 256.0, "{what} attention: element {i}: {a} vs {c}");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -412,12 +412,16 @@ bool available() {
 std::vector<mx::array> run(const KernelSpec& spec, const std::vector<mx::array>& inputs,
                            const std::vector<mx::Shape>& output_shapes, const std::vector<mx::Dtype>& output_dtypes,
                            std::tuple<int, int, int> grid, std::tuple<int, int, int> block,
-                           const std::vector<std::pair<std::string, Constant>>& constants, mx::StreamOrDevice s) {
+                           const std::vector<std::pair<std::string, Constant>>& constants, mx::StreamOrDevice s,
+                           const std::vector<int>& in_place) {
   if (inputs.size() != spec.inputs.size() || output_shapes.size() != spec.outputs.size() ||
       output_dtypes.size() != spec.outputs.size()) {
     throw std::invalid_argument(std::string("mlex kernel ") + spec.family + ": wrong number of inputs or outputs");
   }
   if (!mx::cu::is_available()) throw std::runtime_error("CUDA is not available");
+  if (!in_place.empty() && (!disk_cache_on() || !cuda_launch::available())) {
+    throw std::runtime_error(std::string("mlex kernel ") + spec.family + " writes its inputs: it needs direct launches");
+  }
   if (!disk_cache_on()) {
     // MLX compiles the kernel (NVRTC) in each process on first use, as before the disk cache.
     static std::mutex mu;
@@ -440,7 +444,7 @@ std::vector<mx::array> run(const KernelSpec& spec, const std::vector<mx::array>&
   auto e = entry_for(spec, inputs, output_dtypes, constants);
   if (!e->error.empty()) throw std::runtime_error(e->name + ": " + e->error);
   if (cuda_launch::available()) {
-    return cuda_launch::launch(e->kernel, inputs, output_shapes, output_dtypes, grid, block, mx::to_stream(s));
+    return cuda_launch::launch(e->kernel, inputs, output_shapes, output_dtypes, grid, block, mx::to_stream(s), in_place);
   }
   return mx::fast::precompiled_cuda_kernel(e->name, e->binary, inputs, output_shapes, output_dtypes, {}, grid, block,
                                            0, std::nullopt, /*ensure_row_contiguous=*/true, s);
@@ -451,9 +455,9 @@ std::optional<std::vector<mx::array>> try_run(const KernelSpec& spec, const std:
                                               const std::vector<mx::Dtype>& output_dtypes,
                                               std::tuple<int, int, int> grid, std::tuple<int, int, int> block,
                                               const std::vector<std::pair<std::string, Constant>>& constants,
-                                              mx::StreamOrDevice s) {
+                                              mx::StreamOrDevice s, const std::vector<int>& in_place) {
   try {
-    return run(spec, inputs, output_shapes, output_dtypes, grid, block, constants, s);
+    return run(spec, inputs, output_shapes, output_dtypes, grid, block, constants, s, in_place);
   } catch (const std::exception& ex) {
     static std::mutex mu;
     static std::unordered_map<std::string, bool> told;

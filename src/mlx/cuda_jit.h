@@ -46,7 +46,9 @@ struct KernelSpec {
 bool available();
 
 // Runs the kernel (compiled or read from the cache on first use of these constants and
-// dtypes): grid in threads as MLX's kernels take it, block in threads. Inputs that are not row
+// dtypes): grid in threads as MLX's kernels take it, block in threads. `in_place`: inputs the
+// kernel writes (cuda_launch::launch); a kernel with any runs only where direct launches are
+// available (MLX's custom kernels would write a copy): elsewhere run throws. Inputs that are not row
 // contiguous are copied first. Throws std::runtime_error naming the kernel when it cannot be
 // compiled or loaded; callers fall back to MLX's own ops.
 std::vector<mlx::core::array> run(const KernelSpec& spec, const std::vector<mlx::core::array>& inputs,
@@ -54,7 +56,7 @@ std::vector<mlx::core::array> run(const KernelSpec& spec, const std::vector<mlx:
                                   const std::vector<mlx::core::Dtype>& output_dtypes,
                                   std::tuple<int, int, int> grid, std::tuple<int, int, int> block,
                                   const std::vector<std::pair<std::string, Constant>>& constants,
-                                  mlx::core::StreamOrDevice s = {});
+                                  mlx::core::StreamOrDevice s = {}, const std::vector<int>& in_place = {});
 
 // Like run, but a failure is reported once on stderr (naming the kernel and why) and turned
 // into nothing, so the caller's reference path runs instead.
@@ -62,6 +64,7 @@ std::optional<std::vector<mlx::core::array>> try_run(
     const KernelSpec& spec, const std::vector<mlx::core::array>& inputs,
     const std::vector<mlx::core::Shape>& output_shapes, const std::vector<mlx::core::Dtype>& output_dtypes,
     std::tuple<int, int, int> grid, std::tuple<int, int, int> block,
-    const std::vector<std::pair<std::string, Constant>>& constants, mlx::core::StreamOrDevice s = {});
+    const std::vector<std::pair<std::string, Constant>>& constants, mlx::core::StreamOrDevice s = {},
+    const std::vector<int>& in_place = {});
 
 }  // namespace mlex::cuda_jit

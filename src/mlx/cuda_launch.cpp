@@ -1,5 +1,6 @@
 #include "cuda_launch.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <stdexcept>
@@ -182,8 +183,8 @@ void* device_address(const mx::array& a) {
 
 class Launch : public mx::Primitive {
  public:
-  Launch(mx::Stream s, std::shared_ptr<const Kernel> kernel, Dim3 grid, Dim3 block)
-      : mx::Primitive(s), kernel_(std::move(kernel)), grid_(grid), block_(block) {}
+  Launch(mx::Stream s, std::shared_ptr<const Kernel> kernel, Dim3 grid, Dim3 block, std::vector<int> in_place)
+      : mx::Primitive(s), kernel_(std::move(kernel)), grid_(grid), block_(block), in_place_(std::move(in_place)) {}
 
   void eval_cpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
     throw std::runtime_error(kernel_->name() + " is a CUDA kernel: it has no CPU implementation");
@@ -205,8 +206,14 @@ class Launch : public mx::Primitive {
     // An input that is not row contiguous is copied first, by MLX's own Contiguous primitive on
     // this stream (as CustomKernel does); the copies live until the GPU is done with them.
     std::vector<mx::array> copies;
-    for (const auto& in : inputs) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const auto& in = inputs[i];
       const mx::array* x = &in;
+      const bool written = std::find(in_place_.begin(), in_place_.end(), static_cast<int>(i)) != in_place_.end();
+      if (written && !in.flags().row_contiguous) {
+        // A copy would take the writes: the caller promised a contiguous buffer.
+        throw std::runtime_error(kernel_->name() + ": a buffer written in place is not row contiguous");
+      }
       if (!in.flags().row_contiguous) {
         // (Contiguous's members are not exported from libmlx: its op makes one, called through
         // its vtable.)
@@ -216,6 +223,9 @@ class Launch : public mx::Primitive {
         x = &copies.back();
       }
       a.set_input_array(&enc, *x);
+      // Written in place: registered as this kernel's output too, so that MLX orders whatever
+      // reads the buffer later after this kernel.
+      if (written) a.set_output_array(&enc, *x);
       addresses.push_back(device_address(*x));
     }
     for (const auto& out : outputs) {
@@ -239,6 +249,7 @@ class Launch : public mx::Primitive {
  private:
   std::shared_ptr<const Kernel> kernel_;
   Dim3 grid_, block_;
+  std::vector<int> in_place_;
 };
 
 // MLX makes its device current with the runtime API; if this thread has no context yet, take
@@ -317,7 +328,8 @@ const std::string& why_not() { return api().why_not; }
 
 std::vector<mx::array> launch(const std::shared_ptr<const Kernel>& kernel, const std::vector<mx::array>& inputs,
                               const std::vector<mx::Shape>& output_shapes, const std::vector<mx::Dtype>& output_dtypes,
-                              std::tuple<int, int, int> grid, std::tuple<int, int, int> block, mx::Stream stream) {
+                              std::tuple<int, int, int> grid, std::tuple<int, int, int> block, mx::Stream stream,
+                              const std::vector<int>& in_place) {
   if (!available()) throw std::runtime_error(kernel->name() + ": " + why_not());
   auto blocks = [](int g, int t) { return static_cast<unsigned int>((g + t - 1) / t); };
   const auto [gx, gy, gz] = grid;
@@ -327,7 +339,8 @@ std::vector<mx::array> launch(const std::shared_ptr<const Kernel>& kernel, const
   }
   Dim3 g{blocks(gx, tx), blocks(gy, ty), blocks(gz, tz)};
   Dim3 b{static_cast<unsigned int>(tx), static_cast<unsigned int>(ty), static_cast<unsigned int>(tz)};
-  return mx::array::make_arrays(output_shapes, output_dtypes, std::make_shared<Launch>(stream, kernel, g, b), inputs);
+  return mx::array::make_arrays(output_shapes, output_dtypes, std::make_shared<Launch>(stream, kernel, g, b, in_place),
+                                 inputs);
 }
 
 }  // namespace mlex::cuda_launch

@@ -49,12 +49,15 @@ inline bool available() { return why_not().empty(); }
 
 // The kernel as an op: inputs (made row contiguous first) then outputs, all pointers, in the
 // kernel's parameter order; grid in threads (as MLX's kernels take it), block in threads.
+// `in_place`: indexes of inputs the kernel writes (outside MLX's value semantics: the caller
+// owns them); each must be row contiguous (else the launch throws), and is registered with the
+// encoder as written, so that later readers of the buffer run after the kernel.
 std::vector<mlx::core::array> launch(const std::shared_ptr<const Kernel>& kernel,
                                      const std::vector<mlx::core::array>& inputs,
                                      const std::vector<mlx::core::Shape>& output_shapes,
                                      const std::vector<mlx::core::Dtype>& output_dtypes,
                                      std::tuple<int, int, int> grid, std::tuple<int, int, int> block,
-                                     mlx::core::Stream stream);
+                                     mlx::core::Stream stream, const std::vector<int>& in_place = {});
 
 // Moves the managed-memory buffers of `arrays` (evaluated) into device memory and waits: the
 // bytes moved, 0 where there is no CUDA or the device cannot prefetch (best effort). Arrays

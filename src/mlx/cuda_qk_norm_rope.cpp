@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <tuple>
 
 #include "ablation.h"
 #include "cuda_half_helpers.h"
@@ -13,55 +14,127 @@ namespace mx = mlx::core;
 namespace mlex {
 namespace {
 
-// Template constants: T the activation type, HQ and HKV the q and k heads, D the head size,
-// TRAD the traditional (interleaved) pairing, FREQS whether `freqs` replaces the base,
-// PER_ROW whether `pos` holds one position per batch row; STEP_BITS, SCALE_BITS and EPS_BITS
-// the floats ln(base)/(D/2), the position scale and the norm's eps, as their bits.
-// One block per (batch row, head), of HALF = D/2 threads rounded up to a warp: thread t takes
-// the pair (t, t + D/2) (or (2t, 2t + 1) with TRAD). As MLX's kernels compute them: the head's
+// Device code both kernels share: one head's RMSNorm (optional) and rotary embedding. A block
+// holds one head, HALF = D/2 threads rounded up to a warp: thread t takes the pair (t, t + D/2)
+// (or (2t, 2t + 1) traditional). As MLX's kernels compute them: the head's
 // 1 / sqrt(mean(x²) + eps) in float32, the normalized value w · T(x · that) rounded to T; then
 // the pair rotated by (position · scale) · inv_freq_t in float32 and rounded to T, with
-// inv_freq_t = exp(-t · ln(base) / (D/2)) or 1 / freqs[t] (MLX's rope).
-constexpr const char* kSource = R"(
+// inv_freq_t = exp(-t · ln(base) / (D/2)) (`step` = ln(base) / (D/2)) or 1 / freqs[t].
+constexpr const char* kNormRope = R"(
+// Thread t's rotated pair of the head at `src` (normalized by `nw` first when NORM), into o1/o2
+// for indexes i1/i2; false for the threads past the pairs. Every thread of the block must call
+// it: the norm's sum is a block reduction.
+template <typename T, int D, bool TRAD, bool NORM, bool FREQS, typename W>
+__device__ __forceinline__ bool mlex_norm_rope(const T* src, const W* nw, float eps, const float* freqs, float step,
+                                               float pos_scaled, float& o1, float& o2, int& i1, int& i2) {
   constexpr int HALF = D / 2;
-  const int head = blockIdx.x % (HQ + HKV);
-  const int b = blockIdx.x / (HQ + HKV);
-  const bool is_q = head < HQ;
-  // The k heads follow the q heads in each row of qkv, so head indexes both.
-  const T* src = qkv + ((unsigned long long)b * (HQ + 2 * HKV) + head) * D;
   const int t = threadIdx.x;
-  const int i1 = TRAD ? 2 * t : t;
-  const int i2 = TRAD ? 2 * t + 1 : t + HALF;
+  i1 = TRAD ? 2 * t : t;
+  i2 = TRAD ? 2 * t + 1 : t + HALF;
   float x1 = 0.0f, x2 = 0.0f;
   if (t < HALF) {
     x1 = mlex_float(src[i1]);
     x2 = mlex_float(src[i2]);
   }
-  float s = x1 * x1 + x2 * x2;
-  #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-  __shared__ float part[32];
-  if ((t & 31) == 0) part[t >> 5] = s;
-  __syncthreads();
-  float total = 0.0f;
-  for (int w = 0; w < (int)(blockDim.x + 31) / 32; ++w) total += part[w];
-  if (t >= HALF) return;
-  const float r = rsqrtf(total / (float)D + __int_as_float(EPS_BITS));
-  const T* nw = is_q ? q_norm : k_norm;
-  const float n1 = mlex_round(mlex_float(nw[i1]) * mlex_round(x1 * r, src), src);
-  const float n2 = mlex_round(mlex_float(nw[i2]) * mlex_round(x2 * r, src), src);
-  const float inv = FREQS ? 1.0f / freqs[t] : expf(-(float)t * __int_as_float(STEP_BITS));
-  const float theta = ((float)pos[PER_ROW ? b : 0] * __int_as_float(SCALE_BITS)) * inv;
+  if (NORM) {
+    float s = x1 * x1 + x2 * x2;
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    __shared__ float part[32];
+    if ((t & 31) == 0) part[t >> 5] = s;
+    __syncthreads();
+    float total = 0.0f;
+    for (int w = 0; w < (int)(blockDim.x + 31) / 32; ++w) total += part[w];
+    if (t >= HALF) return false;
+    const float r = rsqrtf(total / (float)D + eps);
+    x1 = mlex_round(mlex_float(nw[i1]) * mlex_round(x1 * r, src), src);
+    x2 = mlex_round(mlex_float(nw[i2]) * mlex_round(x2 * r, src), src);
+  }
+  if (t >= HALF) return false;
+  const float inv = FREQS ? 1.0f / freqs[t] : expf(-(float)t * step);
+  const float theta = pos_scaled * inv;
   float sn, cs;
   sincosf(theta, &sn, &cs);
-  T* dst = is_q ? q + ((unsigned long long)b * HQ + head) * D : k + ((unsigned long long)b * HKV + head - HQ) * D;
-  mlex_store(&dst[i1], n1 * cs - n2 * sn);
-  mlex_store(&dst[i2], n1 * sn + n2 * cs);
+  o1 = x1 * cs - x2 * sn;
+  o2 = x1 * sn + x2 * cs;
+  return true;
+}
 )";
+
+// Template constants: T the activation type, HQ and HKV the q and k heads, D the head size,
+// TRAD the traditional (interleaved) pairing, FREQS whether `freqs` replaces the base,
+// PER_ROW whether `pos` holds one position per batch row; STEP_BITS, SCALE_BITS and EPS_BITS
+// the floats ln(base)/(D/2), the position scale and the norm's eps, as their bits.
+// One block per (batch row, head).
+constexpr const char* kSource = R"(
+  const int head = blockIdx.x % (HQ + HKV);
+  const int b = blockIdx.x / (HQ + HKV);
+  const bool is_q = head < HQ;
+  // The k heads follow the q heads in each row of qkv, so head indexes both.
+  const T* src = qkv + ((unsigned long long)b * (HQ + 2 * HKV) + head) * D;
+  const float ps = (float)pos[PER_ROW ? b : 0] * __int_as_float(SCALE_BITS);
+  float o1, o2;
+  int i1, i2;
+  if (!mlex_norm_rope<T, D, TRAD, true, FREQS>(src, is_q ? q_norm : k_norm, __int_as_float(EPS_BITS), freqs,
+                                               __int_as_float(STEP_BITS), ps, o1, o2, i1, i2)) {
+    return;
+  }
+  T* dst = is_q ? q + ((unsigned long long)b * HQ + head) * D : k + ((unsigned long long)b * HKV + head - HQ) * D;
+  mlex_store(&dst[i1], o1);
+  mlex_store(&dst[i2], o2);
+)";
+
+// The decode step's q/k/v straight into the key/value cache: constants as above, NORM whether
+// q and k are normalized first. `at` is int32 [2]: the buffers' column written and their
+// capacity. One block per (batch row, q, k or v head): q heads are written to `q`, k heads
+// (rotated) and v heads (as they are) into column `slot` of the buffers `k_buf` / `v_buf`, in
+// place (see cuda_qkv_into_cache: the caller owns them).
+constexpr const char* kCacheSource = R"(
+  constexpr int ROW = HQ + 2 * HKV;
+  const int head = blockIdx.x % ROW;
+  const int b = blockIdx.x / ROW;
+  const int slot = at[0];
+  const int cap = at[1];
+  T* k_cache = const_cast<T*>(k_buf);
+  T* v_cache = const_cast<T*>(v_buf);
+  const T* src = qkv + ((unsigned long long)b * ROW + head) * D;
+  const int t = threadIdx.x;
+  if (head >= HQ + HKV) {
+    T* dst = v_cache + (((unsigned long long)b * HKV + head - HQ - HKV) * cap + slot) * D;
+    for (int i = t; i < D; i += blockDim.x) dst[i] = src[i];
+    return;
+  }
+  const bool is_q = head < HQ;
+  const float ps = (float)pos[PER_ROW ? b : 0] * __int_as_float(SCALE_BITS);
+  float o1, o2;
+  int i1, i2;
+  if (!mlex_norm_rope<T, D, TRAD, NORM, FREQS>(src, is_q ? q_norm : k_norm, __int_as_float(EPS_BITS), freqs,
+                                               __int_as_float(STEP_BITS), ps, o1, o2, i1, i2)) {
+    return;
+  }
+  T* dst = is_q ? q + ((unsigned long long)b * HQ + head) * D
+                : k_cache + (((unsigned long long)b * HKV + head - HQ) * cap + slot) * D;
+  mlex_store(&dst[i1], o1);
+  mlex_store(&dst[i2], o2);
+)";
+
+const std::string& header() {
+  static const std::string h = std::string(kCudaHalfHelpers) + kNormRope;
+  return h;
+}
 
 const cuda_jit::KernelSpec& spec() {
   static const cuda_jit::KernelSpec s{
-      "qk_norm_rope", kCudaHalfHelpers, kSource, {"qkv", "q_norm", "k_norm", "pos", "freqs"}, {"q", "k"}};
+      "qk_norm_rope", header().c_str(), kSource, {"qkv", "q_norm", "k_norm", "pos", "freqs"}, {"q", "k"}};
+  return s;
+}
+
+const cuda_jit::KernelSpec& cache_spec() {
+  static const cuda_jit::KernelSpec s{"qkv_rope_cache",
+                                      header().c_str(),
+                                      kCacheSource,
+                                      {"qkv", "q_norm", "k_norm", "pos", "at", "freqs", "k_buf", "v_buf"},
+                                      {"q"}};
   return s;
 }
 
@@ -107,6 +180,50 @@ std::optional<std::pair<mx::array, mx::array>> cuda_qk_norm_rope(const mx::array
        {"EPS_BITS", float_bits(eps)}});
   if (!outs) return std::nullopt;
   return std::make_pair((*outs)[0], (*outs)[1]);
+}
+
+std::optional<mx::array> cuda_qkv_into_cache(
+    const mx::array& qkv, int n_q_heads, int n_kv_heads, const std::optional<std::pair<mx::array, mx::array>>& norms,
+    float eps, const RopeArgs& rope, const mx::array& positions, const mx::array& at, const mx::array& k_cache,
+    const mx::array& v_cache) {
+  // Benchmark ablation only (BENCHMARKS.md): the separate kernels and MLX's cache writes.
+  static const bool cuda = cuda_jit::available();
+  if (mlex::ablated(MLEX_ABLATE_KERNEL_CUDA_KV_WRITE) || !cuda || mx::to_stream({}).device != mx::Device::gpu) {
+    return std::nullopt;
+  }
+  const mx::Dtype t = qkv.dtype();
+  if ((t != mx::bfloat16 && t != mx::float16) || qkv.ndim() != 4 || qkv.shape(1) != n_q_heads + 2 * n_kv_heads ||
+      qkv.shape(2) != 1) {
+    return std::nullopt;
+  }
+  const int b = qkv.shape(0), d = qkv.shape(3);
+  if (d % 2 != 0 || d > 1024 || k_cache.ndim() != 4 || k_cache.shape() != v_cache.shape() || k_cache.dtype() != t ||
+      v_cache.dtype() != t || k_cache.shape(0) != b || k_cache.shape(1) != n_kv_heads || k_cache.shape(3) != d ||
+      at.dtype() != mx::int32 || at.shape() != mx::Shape{2} || positions.ndim() != 1 ||
+      (positions.shape(0) != 1 && positions.shape(0) != b)) {
+    return std::nullopt;
+  }
+  if (norms && (norms->first.dtype() != t || norms->second.dtype() != t || norms->first.shape() != mx::Shape{d} ||
+                norms->second.shape() != mx::Shape{d})) {
+    return std::nullopt;
+  }
+  if (rope.freqs && (rope.freqs->dtype() != mx::float32 || rope.freqs->shape() != mx::Shape{d / 2})) return std::nullopt;
+  const int threads = (d / 2 + 31) / 32 * 32;
+  const int blocks = b * (n_q_heads + 2 * n_kv_heads);
+  const float step = std::log(rope.base) / static_cast<float>(d / 2);
+  const mx::array none(0.0f);
+  auto outs = cuda_jit::try_run(
+      cache_spec(),
+      {qkv, norms ? norms->first : none, norms ? norms->second : none, mx::astype(positions, mx::int32), at,
+       rope.freqs ? *rope.freqs : none, k_cache, v_cache},
+      {{b, n_q_heads, 1, d}}, {t}, {blocks * threads, 1, 1}, {threads, 1, 1},
+      {{"T", t}, {"HQ", n_q_heads}, {"HKV", n_kv_heads}, {"D", d}, {"TRAD", rope.traditional},
+       {"FREQS", rope.freqs.has_value()}, {"NORM", norms.has_value()}, {"PER_ROW", positions.shape(0) != 1},
+       {"STEP_BITS", rope.freqs ? 0 : float_bits(step)}, {"SCALE_BITS", float_bits(rope.scale)},
+       {"EPS_BITS", norms ? float_bits(eps) : 0}},
+      {}, {6, 7});
+  if (!outs) return std::nullopt;
+  return (*outs)[0];
 }
 
 }  // namespace mlex

@@ -1,11 +1,13 @@
-// One CUDA kernel for what a qwen3-style decode step does to q and k between the q/k/v product
-// and attention: each head's RMSNorm (q_norm, k_norm) then the rotary embedding, for q and k.
-// MLX runs that as four kernels (two RMSNorms, two RoPEs); on the H200 a decode step is bound
-// by the host's cost per kernel launch (BENCHMARKS.md), so three fewer launches per layer is
-// decode speed.
+// One CUDA kernel for what a decode step does to q, k and v between the q/k/v product and
+// attention: each head's RMSNorm (q_norm, k_norm, qwen3-style) then the rotary embedding, for q
+// and k; and, for a full-attention cache, the writes of k and v into it. MLX runs that as up to
+// six kernels (two RMSNorms, two RoPEs, two SliceUpdates); on the H200 a decode step is bound by
+// the host's cost per kernel launch (BENCHMARKS.md), so each launch saved per layer is decode
+// speed.
 #pragma once
 
 #include <optional>
+#include <tuple>
 #include <utility>
 
 #include "mlx/mlx.h"
@@ -29,5 +31,25 @@ struct RopeArgs {
 std::optional<std::pair<mlx::core::array, mlx::core::array>> cuda_qk_norm_rope(
     const mlx::core::array& qkv, int n_q_heads, int n_kv_heads, const mlx::core::array& q_norm,
     const mlx::core::array& k_norm, float eps, const RopeArgs& rope, const mlx::core::array& positions);
+
+// A decode step's q/k/v from the fused product straight into a full-attention key/value cache,
+// in one kernel where MLX runs four to six (the q/k norms and ropes, then a SliceUpdate each for
+// k and v): q and k normalized (`norms`: q_norm and k_norm, [D]; none: no norms) and rotated at
+// `positions` (int32 [1], or [B]: each row's), k and v written into column at[0] of the buffers.
+// qkv: [B, HQ + 2·HKV, 1, D]; at: int32 [2], the column and the buffers' capacity (an array, so
+// that one kernel serves every step); k_cache / v_cache: [B, HKV, capacity, D] of qkv's dtype,
+// row contiguous buffers. Returns q [B, HQ, 1, D]; nothing where the kernel does not apply.
+//
+// The buffers are written IN PLACE, outside MLX's value semantics: the caller must own them
+// (no other array shares them, as a continuous batch's buffers: nn::batch_kv_cache) and keep
+// using the same arrays, and whatever reads the new column must depend on q (so that it runs
+// after the write). MLX's way, an output taking over its input's buffer, does not work here:
+// with the decode pipeline the previous step's kernels, still in flight, hold the buffers, so
+// nearly every step copied the whole cache (8k tokens: decode 8x slower, BENCHMARKS.md).
+std::optional<mlx::core::array> cuda_qkv_into_cache(
+    const mlx::core::array& qkv, int n_q_heads, int n_kv_heads,
+    const std::optional<std::pair<mlx::core::array, mlx::core::array>>& norms, float eps, const RopeArgs& rope,
+    const mlx::core::array& positions, const mlx::core::array& at, const mlx::core::array& k_cache,
+    const mlx::core::array& v_cache);
 
 }  // namespace mlex

@@ -398,6 +398,55 @@ pub mod fast {
         Ok(Some((Array::from_raw(o), Array::from_raw(k), Array::from_raw(v))))
     }
 
+    /// A decode step's q/k/v straight into a full-attention cache in one CUDA kernel of ours:
+    /// `qkv` (`[B, HQ + 2·HKV, 1, D]`) normalized per head (`qk_norm`: q's and k's weights and
+    /// eps), rotated (`rope`: traditional, base, scale, freqs; the whole head) at `positions`
+    /// (int32 `[1]` or `[B]`), k and v written into column `at[0]` of `k_cache` / `v_cache`
+    /// (`[B, HKV, at[1], D]`; `at` int32 `[2]`) IN PLACE. Returns q `[B, HQ, 1, D]`, or None
+    /// where it does not apply (not CUDA, not 16-bit, buffers not evaluated or not contiguous).
+    ///
+    /// # Safety (not memory safety: MLX's value semantics)
+    /// The caller owns the buffers: no other array may share them (a clone would see the write),
+    /// and what reads the new column must depend on q. `nn::BatchKvCache` keeps to that.
+    #[allow(clippy::too_many_arguments)]
+    pub fn cuda_qkv_into_cache(
+        qkv: &Array,
+        heads: (i32, i32),
+        qk_norm: Option<(&Array, &Array, f32)>,
+        rope: (bool, f32, f32, Option<&Array>),
+        positions: &Array,
+        at: &Array,
+        k_cache: &Array,
+        v_cache: &Array,
+    ) -> Result<Option<Array>> {
+        let mut q = std::ptr::null_mut();
+        let (qn, kn, eps) = match qk_norm {
+            Some((q, k, eps)) => (q.raw(), k.raw(), eps),
+            None => (std::ptr::null_mut(), std::ptr::null_mut(), 0.0),
+        };
+        let (traditional, base, scale, freqs) = rope;
+        crate::mlx::error::check(unsafe {
+            sys::mlex_cuda_qkv_into_cache(
+                qkv.raw(),
+                heads.0,
+                heads.1,
+                qn,
+                kn,
+                eps,
+                traditional,
+                base,
+                scale,
+                raw_or_null(freqs),
+                positions.raw(),
+                at.raw(),
+                k_cache.raw(),
+                v_cache.raw(),
+                &mut q,
+            )
+        })?;
+        Ok((!q.is_null()).then(|| Array::from_raw(q)))
+    }
+
     /// A short pass's attention over a cache's whole buffers `k`, `v` (`[B, HKV, C, D]`): query
     /// l of `q` (`[B, HQ, L, D]`) sees keys `0 ..= prev + l`, in one CUDA kernel of ours; None
     /// where it does not apply (not CUDA, other shapes): the caller masks instead. `token_major`:

@@ -535,6 +535,21 @@ int mlex_cpu_decode_attention(mlex_array qkv, mlex_array k_cache, mlex_array v_c
     }
   });
 }
+int mlex_cuda_qkv_into_cache(mlex_array qkv, int32_t n_q_heads, int32_t n_kv_heads, mlex_array q_norm,
+                             mlex_array k_norm, float eps, bool traditional, float base, float scale,
+                             mlex_array freqs, mlex_array positions, mlex_array at, mlex_array k_cache,
+                             mlex_array v_cache, mlex_array* out_q) {
+  return guard([&] {
+    *out_q = nullptr;
+    const mlex::RopeArgs rope{traditional, base, scale, opt(freqs)};
+    std::optional<std::pair<mx::array, mx::array>> norms;
+    if (q_norm != nullptr && k_norm != nullptr) norms.emplace(unwrap(q_norm), unwrap(k_norm));
+    if (auto q = mlex::cuda_qkv_into_cache(unwrap(qkv), n_q_heads, n_kv_heads, norms, eps, rope, unwrap(positions),
+                                           unwrap(at), unwrap(k_cache), unwrap(v_cache))) {
+      *out_q = wrap(*q);
+    }
+  });
+}
 int mlex_cuda_qk_norm_rope(mlex_array qkv, int32_t n_q_heads, int32_t n_kv_heads, mlex_array q_norm,
                            mlex_array k_norm, float eps, bool traditional, float base, float scale, mlex_array freqs,
                            mlex_array positions, mlex_array* out_q, mlex_array* out_k) {

@@ -212,6 +212,16 @@ int mlex_cpu_decode_attention(mlex_array qkv, mlex_array k_cache, mlex_array v_c
                               mlex_array k_norm, float eps, int32_t rope_dims, bool traditional, float base,
                               float rope_scale, mlex_array freqs, mlex_array* out, mlex_array* out_k,
                               mlex_array* out_v);
+/* A decode step's q/k/v straight into a full-attention cache in one CUDA kernel
+   (src/mlx/cuda_qk_norm_rope.h): qkv [B, HQ + 2·HKV, 1, D]; q_norm/k_norm both or neither NULL;
+   rotated as mlex_fast_rope (the whole head; freqs may be NULL) at positions (int32 [1] or [B]);
+   k and v written IN PLACE into column at[0] of k_cache/v_cache [B, HKV, at[1], D] (at: int32
+   [2]; evaluated buffers the caller owns). Sets *out_q [B, HQ, 1, D], or leaves it NULL where the
+   kernel does not apply (the caller runs the separate ops). */
+int mlex_cuda_qkv_into_cache(mlex_array qkv, int32_t n_q_heads, int32_t n_kv_heads, mlex_array q_norm,
+                             mlex_array k_norm, float eps, bool traditional, float base, float scale,
+                             mlex_array freqs, mlex_array positions, mlex_array at, mlex_array k_cache,
+                             mlex_array v_cache, mlex_array* out_q);
 /* As mlex_fast_rope with each row of x's leading (batch) axis at its own position: offsets [B]
    int32 (continuous batching). */
 int mlex_fast_rope_offsets(mlex_array x, int32_t dims, bool traditional, float base, float scale, mlex_array offsets,
@@ -295,6 +305,7 @@ int mlex_random_categorical(mlex_array logits, int32_t axis, mlex_array key, mle
 #define MLEX_ABLATE_KERNEL_CUDA_DEVICE_ALLOC 1024u
 #define MLEX_ABLATE_KERNEL_CPU_EPILOGUE 2048u
 #define MLEX_ABLATE_KERNEL_CPU_DECODE_ATTN 4096u
+#define MLEX_ABLATE_KERNEL_CUDA_KV_WRITE 8192u
 void mlex_set_ablations(uint32_t kernels);
 
 /* ---- compile: fused element-wise helpers used by the models ---- */

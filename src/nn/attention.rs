@@ -42,6 +42,26 @@ fn position(offset: usize) -> Result<Array> {
     positions(offset, 1)
 }
 
+/// Keys up to which a CUDA decode step attends with our short-pass kernel rather than MLX's:
+/// on the H200 ours was faster at 768 keys (one kernel instead of two slices and MLX's), MLX's
+/// at 4k-8k (ours runs one block per query head; MLX's splits the keys over blocks).
+const SHORT_KERNEL_KEYS: usize = 1024;
+
+/// int32 `[column, capacity]`: where a decode step's token goes in buffers of that capacity (one
+/// array for all layers of a step, memoized per thread as [`position`]).
+fn cache_column(column: usize, capacity: usize) -> Result<Array> {
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<((usize, usize), Array)>> = const { std::cell::RefCell::new(None) };
+    }
+    let key = (column, capacity);
+    if let Some(a) = LAST.with(|l| l.borrow().as_ref().filter(|(k, _)| *k == key).map(|(_, a)| a.clone())) {
+        return Ok(a);
+    }
+    let a = Array::from_slice(&[column as i32, capacity as i32], &[2])?;
+    LAST.with(|l| *l.borrow_mut() = Some((key, a.clone())));
+    Ok(a)
+}
+
 /// int32 `[n]`: `offset .. offset + n`, the positions of a pass's tokens (memoized per thread, as
 /// [`position`]).
 fn positions(offset: usize, n: usize) -> Result<Array> {
@@ -137,7 +157,7 @@ impl Attention {
         };
         let mut token_major = false;
         let (q, k, v) = if l == 1 {
-            if let Some(o) = self.decode_on_cpu(x, norm, cache)? {
+            if let Some(o) = self.decode_fused(x, norm, cache)? {
                 return self.project_out(&o, residual);
             }
             self.decode_qkv(x, norm, b, &at, false)?
@@ -176,13 +196,15 @@ impl Attention {
         self.project_out(&o, residual)
     }
 
-    /// A CPU decode step's attention block as one kernel of ours (`fast::cpu_decode_attention`):
-    /// the fused q/k/v product's heads normalized and rotated, the token's key and value written
-    /// into a plain cache's buffers, and the attention, where the separate ops are ~10 a layer and
-    /// each costs more than its arithmetic on a small model. The output `[B, 1, HQ·D]`, or None
-    /// where it does not apply (another device or cache kind, sinks, separate projections, a
-    /// scaled or length-dependent rope).
-    fn decode_on_cpu(&self, x: &Array, norm: Option<&RmsNorm>, cache: &mut dyn Cache) -> Result<Option<Array>> {
+    /// A decode step's attention block with the token's key and value written into a plain or
+    /// batch cache's buffers by a kernel of ours, where the separate ops (a reshape, splits, the
+    /// rope, two slice updates, two slices, the attention) cost more per op than their
+    /// arithmetic on small models: on the CPU one kernel (`fast::cpu_decode_attention`) does it
+    /// all; on CUDA one writes q, k and v (`fast::cuda_qkv_into_cache`) and our short-pass
+    /// attention reads the whole buffers. The output `[B, 1, HQ·D]`, or None where it does not
+    /// apply (another cache kind or device, sinks, separate projections, a scaled or
+    /// length-dependent rope; on CUDA also a partial rotation, a left-padded batch, 32-bit).
+    fn decode_fused(&self, x: &Array, norm: Option<&RmsNorm>, cache: &mut dyn Cache) -> Result<Option<Array>> {
         let Projections::Fused { linear, .. } = &self.qkv else { return Ok(None) };
         let rope = match &self.rope {
             Some(r) => match r.plain() {
@@ -196,21 +218,63 @@ impl Attention {
             (None, None) => None,
             _ => return Ok(None),
         };
-        if self.sinks.is_some() || x.dtype() != crate::mlx::Dtype::Float32 {
+        if self.sinks.is_some() {
             return Ok(None);
         }
-        if !crate::mlx::default_device().is_ok_and(|d| d == crate::mlx::Device::Cpu) {
+        let on_cpu = crate::mlx::default_device().is_ok_and(|d| d == crate::mlx::Device::Cpu);
+        let (hq, hkv, d) = (self.n_heads as i32, self.n_kv_heads as i32, self.head_dim as i32);
+        if on_cpu && x.dtype() == crate::mlx::Dtype::Float32 {
+            let y = match norm {
+                Some(n) => linear.forward_normed(x, n)?,
+                None => linear.forward(x)?,
+            };
+            return cache.write_token_with((x.dim(0), hkv, d), y.dtype(), &mut |slot| {
+                let rows = fast::DecodeRows { column: slot.column, positions: slot.positions, key_start: slot.key_start };
+                fast::cpu_decode_attention(&y, slot.keys, slot.values, &rows, (hq, hkv), self.scale, qk_norm, rope)
+            });
+        }
+        let Some((dims, traditional, base, scale, freqs)) = rope else { return Ok(None) };
+        if !crate::mlx::on_cuda() || dims != d || !matches!(x.dtype(), crate::mlx::Dtype::Bfloat16 | crate::mlx::Dtype::Float16) {
             return Ok(None);
         }
+        let b = x.dim(0);
         let y = match norm {
             Some(n) => linear.forward_normed(x, n)?,
             None => linear.forward(x)?,
-        };
-        let (hq, hkv) = (self.n_heads as i32, self.n_kv_heads as i32);
-        let heads = (x.dim(0), hkv, self.head_dim as i32);
-        cache.write_token_with(heads, y.dtype(), &mut |slot| {
-            let rows = fast::DecodeRows { column: slot.column, positions: slot.positions, key_start: slot.key_start };
-            fast::cpu_decode_attention(&y, slot.keys, slot.values, &rows, (hq, hkv), self.scale, qk_norm, rope)
+        }
+        .reshape(&[b, hq + 2 * hkv, 1, d])?;
+        cache.write_token_with((b, hkv, d), y.dtype(), &mut |slot| {
+            // The kernel writes the buffers in place: only a cache's own (a continuous batch's).
+            // A left-padded batch keeps MLX's attention under its per-step mask (BatchKvCache).
+            if !slot.owned || slot.key_start.is_some() {
+                return Ok(None);
+            }
+            let at = cache_column(slot.column, slot.keys.dim(2) as usize)?;
+            let pos = match slot.positions {
+                Some(p) => p.clone(),
+                None => position(slot.column)?,
+            };
+            let rope = (traditional, base, scale, freqs);
+            let Some(q) = fast::cuda_qkv_into_cache(&y, (hq, hkv), qk_norm, rope, &pos, &at, slot.keys, slot.values)? else {
+                return Ok(None);
+            };
+            // Attention depends on q, so it runs after the write of this column. Our attention
+            // kernel (one block per query head) for short contexts; MLX's, which splits long
+            // ones over many blocks, past SHORT_KERNEL_KEYS (BENCHMARKS.md, tenth session).
+            let ours = if slot.column < SHORT_KERNEL_KEYS {
+                fast::cuda_short_attention(&q, slot.keys, slot.values, self.scale, slot.column, false)?
+            } else {
+                None
+            };
+            let o = match ours {
+                Some(o) => o,
+                None => {
+                    let end = slot.column as i32 + 1;
+                    let (kk, vv) = (slot.keys.slice_axis(2, 0, end)?, slot.values.slice_axis(2, 0, end)?);
+                    fast::scaled_dot_product_attention(&q, &kk, &vv, self.scale, AttentionMask::None)?
+                }
+            };
+            Ok(Some((o.reshape(&[b, 1, -1])?, slot.keys.clone(), slot.values.clone())))
         })
     }
 

@@ -14,7 +14,6 @@ use crate::error::{Error, Result};
 use crate::mlx::{Array, Dtype};
 
 /// One layer's keys/values of a batch. Row b holds its tokens in columns `pad[b]..used`.
-#[derive(Clone)]
 pub struct BatchKvCache {
     keys: Array,
     values: Array,
@@ -28,6 +27,25 @@ pub struct BatchKvCache {
     /// where the padded attention op would build it again in each layer; the CPU's attention
     /// kernel reads `key_start` directly).
     step_mask: Option<Array>,
+    /// Whether `keys` and `values` are buffers this cache made itself (`write_token_with`'s
+    /// growth: fresh, row contiguous, shared with no other array), which a kernel may then
+    /// write in place (`Attention`'s CUDA decode step). Any other assignment, and a clone
+    /// (which shares the buffers), clears it.
+    owned: bool,
+}
+
+impl Clone for BatchKvCache {
+    fn clone(&self) -> Self {
+        BatchKvCache {
+            keys: self.keys.clone(),
+            values: self.values.clone(),
+            used: self.used,
+            positions: self.positions.clone(),
+            key_start: self.key_start.clone(),
+            step_mask: self.step_mask.clone(),
+            owned: false,
+        }
+    }
 }
 
 /// `x` (`[B, H, S, D]`) with `n` zero columns before its first `len` ones.
@@ -80,6 +98,7 @@ impl Cache for BatchKvCache {
         }
         self.keys = write(&self.keys, k, self.used)?;
         self.values = write(&self.values, v, self.used)?;
+        self.owned = false;
         self.used += l;
         let end = self.used as i32;
         let mask = match (&self.key_start, &self.step_mask) {
@@ -92,9 +111,10 @@ impl Cache for BatchKvCache {
     }
 
     fn write_token_with(&mut self, heads: (i32, i32, i32), dtype: Dtype, step: TokenStep<'_>) -> Result<Option<Array>> {
-        if self.used + 1 > self.keys.dim(2) as usize {
+        if self.used + 1 > self.keys.dim(2) as usize || !self.owned {
             self.keys = grow_as(&Some(self.keys.clone()), heads, dtype, self.used, 1)?;
             self.values = grow_as(&Some(self.values.clone()), heads, dtype, self.used, 1)?;
+            self.owned = true;
         }
         let slot = TokenSlot {
             keys: &self.keys,
@@ -102,6 +122,7 @@ impl Cache for BatchKvCache {
             column: self.used,
             positions: self.positions.as_ref(),
             key_start: self.key_start.as_ref(),
+            owned: true,
         };
         let Some((out, k, v)) = step(slot)? else { return Ok(None) };
         // The old buffers' last reference is now the kernel's op's: it may write them in place.
@@ -148,6 +169,7 @@ impl BatchCaches {
                     positions: None,
                     key_start: None,
                     step_mask: None,
+                    owned: false,
                 }) as Box<dyn Cache>)
             })
             .collect::<Result<Vec<_>>>()?;
@@ -178,6 +200,7 @@ impl BatchCaches {
             let v = pad_left(v, len, total - len)?;
             b.keys = Array::concatenate(&[&pad_left(&b.keys, used, total - used)?, &k], 0)?;
             b.values = Array::concatenate(&[&pad_left(&b.values, used, total - used)?, &v], 0)?;
+            b.owned = false;
             b.used = total;
         }
         for p in &mut self.pads {
@@ -225,6 +248,7 @@ impl BatchCaches {
             };
             b.keys = cut(&b.keys)?;
             b.values = cut(&b.values)?;
+            b.owned = false;
             b.used = used - trim;
         }
         self.pads = keep.iter().map(|&r| self.pads[r] - trim).collect();
@@ -269,5 +293,44 @@ impl BatchCaches {
 
     pub fn nbytes(&self) -> usize {
         self.caches.nbytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mlx::Dtype;
+
+    /// A kernel may write a batch's buffers in place only while the batch made them itself: after
+    /// its own growth, not after an append through MLX's ops, and never in a clone (which shares
+    /// them). The slot a writer gets says so, and the batch keeps the arrays the writer returns.
+    #[test]
+    fn only_buffers_the_batch_made_itself_are_handed_out_for_writing_in_place() {
+        let token = |v: f32| Array::full(&[1, 1, 1, 2], v, Dtype::Float32).unwrap();
+        let mut solo = KvCache::new();
+        solo.update_and_fetch(&token(1.0), &token(1.0)).unwrap();
+        let mut batch = BatchCaches::new(&LayerCaches(vec![Box::new(solo)])).unwrap();
+        let caches = batch.for_step().unwrap();
+        let layer = caches.iter_mut().next().unwrap();
+        let seen = std::cell::RefCell::new(vec![]);
+        let mut step = |slot: TokenSlot| -> Result<Option<(Array, Array, Array)>> {
+            seen.borrow_mut().push((slot.owned, slot.column));
+            Ok(Some((token(0.0), slot.keys.clone(), slot.values.clone())))
+        };
+        // Joined from a request's cache (views of it): the batch grows its own buffers first.
+        assert!(layer.write_token_with((1, 1, 2), Dtype::Float32, &mut step).unwrap().is_some());
+        assert!(layer.write_token_with((1, 1, 2), Dtype::Float32, &mut step).unwrap().is_some());
+        assert_eq!(*seen.borrow(), vec![(true, 1), (true, 2)]);
+        assert_eq!(layer.offset(), 3);
+        // A clone shares the buffers: neither may be written in place until it grows its own.
+        let b = layer.as_batch().unwrap();
+        let clone = b.clone();
+        assert!(!clone.owned);
+        // An append through MLX's ops gives arrays the batch did not make for writing.
+        b.update_and_fetch(&token(2.0), &token(2.0)).unwrap();
+        assert!(!b.owned);
+        seen.borrow_mut().clear();
+        assert!(layer.write_token_with((1, 1, 2), Dtype::Float32, &mut step).unwrap().is_some());
+        assert_eq!(*seen.borrow(), vec![(true, 4)]);
     }
 }

@@ -39,13 +39,16 @@ impl Mask {
 /// One layer's state.
 /// What a kernel that writes a decode step's keys and values itself is given: the `[B, H, C, D]`
 /// key and value buffers, the column the token goes into, each row's rope position (None: the
-/// column, for every row) and each row's first visible key (None: the first).
+/// column, for every row), each row's first visible key (None: the first), and whether the
+/// buffers are the cache's own (row contiguous, shared with no other array), so that the kernel
+/// may write them in place and hand the same arrays back.
 pub struct TokenSlot<'a> {
     pub keys: &'a Array,
     pub values: &'a Array,
     pub column: usize,
     pub positions: Option<&'a Array>,
     pub key_start: Option<&'a Array>,
+    pub owned: bool,
 }
 
 /// Such a kernel: the step's output and the buffers after its write, or None where it declines.

@@ -166,7 +166,7 @@ impl Cache for KvCache {
             self.values = Some(grow_as(&self.values, heads, dtype, prev, 1)?);
         }
         let (keys, values) = (self.keys.as_ref().unwrap(), self.values.as_ref().unwrap());
-        let Some((out, k, v)) = step(TokenSlot { keys, values, column: prev, positions: None, key_start: None })? else {
+        let Some((out, k, v)) = step(TokenSlot { keys, values, column: prev, positions: None, key_start: None, owned: false })? else {
             return Ok(None);
         };
         // The old buffers' last reference is now the kernel's op's: it may write them in place.
