@@ -138,6 +138,19 @@ const cuda_jit::KernelSpec& cache_spec() {
   return s;
 }
 
+// Whether either kernel applies to a decode step's fused product `qkv` ([B, HQ + 2·HKV, 1, D],
+// 16-bit, D even and at most 1024) and `rope`, on CUDA, with `ablation` off.
+bool applies(uint32_t ablation, const mx::array& qkv, int n_q_heads, int n_kv_heads, const RopeArgs& rope) {
+  static const bool cuda = cuda_jit::available();
+  if (mlex::ablated(ablation) || !cuda || mx::to_stream({}).device != mx::Device::gpu) return false;
+  const mx::Dtype t = qkv.dtype();
+  if ((t != mx::bfloat16 && t != mx::float16) || qkv.ndim() != 4 || qkv.shape(1) != n_q_heads + 2 * n_kv_heads ||
+      qkv.shape(2) != 1 || qkv.shape(3) % 2 != 0 || qkv.shape(3) > 1024) {
+    return false;
+  }
+  return !rope.freqs || (rope.freqs->dtype() == mx::float32 && rope.freqs->shape() == mx::Shape{qkv.shape(3) / 2});
+}
+
 int float_bits(float f) {
   int i = 0;
   std::memcpy(&i, &f, sizeof i);
@@ -151,22 +164,14 @@ std::optional<std::pair<mx::array, mx::array>> cuda_qk_norm_rope(const mx::array
                                                                  const mx::array& k_norm, float eps,
                                                                  const RopeArgs& rope, const mx::array& positions) {
   // Benchmark ablation only (BENCHMARKS.md): MLX's norms and ropes.
-  static const bool cuda = cuda_jit::available();
-  if (mlex::ablated(MLEX_ABLATE_KERNEL_CUDA_QK_ROPE) || !cuda || mx::to_stream({}).device != mx::Device::gpu) {
-    return std::nullopt;
-  }
+  if (!applies(MLEX_ABLATE_KERNEL_CUDA_QK_ROPE, qkv, n_q_heads, n_kv_heads, rope)) return std::nullopt;
   const mx::Dtype t = qkv.dtype();
-  if ((t != mx::bfloat16 && t != mx::float16) || qkv.ndim() != 4 || qkv.shape(1) != n_q_heads + 2 * n_kv_heads ||
-      qkv.shape(2) != 1) {
-    return std::nullopt;
-  }
   const int b = qkv.shape(0), d = qkv.shape(3);
-  if (d % 2 != 0 || d > 1024 || q_norm.dtype() != t || k_norm.dtype() != t || q_norm.shape() != mx::Shape{d} ||
+  if (q_norm.dtype() != t || k_norm.dtype() != t || q_norm.shape() != mx::Shape{d} ||
       k_norm.shape() != mx::Shape{d} || positions.ndim() != 1 ||
       (positions.shape(0) != 1 && positions.shape(0) != b)) {
     return std::nullopt;
   }
-  if (rope.freqs && (rope.freqs->dtype() != mx::float32 || rope.freqs->shape() != mx::Shape{d / 2})) return std::nullopt;
   const int threads = (d / 2 + 31) / 32 * 32;
   const int blocks = b * (n_q_heads + n_kv_heads);
   const mx::array pos = mx::astype(positions, mx::int32);
@@ -187,17 +192,10 @@ std::optional<mx::array> cuda_qkv_into_cache(
     float eps, const RopeArgs& rope, const mx::array& positions, const mx::array& at, const mx::array& k_cache,
     const mx::array& v_cache) {
   // Benchmark ablation only (BENCHMARKS.md): the separate kernels and MLX's cache writes.
-  static const bool cuda = cuda_jit::available();
-  if (mlex::ablated(MLEX_ABLATE_KERNEL_CUDA_KV_WRITE) || !cuda || mx::to_stream({}).device != mx::Device::gpu) {
-    return std::nullopt;
-  }
+  if (!applies(MLEX_ABLATE_KERNEL_CUDA_KV_WRITE, qkv, n_q_heads, n_kv_heads, rope)) return std::nullopt;
   const mx::Dtype t = qkv.dtype();
-  if ((t != mx::bfloat16 && t != mx::float16) || qkv.ndim() != 4 || qkv.shape(1) != n_q_heads + 2 * n_kv_heads ||
-      qkv.shape(2) != 1) {
-    return std::nullopt;
-  }
   const int b = qkv.shape(0), d = qkv.shape(3);
-  if (d % 2 != 0 || d > 1024 || k_cache.ndim() != 4 || k_cache.shape() != v_cache.shape() || k_cache.dtype() != t ||
+  if (k_cache.ndim() != 4 || k_cache.shape() != v_cache.shape() || k_cache.dtype() != t ||
       v_cache.dtype() != t || k_cache.shape(0) != b || k_cache.shape(1) != n_kv_heads || k_cache.shape(3) != d ||
       at.dtype() != mx::int32 || at.shape() != mx::Shape{2} || positions.ndim() != 1 ||
       (positions.shape(0) != 1 && positions.shape(0) != b)) {
@@ -207,7 +205,6 @@ std::optional<mx::array> cuda_qkv_into_cache(
                 norms->second.shape() != mx::Shape{d})) {
     return std::nullopt;
   }
-  if (rope.freqs && (rope.freqs->dtype() != mx::float32 || rope.freqs->shape() != mx::Shape{d / 2})) return std::nullopt;
   const int threads = (d / 2 + 31) / 32 * 32;
   const int blocks = b * (n_q_heads + 2 * n_kv_heads);
   const float step = std::log(rope.base) / static_cast<float>(d / 2);

@@ -51,14 +51,22 @@ const SHORT_KERNEL_KEYS: usize = 1024;
 /// array for all layers of a step, memoized per thread as [`position`]).
 fn cache_column(column: usize, capacity: usize) -> Result<Array> {
     thread_local! {
-        static LAST: std::cell::RefCell<Option<((usize, usize), Array)>> = const { std::cell::RefCell::new(None) };
+        static LAST: Memo = const { std::cell::RefCell::new(None) };
     }
-    let key = (column, capacity);
-    if let Some(a) = LAST.with(|l| l.borrow().as_ref().filter(|(k, _)| *k == key).map(|(_, a)| a.clone())) {
+    memoized(&LAST, (column, capacity), || Array::from_slice(&[column as i32, capacity as i32], &[2]))
+}
+
+/// The last array a call site made, with its key.
+type Memo = std::cell::RefCell<Option<((usize, usize), Array)>>;
+
+/// `make()`'s array, or the one made last for the same `key` on this thread (a step's layers all
+/// ask for the same one).
+fn memoized(last: &'static std::thread::LocalKey<Memo>, key: (usize, usize), make: impl FnOnce() -> Result<Array>) -> Result<Array> {
+    if let Some(a) = last.with(|l| l.borrow().as_ref().filter(|(k, _)| *k == key).map(|(_, a)| a.clone())) {
         return Ok(a);
     }
-    let a = Array::from_slice(&[column as i32, capacity as i32], &[2])?;
-    LAST.with(|l| *l.borrow_mut() = Some((key, a.clone())));
+    let a = make()?;
+    last.with(|l| *l.borrow_mut() = Some((key, a.clone())));
     Ok(a)
 }
 
@@ -66,16 +74,12 @@ fn cache_column(column: usize, capacity: usize) -> Result<Array> {
 /// [`position`]).
 fn positions(offset: usize, n: usize) -> Result<Array> {
     thread_local! {
-        static LAST: std::cell::RefCell<Option<((usize, usize), Array)>> = const { std::cell::RefCell::new(None) };
+        static LAST: Memo = const { std::cell::RefCell::new(None) };
     }
-    let key = (offset, n);
-    if let Some(a) = LAST.with(|l| l.borrow().as_ref().filter(|(k, _)| *k == key).map(|(_, a)| a.clone())) {
-        return Ok(a);
-    }
-    let v: Vec<i32> = (offset..offset + n).map(|p| p as i32).collect();
-    let a = Array::from_slice(&v, &[n as i32])?;
-    LAST.with(|l| *l.borrow_mut() = Some((key, a.clone())));
-    Ok(a)
+    memoized(&LAST, (offset, n), || {
+        let v: Vec<i32> = (offset..offset + n).map(|p| p as i32).collect();
+        Array::from_slice(&v, &[n as i32])
+    })
 }
 
 pub struct Attention {
