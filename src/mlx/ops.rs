@@ -335,6 +335,14 @@ pub mod fast {
         Ok(Some((Array::from_raw(q), Array::from_raw(k))))
     }
 
+    /// q's and k's per-head norm weights and eps as the shim takes them (NULL, NULL: none).
+    fn norm_args(qk_norm: Option<(&Array, &Array, f32)>) -> (sys::mlex_array, sys::mlex_array, f32) {
+        match qk_norm {
+            Some((q, k, eps)) => (q.raw(), k.raw(), eps),
+            None => (std::ptr::null_mut(), std::ptr::null_mut(), 0.0),
+        }
+    }
+
     /// Where a decode step's token goes in a cache's buffers ([`cpu_decode_attention`]): the
     /// column, each row's rope position (int32 `[B]`; None: the column) and each row's first
     /// visible key (int32 `[B]`; None: the first).
@@ -363,10 +371,7 @@ pub mod fast {
         rope: Option<(i32, bool, f32, f32, Option<&Array>)>,
     ) -> Result<Option<(Array, Array, Array)>> {
         let (mut o, mut k, mut v) = (std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut());
-        let (qn, kn, eps) = match qk_norm {
-            Some((q, k, eps)) => (q.raw(), k.raw(), eps),
-            None => (std::ptr::null_mut(), std::ptr::null_mut(), 0.0),
-        };
+        let (qn, kn, eps) = norm_args(qk_norm);
         let (dims, traditional, base, rope_scale, freqs) = rope.unwrap_or((0, false, 0.0, 1.0, None));
         crate::mlx::error::check(unsafe {
             sys::mlex_cpu_decode_attention(
@@ -403,7 +408,8 @@ pub mod fast {
     /// eps), rotated (`rope`: traditional, base, scale, freqs; the whole head) at `positions`
     /// (int32 `[1]` or `[B]`), k and v written into column `at[0]` of `k_cache` / `v_cache`
     /// (`[B, HKV, at[1], D]`; `at` int32 `[2]`) IN PLACE. Returns q `[B, HQ, 1, D]`, or None
-    /// where it does not apply (not CUDA, not 16-bit, buffers not evaluated or not contiguous).
+    /// where it does not apply (not CUDA, not 16-bit, other shapes). Buffers that are not row
+    /// contiguous when the kernel runs fail its evaluation (a copy would take the writes).
     ///
     /// # Safety (not memory safety: MLX's value semantics)
     /// The caller owns the buffers: no other array may share them (a clone would see the write),
@@ -420,10 +426,7 @@ pub mod fast {
         v_cache: &Array,
     ) -> Result<Option<Array>> {
         let mut q = std::ptr::null_mut();
-        let (qn, kn, eps) = match qk_norm {
-            Some((q, k, eps)) => (q.raw(), k.raw(), eps),
-            None => (std::ptr::null_mut(), std::ptr::null_mut(), 0.0),
-        };
+        let (qn, kn, eps) = norm_args(qk_norm);
         let (traditional, base, scale, freqs) = rope;
         crate::mlx::error::check(unsafe {
             sys::mlex_cuda_qkv_into_cache(

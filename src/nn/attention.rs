@@ -47,6 +47,14 @@ fn position(offset: usize) -> Result<Array> {
 /// at 4k-8k (ours runs one block per query head; MLX's splits the keys over blocks).
 const SHORT_KERNEL_KEYS: usize = 1024;
 
+/// `linear(norm(x))`, the norm folded into the product where it can be.
+fn fused(linear: &Linear, x: &Array, norm: Option<&RmsNorm>) -> Result<Array> {
+    match norm {
+        Some(n) => linear.forward_normed(x, n),
+        None => linear.forward(x),
+    }
+}
+
 /// int32 `[column, capacity]`: where a decode step's token goes in buffers of that capacity (one
 /// array for all layers of a step, memoized per thread as [`position`]).
 fn cache_column(column: usize, capacity: usize) -> Result<Array> {
@@ -161,10 +169,13 @@ impl Attention {
         };
         let mut token_major = false;
         let (q, k, v) = if l == 1 {
-            if let Some(o) = self.decode_fused(x, norm, cache)? {
-                return self.project_out(&o, residual);
+            let product = self.fused_product(x, norm)?;
+            if let Some(y) = &product {
+                if let Some(o) = self.decode_fused(y, cache)? {
+                    return self.project_out(&o, residual);
+                }
             }
-            self.decode_qkv(x, norm, b, &at, false)?
+            self.decode_qkv(x, product, norm, b, &at, false)?
         } else if let Some(qkv) = self.short_qkv(x, norm, l, &at, cache.offset())? {
             token_major = true;
             qkv
@@ -200,16 +211,19 @@ impl Attention {
         self.project_out(&o, residual)
     }
 
-    /// A decode step's attention block with the token's key and value written into a plain or
-    /// batch cache's buffers by a kernel of ours, where the separate ops (a reshape, splits, the
-    /// rope, two slice updates, two slices, the attention) cost more per op than their
-    /// arithmetic on small models: on the CPU one kernel (`fast::cpu_decode_attention`) does it
-    /// all; on CUDA one writes q, k and v (`fast::cuda_qkv_into_cache`) and our short-pass
-    /// attention reads the whole buffers. The output `[B, 1, HQ·D]`, or None where it does not
-    /// apply (another cache kind or device, sinks, separate projections, a scaled or
-    /// length-dependent rope; on CUDA also a partial rotation, a left-padded batch, 32-bit).
-    fn decode_fused(&self, x: &Array, norm: Option<&RmsNorm>, cache: &mut dyn Cache) -> Result<Option<Array>> {
-        let Projections::Fused { linear, .. } = &self.qkv else { return Ok(None) };
+    /// A decode step's attention block from the fused q/k/v product `y` (`[B, 1, (HQ + 2·HKV)·D]`),
+    /// the token's key and value written into a plain or batch cache's buffers by a kernel of
+    /// ours, where the separate ops (a reshape, splits, the rope, two slice updates, two slices,
+    /// the attention) cost more per op than their arithmetic on small models: on the CPU one
+    /// kernel (`fast::cpu_decode_attention`) does it all; on CUDA one writes q, k and v
+    /// (`fast::cuda_qkv_into_cache`) and our short-pass attention reads the whole buffers. The
+    /// output `[B, 1, HQ·D]`, or None where it does not apply (another cache kind or device,
+    /// sinks, a scaled or length-dependent rope; on CUDA also a partial rotation, a left-padded
+    /// batch, 32-bit): the caller goes on with `y`.
+    fn decode_fused(&self, y: &Array, cache: &mut dyn Cache) -> Result<Option<Array>> {
+        if self.sinks.is_some() {
+            return Ok(None);
+        }
         let rope = match &self.rope {
             Some(r) => match r.plain() {
                 Some(p) => Some(p),
@@ -222,31 +236,19 @@ impl Attention {
             (None, None) => None,
             _ => return Ok(None),
         };
-        if self.sinks.is_some() {
-            return Ok(None);
-        }
         let on_cpu = crate::mlx::default_device().is_ok_and(|d| d == crate::mlx::Device::Cpu);
-        let (hq, hkv, d) = (self.n_heads as i32, self.n_kv_heads as i32, self.head_dim as i32);
-        if on_cpu && x.dtype() == crate::mlx::Dtype::Float32 {
-            let y = match norm {
-                Some(n) => linear.forward_normed(x, n)?,
-                None => linear.forward(x)?,
-            };
-            return cache.write_token_with((x.dim(0), hkv, d), y.dtype(), &mut |slot| {
+        let (b, hq, hkv, d) = (y.dim(0), self.n_heads as i32, self.n_kv_heads as i32, self.head_dim as i32);
+        if on_cpu && y.dtype() == crate::mlx::Dtype::Float32 {
+            return cache.write_token_with((b, hkv, d), y.dtype(), &mut |slot| {
                 let rows = fast::DecodeRows { column: slot.column, positions: slot.positions, key_start: slot.key_start };
-                fast::cpu_decode_attention(&y, slot.keys, slot.values, &rows, (hq, hkv), self.scale, qk_norm, rope)
+                fast::cpu_decode_attention(y, slot.keys, slot.values, &rows, (hq, hkv), self.scale, qk_norm, rope)
             });
         }
         let Some((dims, traditional, base, scale, freqs)) = rope else { return Ok(None) };
-        if !crate::mlx::on_cuda() || dims != d || !matches!(x.dtype(), crate::mlx::Dtype::Bfloat16 | crate::mlx::Dtype::Float16) {
+        if !crate::mlx::on_cuda() || dims != d || !matches!(y.dtype(), crate::mlx::Dtype::Bfloat16 | crate::mlx::Dtype::Float16) {
             return Ok(None);
         }
-        let b = x.dim(0);
-        let y = match norm {
-            Some(n) => linear.forward_normed(x, n)?,
-            None => linear.forward(x)?,
-        }
-        .reshape(&[b, hq + 2 * hkv, 1, d])?;
+        let y = y.reshape(&[b, hq + 2 * hkv, 1, d])?;
         cache.write_token_with((b, hkv, d), y.dtype(), &mut |slot| {
             // The kernel writes the buffers in place: only a cache's own (a continuous batch's).
             // A left-padded batch keeps MLX's attention under its per-step mask (BatchKvCache).
@@ -337,9 +339,18 @@ impl Attention {
             return Ok(None);
         }
         let rows = x.reshape(&[l, 1, -1])?;
-        let (q, k, v) = self.decode_qkv(&rows, norm, l, &At::Rows(positions(offset, l as usize)?), true)?;
+        let (q, k, v) = self.decode_qkv(&rows, None, norm, l, &At::Rows(positions(offset, l as usize)?), true)?;
         let view = |a: Array, h: usize| a.reshape(&[1, l, h as i32, -1])?.transpose(&[0, 2, 1, 3]);
         Ok(Some((view(q, self.n_heads)?, view(k, self.n_kv_heads)?, view(v, self.n_kv_heads)?)))
+    }
+
+    /// The fused q/k/v product of `x` (normalized by `norm` first, folded into the product where
+    /// it can be), or None where the projections are separate.
+    fn fused_product(&self, x: &Array, norm: Option<&RmsNorm>) -> Result<Option<Array>> {
+        match &self.qkv {
+            Projections::Fused { linear, .. } => fused(linear, x, norm).map(Some),
+            Projections::Separate(_) => Ok(None),
+        }
     }
 
     /// The decode step (L = 1) with as few ops as possible, since per-op overhead is what a
@@ -350,13 +361,14 @@ impl Attention {
     /// attention kernel had copied first: on the H200 that copy's encoding was ~28 % of a
     /// verification pass's host time, far more than a second rope costs. Done on every backend
     /// (one more rope a layer is negligible on the CPU), so the CPU suites cover this path.
-    fn decode_qkv(&self, x: &Array, norm: Option<&RmsNorm>, b: i32, offset: &At, contiguous_q: bool) -> Result<(Array, Array, Array)> {
+    /// `product`: the fused projection of x where the caller made it already ([`Self::fused_product`]).
+    fn decode_qkv(&self, x: &Array, product: Option<Array>, norm: Option<&RmsNorm>, b: i32, offset: &At, contiguous_q: bool) -> Result<(Array, Array, Array)> {
         let (hq, hkv) = (self.n_heads as i32, self.n_kv_heads as i32);
         match &self.qkv {
             Projections::Fused { linear, .. } => {
-                let y = match norm {
-                    Some(n) => linear.forward_normed(x, n)?,
-                    None => linear.forward(x)?,
+                let y = match product {
+                    Some(y) => y,
+                    None => fused(linear, x, norm)?,
                 };
                 let y = y.reshape(&[b, hq + 2 * hkv, 1, -1])?;
                 if self.q_norm.is_none() && self.k_norm.is_none() && contiguous_q && b > 1 {

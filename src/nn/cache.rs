@@ -36,7 +36,6 @@ impl Mask {
     }
 }
 
-/// One layer's state.
 /// What a kernel that writes a decode step's keys and values itself is given: the `[B, H, C, D]`
 /// key and value buffers, the column the token goes into, each row's rope position (None: the
 /// column, for every row), each row's first visible key (None: the first), and whether the
@@ -54,6 +53,7 @@ pub struct TokenSlot<'a> {
 /// Such a kernel: the step's output and the buffers after its write, or None where it declines.
 pub type TokenStep<'a> = &'a mut dyn FnMut(TokenSlot) -> Result<Option<(Array, Array, Array)>>;
 
+/// One layer's state.
 pub trait Cache {
     /// Tokens seen (positions consumed).
     fn offset(&self) -> usize;
@@ -110,7 +110,7 @@ pub trait Cache {
     }
 
     /// A decode step whose kernel writes the token's key and value into the buffers itself
-    /// (`Attention`'s CPU decode kernel): the cache makes room for one more column of
+    /// (`Attention`'s CPU and CUDA decode kernels): the cache makes room for one more column of
     /// `heads` (`(B, H, D)`) of `dtype`, hands `step` the buffers, and keeps the buffers `step`
     /// returns with the step's output. None (a cache that does not take such writes, or `step`
     /// declined): nothing is stored, and the caller goes through `update_and_fetch`.
