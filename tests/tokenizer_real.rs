@@ -179,6 +179,42 @@ fn gemma3_matches_transformers() {
     check_tokenizer("gemma3");
 }
 
+/// `Tokenizer::from_dir` reads a BPE tokenizer.json with its own reader (src/tokenizer/fast_load.rs):
+/// on every real tokenizer it must build what the tokenizers crate's loader builds.
+#[test]
+fn fast_tokenizer_json_reader_builds_what_the_crate_builds() {
+    let texts = [
+        "Hello, world! What is the capital of France?",
+        "  leading spaces,\ttabs\nand newlines\r\n\n\n",
+        "数字 12345 и кириллица, emoji 👩‍💻🎉, accents: café naïve",
+        "<|im_start|>user\nhi<|im_end|><start_of_turn>model\n<|begin_of_text|><|eot_id|>",
+        "fn main() { println!(\"{}\", 0x1F); } // code",
+    ];
+    for name in ["qwen3", "llama3_1", "gemma3"] {
+        let path = assets_dir().join(name).join("tokenizer.json");
+        if !path.exists() {
+            common::skip_unless_ci("fast_tokenizer_json_reader_builds_what_the_crate_builds", &format!("no {}", path.display()));
+            continue;
+        }
+        let fast = mlex::tokenizer::load_tokenizer_json_fast(&path).unwrap();
+        let slow = mlex::tokenizer::load_tokenizer_json_slow(&path).unwrap();
+        assert_eq!(fast.get_vocab_size(true), slow.get_vocab_size(true), "{name}");
+        assert_eq!(fast.get_added_tokens_decoder(), slow.get_added_tokens_decoder(), "{name}");
+        // The whole pipeline as the crate serializes it: model (vocab by id, merges by rank),
+        // normalizer, pre-tokenizer, post-processor, decoder, added tokens.
+        assert!(fast.to_string(false).unwrap() == slow.to_string(false).unwrap(), "{name}: the serialized tokenizers differ");
+        for text in texts {
+            for special in [false, true] {
+                let f = fast.encode(text, special).unwrap();
+                let s = slow.encode(text, special).unwrap();
+                assert_eq!(f.get_ids(), s.get_ids(), "{name}: {text:?}");
+                assert_eq!(f.get_offsets(), s.get_offsets(), "{name}: {text:?}");
+                assert_eq!(fast.decode(f.get_ids(), !special).unwrap(), slow.decode(s.get_ids(), !special).unwrap());
+            }
+        }
+    }
+}
+
 #[test]
 fn eos_and_bos_of_real_tokenizers() {
     if let Some(tok) = load("qwen3") {

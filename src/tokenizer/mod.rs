@@ -1,6 +1,7 @@
 //! A checkpoint's tokenizer: Hugging Face `tokenizer.json` through the `tokenizers` crate, the
 //! chat template, special tokens and EOS ids, and a streaming detokenizer.
 mod detokenizer;
+mod fast_load;
 mod pyjson;
 mod pyrepr;
 mod special;
@@ -45,6 +46,28 @@ impl std::fmt::Debug for Tokenizer {
     }
 }
 
+/// `tokenizer.json`: a BPE model through `fast_load`, anything else through the crate's loader.
+fn load_tokenizer_json(path: &Path) -> Result<tokenizers::Tokenizer> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::checkpoint(path, format!("cannot read: {e}")))?;
+    let loaded = match fast_load::load(&text) {
+        Some(done) => done,
+        None => text.parse::<tokenizers::Tokenizer>().map_err(|e| e.to_string()),
+    };
+    loaded.map_err(|e| Error::checkpoint(path, format!("cannot load tokenizer: {e}")))
+}
+
+/// The crate's own loader (tests compare `fast_load` with it).
+#[doc(hidden)]
+pub fn load_tokenizer_json_slow(path: &Path) -> Result<tokenizers::Tokenizer> {
+    tokenizers::Tokenizer::from_file(path).map_err(|e| Error::checkpoint(path, format!("cannot load tokenizer: {e}")))
+}
+
+/// What `Tokenizer::from_dir` loads `tokenizer.json` with (tests compare it with the crate's loader).
+#[doc(hidden)]
+pub fn load_tokenizer_json_fast(path: &Path) -> Result<tokenizers::Tokenizer> {
+    load_tokenizer_json(path)
+}
+
 impl Tokenizer {
     /// Loads `tokenizer.json` (required), and when present `tokenizer_config.json` (special
     /// tokens, chat template), `chat_template.jinja` (overrides the config's template, as in
@@ -54,8 +77,7 @@ impl Tokenizer {
         if !tokenizer_path.is_file() {
             return Err(Error::checkpoint(&tokenizer_path, "file not found (the model needs a tokenizer.json)"));
         }
-        let tokenizer = tokenizers::Tokenizer::from_file(&tokenizer_path)
-            .map_err(|e| Error::checkpoint(&tokenizer_path, format!("cannot load tokenizer: {e}")))?;
+        let tokenizer = load_tokenizer_json(&tokenizer_path)?;
 
         let tc_path = dir.join("tokenizer_config.json");
         let tc = read_json_optional(&tc_path)?.unwrap_or(Value::Null);
