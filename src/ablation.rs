@@ -11,6 +11,7 @@
 //! | `MLEX_ABLATE_SPEC_PIPELINE` | building the next prompt-lookup pass before this one is read |
 //! | `MLEX_ABLATE_CPU_QMM` | our CPU quantized matmul |
 //! | `MLEX_ABLATE_CPU_GEMM` | its packed GEMM for prompt chunks (the row kernels instead) |
+//! | `MLEX_ABLATE_CPU_PACK_Q4` | that GEMM's AVX-512 dequantization of 4-bit weights (the general one instead; same bits) |
 //! | `MLEX_ABLATE_CPU_FAST_OPS` | our CPU RMSNorm / RoPE / attention |
 //! | `MLEX_ABLATE_CUDA_QMV` | our CUDA decode matrix-vector kernel |
 //! | `MLEX_ABLATE_CUDA_EPILOGUE` | the residual add and SwiGLU folded into that kernel |
@@ -56,6 +57,7 @@ impl Ablations {
         let kernels = [
             ("MLEX_ABLATE_CPU_QMM", sys::MLEX_ABLATE_KERNEL_CPU_QMM),
             ("MLEX_ABLATE_CPU_GEMM", sys::MLEX_ABLATE_KERNEL_CPU_GEMM),
+            ("MLEX_ABLATE_CPU_PACK_Q4", sys::MLEX_ABLATE_KERNEL_CPU_PACK_Q4),
             ("MLEX_ABLATE_CPU_FAST_OPS", sys::MLEX_ABLATE_KERNEL_CPU_FAST_OPS),
             ("MLEX_ABLATE_CUDA_QMV", sys::MLEX_ABLATE_KERNEL_CUDA_QMV),
             ("MLEX_ABLATE_CUDA_EPILOGUE", sys::MLEX_ABLATE_KERNEL_CUDA_EPILOGUE),

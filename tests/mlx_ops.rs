@@ -417,6 +417,69 @@ fn cpu_quantized_gemm_rows_do_not_depend_on_the_chunk() {
     assert!(first.iter().zip(&all).all(|(a, b)| a.to_bits() == b.to_bits()), "row results depend on the chunk");
 }
 
+/// The packed GEMM (a prompt chunk's product, cpu_gemm.cpp) is, for each output, the sum over k
+/// of x · (scale · q + bias), each product added with one rounding (a fused multiply-add) in k
+/// order within blocks of 256 k (its `kKc`), the blocks' sums added in order: bit for bit, with
+/// float32 and float16 scales, superpanels of 64, 48 and 8 weight rows (partial ones padded with
+/// zeros), a last k block of 64, and groups of 32, 64 and 128. The AVX-512 4-bit dequantization
+/// (`pack_q4_avx512`) takes most of these; the test runs again without it (below) and, in
+/// `cpu_avx2_paths_match_too`, without AVX-512.
+#[test]
+fn cpu_quantized_gemm_is_the_blocked_fused_sum() {
+    on_cpu();
+    mlex::ablation::get(); // hands MLEX_ABLATE_* (the child run below) to the kernels
+    const KC: usize = 256;
+    for (n, k, group) in [(176i32, 576i32, 64i32), (200, 320, 32), (64, 512, 128)] {
+        let wa = arr(&rand_vec((n * k) as usize, 81), &[n, k]);
+        let q = quant::quantize(&wa, group, 4, QuantMode::Affine).unwrap();
+        let biases = q.biases.as_ref().unwrap();
+        for dtype in [Dtype::Float32, Dtype::Float16] {
+            let (s, b) = (q.scales.astype(dtype).unwrap(), biases.astype(dtype).unwrap());
+            mlex::mlx::eval(&[&q.weight, &s, &b]).unwrap();
+            let rows = 40usize;
+            let x = rand_vec(rows * k as usize, 82);
+            let got = quant::quantized_matmul(&arr(&x, &[rows as i32, k]), &q.weight, &s, Some(&b), true, group, 4, QuantMode::Affine)
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap();
+            let words = q.weight.to_vec::<u32>().unwrap();
+            let sf = s.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
+            let bf = b.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
+            let (n, k, group) = (n as usize, k as usize, group as usize);
+            let groups = k / group;
+            let w = |r: usize, c: usize| {
+                let q = (words[r * k / 8 + c / 8] >> (4 * (c % 8))) & 0xF;
+                sf[r * groups + c / group].mul_add(q as f32, bf[r * groups + c / group])
+            };
+            for m in 0..rows {
+                for r in 0..n {
+                    let mut total = 0f32;
+                    for k0 in (0..k).step_by(KC) {
+                        let mut block = 0f32;
+                        for c in k0..(k0 + KC).min(k) {
+                            block = x[m * k + c].mul_add(w(r, c), block);
+                        }
+                        total = if k0 == 0 { block } else { total + block };
+                    }
+                    let g = got[m * n + r];
+                    assert!(g.to_bits() == total.to_bits(), "n {n} k {k} group {group} {dtype:?}: [{m}, {r}] {g} vs {total}");
+                }
+            }
+        }
+    }
+}
+
+/// The same without the AVX-512 4-bit dequantization (the general one), in a child process.
+#[test]
+fn cpu_quantized_gemm_general_dequantization_too() {
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["cpu_quantized_gemm_is_the_blocked_fused_sum", "--exact", "--test-threads", "1"])
+        .env("MLEX_ABLATE_CPU_PACK_Q4", "1")
+        .status()
+        .unwrap();
+    assert!(status.success(), "cpu_quantized_gemm_is_the_blocked_fused_sum with MLEX_ABLATE_CPU_PACK_Q4");
+}
+
 /// A decode step's rows (the matrix-vector kernels, 1 to 32 rows of x: a continuous batch) are
 /// each computed as that row alone would be, bit for bit, whatever the batch: a batched request's
 /// tokens and logprobs do not depend on who else is decoding. Every bit width, 16-bit and float32
@@ -458,6 +521,7 @@ fn cpu_avx2_paths_match_too() {
         "cpu_swiglu_equals_the_ops_bit_for_bit",
         "cpu_logsumexp_equals_mlx_bit_for_bit",
         "cpu_quantized_gemm_rows_do_not_depend_on_the_chunk",
+        "cpu_quantized_gemm_is_the_blocked_fused_sum",
         "cpu_dense_matmul_matches_naive",
     ] {
         let status = std::process::Command::new(std::env::current_exe().unwrap())

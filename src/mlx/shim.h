@@ -306,6 +306,7 @@ int mlex_random_categorical(mlex_array logits, int32_t axis, mlex_array key, mle
 #define MLEX_ABLATE_KERNEL_CPU_EPILOGUE 2048u
 #define MLEX_ABLATE_KERNEL_CPU_DECODE_ATTN 4096u
 #define MLEX_ABLATE_KERNEL_CUDA_KV_WRITE 8192u
+#define MLEX_ABLATE_KERNEL_CPU_PACK_Q4 16384u
 void mlex_set_ablations(uint32_t kernels);
 
 /* ---- compile: fused element-wise helpers used by the models ---- */
