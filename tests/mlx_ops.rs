@@ -420,7 +420,7 @@ fn cpu_quantized_gemm_rows_do_not_depend_on_the_chunk() {
 /// The packed GEMM (a prompt chunk's product, cpu_gemm.cpp) is, for each output, the sum over k
 /// of x · (scale · q + bias), each product added with one rounding (a fused multiply-add) in k
 /// order within blocks of 256 k (its `kKc`), the blocks' sums added in order: bit for bit, with
-/// float32 and float16 scales, superpanels of 64, 48 and 8 weight rows (partial ones padded with
+/// float32, float16 and bfloat16 scales, superpanels of 64, 48 and 8 weight rows (partial ones padded with
 /// zeros), a last k block of 64, and groups of 32, 64 and 128. The AVX-512 4-bit dequantization
 /// (`pack_q4_avx512`) takes most of these; the test runs again without it (below) and, in
 /// `cpu_avx2_paths_match_too`, without AVX-512.
@@ -433,7 +433,7 @@ fn cpu_quantized_gemm_is_the_blocked_fused_sum() {
         let wa = arr(&rand_vec((n * k) as usize, 81), &[n, k]);
         let q = quant::quantize(&wa, group, 4, QuantMode::Affine).unwrap();
         let biases = q.biases.as_ref().unwrap();
-        for dtype in [Dtype::Float32, Dtype::Float16] {
+        for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
             let (s, b) = (q.scales.astype(dtype).unwrap(), biases.astype(dtype).unwrap());
             mlex::mlx::eval(&[&q.weight, &s, &b]).unwrap();
             let rows = 40usize;

@@ -668,7 +668,12 @@ fn read(path: &PathBuf) -> mlex::Result<String> {
 }
 
 fn generate(a: GenerateArgs) -> mlex::Result<()> {
-    let opts = options(&a.sampling, &a.chat)?;
+    let mut opts = options(&a.sampling, &a.chat)?;
+    // One request, then the process ends: a prompt-cache entry could only serve a later process,
+    // through --prompt-cache-dir. Without it, the request's caches are not copied out for one.
+    if a.model.prompt_cache.prompt_cache_dir.is_none() {
+        opts.prompt_cache = Some(false);
+    }
     let want_top = opts.top_logprobs.is_some_and(|n| n > 0);
     let session = load(&a.model)?;
     let tools = a.tools.as_ref().map(|p| read(p).and_then(|t| parse_tools_json(&t))).transpose()?;
@@ -760,6 +765,8 @@ fn generate(a: GenerateArgs) -> mlex::Result<()> {
             reply.finish_reason.as_str()
         );
     }
+    // One shot: the process ends next (`exit_now`), so the model's memory is left to the OS.
+    session.end_for_exit();
     Ok(())
 }
 

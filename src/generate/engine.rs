@@ -79,7 +79,11 @@ pub enum Command {
     Generate(GenerateJob),
     /// The MLX operations one decode step builds, by primitive (`mlex bench --graph`).
     Census(Sender<Result<Vec<(String, usize)>>>),
-    Shutdown,
+    /// Ends the engine once the requests queued before it finish. `free_memory: false` is for a
+    /// process about to exit (`Session::end_for_exit`): queued prompt-cache writes still reach
+    /// the disk, but the model and its caches are left to the OS rather than freed one buffer at
+    /// a time.
+    Shutdown { free_memory: bool },
 }
 
 /// Everything the engine needs to load a model.
@@ -168,6 +172,7 @@ pub fn run(spec: EngineSpec, ready: Sender<Result<LoadedFacts>>, commands: Recei
     let mut batch = engine.kv_per_token.map(|per_token| Batch::new(spec.max_batch, spec.kv_budget.unwrap_or(facts_budget), per_token));
     crate::startup_trace::mark("batch set up");
     let mut closing = false;
+    let mut free_memory = true;
     loop {
         let busy = batch.as_ref().is_some_and(|b| b.busy());
         // While requests are in flight take only what has arrived; otherwise wait for work
@@ -220,7 +225,10 @@ pub fn run(spec: EngineSpec, ready: Sender<Result<LoadedFacts>>, commands: Recei
                 let _ = reply.send(res.unwrap_or_else(|p| Err(Error::Mlx(format!("internal error: {}", panic_message(&p))))));
             }
             // Requests queued before it still finish.
-            Some(Command::Shutdown) => closing = true,
+            Some(Command::Shutdown { free_memory: free }) => {
+                closing = true;
+                free_memory = free;
+            }
             None => {}
         }
         match &mut batch {
@@ -236,6 +244,12 @@ pub fn run(spec: EngineSpec, ready: Sender<Result<LoadedFacts>>, commands: Recei
         }
     }
     pool.persist();
+    // The disk cache's writer finishes its queue when the pool goes.
+    drop(pool);
+    if !free_memory {
+        std::mem::forget(batch);
+        std::mem::forget(engine);
+    }
 }
 
 /// Prompt cache entries that may wait for the disk while requests are decoding.

@@ -87,6 +87,22 @@ __attribute__((target("avx2,fma"))) void pack(const uint32_t* w, const float* sc
   }
 }
 
+// Elements at, at + stride, …, at + 15 · stride of a scale (or bias) array of `dtype`, as floats
+// (exact: vcvtph2ps, or a bfloat16's bits shifted into place).
+__attribute__((target("avx512f"))) inline __m512 sixteen_rows(const void* p, ScaleDtype dtype, size_t at,
+                                                               size_t stride) {
+  if (dtype == ScaleDtype::F32) {
+    alignas(64) float v[16];
+    for (int i = 0; i < 16; ++i) v[i] = static_cast<const float*>(p)[at + i * stride];
+    return _mm512_load_ps(v);
+  }
+  alignas(32) uint16_t h[16];
+  for (int i = 0; i < 16; ++i) h[i] = static_cast<const uint16_t*>(p)[at + i * stride];
+  const __m256i raw = _mm256_load_si256(reinterpret_cast<const __m256i*>(h));
+  if (dtype == ScaleDtype::F16) return _mm512_cvtph_ps(raw);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
 // r[t] becomes column t of the 16×16 block of 32-bit values whose rows were r[0..16).
 __attribute__((target("avx512f"))) inline void transpose16(__m512i r[16]) {
   __m512i t[16], u[16];
@@ -118,9 +134,11 @@ __attribute__((target("avx512f"))) inline void transpose16(__m512i r[16]) {
 // 4-bit word holds eight consecutive k of one row, so sixteen rows' words for sixteen k-blocks
 // are loaded as a 16×16 block of words and transposed in registers; each word lane then yields
 // eight k-rows of sixteen values by a shift and a mask.
-__attribute__((target("avx512f"))) void pack_q4_avx512(const uint32_t* w, const float* scales, const float* biases,
-                                                       size_t stride, int g0, int K, int group_size, int n0, int rows,
-                                                       int k0, int kc, int nr, float* wt) {
+// scales/biases: row n0 + j's group g at [j · stride + g], as stored (dtype: float32, float16 or
+// bfloat16, widened here: the sixteen rows' values for the block's groups are gathered anyway).
+__attribute__((target("avx512f"))) void pack_q4_avx512(const void* scales, const void* biases, ScaleDtype dtype,
+                                                       size_t stride, const uint32_t* w, int K, int group_size, int n0,
+                                                       int rows, int k0, int kc, int nr, float* wt) {
   const size_t row_words = static_cast<size_t>(K) / 8;
   const int padded = (rows + nr - 1) / nr * nr;
   const int words = kc / 8, g_first = k0 / group_size, groups = (k0 + kc - 1) / group_size + 1 - g_first;
@@ -139,12 +157,11 @@ __attribute__((target("avx512f"))) void pack_q4_avx512(const uint32_t* w, const 
       for (int k = 0; k < kc; ++k) _mm512_storeu_ps(panel + static_cast<size_t>(k) * nr, _mm512_setzero_ps());
       continue;
     }
-    for (int g = 0; g < groups; ++g)
-      for (int i = 0; i < 16; ++i) {
-        const size_t at = static_cast<size_t>(j0 + i) * stride + (g_first + g - g0);
-        sp[g * 16 + i] = scales[at];
-        bp[g * 16 + i] = biases[at];
-      }
+    for (int g = 0; g < groups; ++g) {
+      const size_t at = static_cast<size_t>(j0) * stride + g_first + g;
+      _mm512_store_ps(sp + g * 16, sixteen_rows(scales, dtype, at, stride));
+      _mm512_store_ps(bp + g * 16, sixteen_rows(biases, dtype, at, stride));
+    }
     const uint32_t* row0 = w + static_cast<size_t>(n0 + j0) * row_words + k0 / 8;
     for (int b0 = 0; b0 < words; b0 += 16) {
       const int count = std::min(16, words - b0);
@@ -315,13 +332,15 @@ void quantized_gemm(const float* x, const uint32_t* w, const ScaleRows& scales, 
   const BitLanes bit_lanes(bits);
   gemm(x, out, M, N, K, [&](int n0, int rows, int k0, int kc, int nr, float* wt) {
     const int g0 = k0 / group_size, count = (k0 + kc - 1) / group_size + 1 - g0;
-    const bool q4_512 = bits == 4 && nr == kNr512 && rows % 16 == 0 && !mlex::ablated(MLEX_ABLATE_KERNEL_CPU_PACK_Q4);
+    if (bits == 4 && nr == kNr512 && rows % 16 == 0 && !mlex::ablated(MLEX_ABLATE_KERNEL_CPU_PACK_Q4)) {
+      const size_t at = static_cast<size_t>(n0) * scales.groups * (scales.dtype == ScaleDtype::F32 ? 4 : 2);
+      return pack_q4_avx512(static_cast<const char*>(scales.scales) + at, static_cast<const char*>(scales.biases) + at,
+                            scales.dtype, scales.groups, w, K, group_size, n0, rows, k0, kc, nr, wt);
+    }
     if (scales.dtype == ScaleDtype::F32) {
       const size_t at = static_cast<size_t>(n0) * scales.groups;
-      const float* s = static_cast<const float*>(scales.scales) + at;
-      const float* b = static_cast<const float*>(scales.biases) + at;
-      if (q4_512) return pack_q4_avx512(w, s, b, scales.groups, 0, K, group_size, n0, rows, k0, kc, nr, wt);
-      pack(w, s, b, scales.groups, 0, N, K, group_size, BitLanesAvx2(bit_lanes), n0, rows, k0, kc, nr, wt);
+      pack(w, static_cast<const float*>(scales.scales) + at, static_cast<const float*>(scales.biases) + at,
+           scales.groups, 0, N, K, group_size, BitLanesAvx2(bit_lanes), n0, rows, k0, kc, nr, wt);
       return;
     }
     // 16-bit: the block's groups of its rows widened first (a few hundred values per 64 × 256 block).
@@ -333,7 +352,6 @@ void quantized_gemm(const float* x, const uint32_t* w, const ScaleRows& scales, 
       widen(static_cast<const uint16_t*>(scales.scales) + at, scales.dtype, count, s.data() + static_cast<size_t>(j) * count);
       widen(static_cast<const uint16_t*>(scales.biases) + at, scales.dtype, count, b.data() + static_cast<size_t>(j) * count);
     }
-    if (q4_512) return pack_q4_avx512(w, s.data(), b.data(), count, g0, K, group_size, n0, rows, k0, kc, nr, wt);
     pack(w, s.data(), b.data(), count, g0, N, K, group_size, BitLanesAvx2(bit_lanes), n0, rows, k0, kc, nr, wt);
   });
 #else
