@@ -153,6 +153,25 @@ fn run_once(model: &Path, cache: &Path, bound: u64, prompt: &[u32]) -> GenerateR
     s.generate_tokens(prompt, greedy(4), |_| true).unwrap()
 }
 
+/// `Session::end_for_exit` (how the CLI ends: the model's memory is left to the OS) still lets
+/// the queued disk writes finish, and with another clone alive it only drops its own handle.
+#[test]
+fn ending_for_exit_still_writes_the_entries() {
+    let model = tiny(1);
+    let cache = tempfile::tempdir().unwrap();
+    let shared = pseudo_random_prompt(1, 300);
+    let s = disk_session(model.path(), cache.path(), 1 << 30);
+    s.generate_tokens(&with_tail(&shared, 2, 20), greedy(4), |_| true).unwrap();
+    let other = s.clone();
+    s.end_for_exit();
+    let again = other.generate_tokens(&with_tail(&shared, 4, 20), greedy(4), |_| true).unwrap();
+    assert_eq!(again.usage.cached_tokens, 300, "the clone still serves, from the memory pool");
+    other.end_for_exit();
+    assert!(!entries(cache.path()).is_empty(), "the entries are on disk once the session ended");
+    let reply = run_once(model.path(), cache.path(), 1 << 30, &with_tail(&shared, 3, 20));
+    assert_eq!(reply.usage.cached_tokens, 300, "a new session reads them");
+}
+
 #[test]
 fn the_directory_keeps_to_its_byte_bound_least_recently_used_first() {
     let model = tiny(1);
