@@ -25,6 +25,7 @@
 //! | `MLEX_ABLATE_GATED_DELTA` | our gated delta kernels (CPU and CUDA) |
 //! | `MLEX_ABLATE_CUDA_DEVICE_ALLOC` | device memory for our CUDA kernels' outputs (MLX's managed memory instead) |
 //! | `MLEX_ABLATE_PREFILL_OVERLAP` | building a prompt's first step while its last prefill chunk (and its images' encoding) runs: each is waited for |
+//! | `MLEX_ABLATE_PROMPT_FOLD` | a prompt's last token in its last prefill chunk (a one-token step of its own after the prefill instead) |
 //! | `MLEX_ABLATE_GPU_PREFETCH` | moving the weights into device memory at load (CUDA) |
 use crate::mlx::sys;
 use std::sync::OnceLock;
@@ -38,6 +39,7 @@ pub struct Ablations {
     pub spec_pipelining: bool,
     pub gpu_prefetch: bool,
     pub prefill_overlap: bool,
+    pub prompt_fold: bool,
     /// The C++ kernels' switches (`MLEX_ABLATE_KERNEL_*` bits of shim.h).
     pub kernels: u32,
 }
@@ -81,6 +83,7 @@ impl Ablations {
             spec_pipelining: on("MLEX_ABLATE_SPEC_PIPELINE"),
             gpu_prefetch: on("MLEX_ABLATE_GPU_PREFETCH"),
             prefill_overlap: on("MLEX_ABLATE_PREFILL_OVERLAP"),
+            prompt_fold: on("MLEX_ABLATE_PROMPT_FOLD"),
             kernels,
         }
     }

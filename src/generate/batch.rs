@@ -195,6 +195,15 @@ impl Batch {
                 }
                 let r = (|| -> Result<()> {
                     while s.row.prompt.len() - s.pos > 1 {
+                        if generator::final_chunk(model, &s.row.prompt, s.pos, &s.row.job.options) {
+                            // The last chunk gives the first token too.
+                            let next = s.row.stepper.step_prompt(model, &s.row.prompt[s.pos..], &mut s.caches)?;
+                            next.schedule()?;
+                            crate::startup_trace::mark("last prefill chunk scheduled");
+                            s.pos = s.row.prompt.len();
+                            s.next = Some(next);
+                            return Ok(());
+                        }
                         s.pos = generator::prefill_chunk(model, &mut s.caches, &s.row.prompt, s.pos, &s.row.job.options)?;
                         if decoding {
                             break;

@@ -246,6 +246,37 @@ pub fn run_layers<L>(
     Ok(h)
 }
 
+thread_local! {
+    static LAST_POSITION_ONLY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// While alive (on this thread), [`LmHead`] computes the logits of the last position only: a
+/// prompt chunk that also gives the next token (`generate::generator::Stepper::step_prompt`)
+/// needs one row of logits, not one per prompt token (a vocabulary-wide product each). A hint:
+/// models with a head of their own still return every position, and the caller takes the last.
+pub struct LastPositionLogits(bool);
+
+impl LastPositionLogits {
+    pub fn scope() -> Self {
+        LastPositionLogits(LAST_POSITION_ONLY.with(|c| c.replace(true)))
+    }
+}
+
+impl Drop for LastPositionLogits {
+    fn drop(&mut self) {
+        LAST_POSITION_ONLY.with(|c| c.set(self.0));
+    }
+}
+
+/// `h` `[B, L, hidden]`, or its last position `[B, 1, hidden]` inside a [`LastPositionLogits`] scope.
+fn last_position_only(h: &Array) -> Result<Array> {
+    let l = if h.ndim() >= 2 { h.dim(-2) } else { 1 };
+    if l > 1 && LAST_POSITION_ONLY.with(|c| c.get()) {
+        return h.slice_axis(-2, l - 1, l);
+    }
+    Ok(h.clone())
+}
+
 /// The output projection: its own `lm_head`, or the embedding table (tied).
 pub enum LmHead {
     Own(Linear),
@@ -265,6 +296,7 @@ impl LmHead {
     }
 
     pub fn forward(&self, h: &Array, embed: &Embedding) -> Result<Array> {
+        let h = &last_position_only(h)?;
         match self {
             LmHead::Own(l) => l.forward(h),
             LmHead::Tied => embed.as_linear(h),
@@ -273,6 +305,7 @@ impl LmHead {
 
     /// `forward(norm(h))`: the final norm folded into the head's product where it can be.
     pub fn forward_normed(&self, h: &Array, norm: &RmsNorm, embed: &Embedding) -> Result<Array> {
+        let h = &last_position_only(h)?;
         match self {
             LmHead::Own(l) => l.forward_normed(h, norm),
             LmHead::Tied => embed.as_linear_normed(h, norm),
