@@ -16,7 +16,7 @@ use ahash::AHashMap;
 use serde::de::{Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use tokenizers::models::bpe::BPE;
+use tokenizers::models::bpe::{BpeBuilder, BPE};
 use tokenizers::{
     AddedToken, DecoderWrapper, ModelWrapper, NormalizerWrapper, PaddingParams, PostProcessorWrapper,
     PreTokenizerWrapper, TokenizerBuilder, TruncationParams,
@@ -150,28 +150,21 @@ fn assemble(file: File, model: BpeSection) -> Result<tokenizers::Tokenizer, Stri
         return Err("model: missing vocab/merges".into());
     };
     let merges: Vec<(String, String)> = merges.into_iter().filter_map(|m| m.0).collect();
+    // The model's options, each set where the file gives one (as the crate's BPE visitor does).
+    fn set<T>(b: BpeBuilder, v: Option<T>, f: fn(BpeBuilder, T) -> BpeBuilder) -> BpeBuilder {
+        match v {
+            Some(v) => f(b, v),
+            None => b,
+        }
+    }
     let mut bpe = BPE::builder().vocab_and_merges(vocab.0, merges);
-    if let Some(p) = model.dropout {
-        bpe = bpe.dropout(p);
-    }
-    if let Some(t) = model.unk_token {
-        bpe = bpe.unk_token(t);
-    }
-    if let Some(p) = model.continuing_subword_prefix {
-        bpe = bpe.continuing_subword_prefix(p);
-    }
-    if let Some(s) = model.end_of_word_suffix {
-        bpe = bpe.end_of_word_suffix(s);
-    }
-    if let Some(f) = model.fuse_unk {
-        bpe = bpe.fuse_unk(f);
-    }
-    if let Some(b) = model.byte_fallback {
-        bpe = bpe.byte_fallback(b);
-    }
-    if let Some(i) = model.ignore_merges {
-        bpe = bpe.ignore_merges(i);
-    }
+    bpe = set(bpe, model.dropout, BpeBuilder::dropout);
+    bpe = set(bpe, model.unk_token, BpeBuilder::unk_token);
+    bpe = set(bpe, model.continuing_subword_prefix, BpeBuilder::continuing_subword_prefix);
+    bpe = set(bpe, model.end_of_word_suffix, BpeBuilder::end_of_word_suffix);
+    bpe = set(bpe, model.fuse_unk, BpeBuilder::fuse_unk);
+    bpe = set(bpe, model.byte_fallback, BpeBuilder::byte_fallback);
+    bpe = set(bpe, model.ignore_merges, BpeBuilder::ignore_merges);
     let bpe = bpe.build().map_err(|e| format!("model: {e}"))?;
 
     let tokenizer = TokenizerBuilder::<
