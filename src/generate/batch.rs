@@ -195,7 +195,7 @@ impl Batch {
                 }
                 let r = (|| -> Result<()> {
                     while s.row.prompt.len() - s.pos > 1 {
-                        if generator::final_chunk(model, &s.row.prompt, s.pos, &s.row.job.options) {
+                        if generator::final_chunk(model, &s.row.prompt, s.pos, &s.row.job.options, s.row.use_pool) {
                             // The last chunk gives the first token too.
                             let next = s.row.stepper.step_prompt(model, &s.row.prompt[s.pos..], &mut s.caches)?;
                             next.schedule()?;

@@ -431,10 +431,13 @@ pub(crate) fn prefill_chunk(
 /// compute (the chunk's last row agrees with a one-token step to ~1e-5 in the conformance
 /// suite; in bfloat16 its different roundings moved logprobs by up to 0.1), on plain caches
 /// (a rotating cache changes which keys the last token sees, a quantized one whether they are
-/// quantized when it does).
-pub(crate) fn final_chunk(model: &dyn CausalLm, prompt: &[u32], pos: usize, opts: &GenerateOptions) -> bool {
+/// quantized when it does). And not for a request whose caches go to the prompt cache
+/// (`pooled`): a later request resuming from them steps the last token alone, and a cache hit
+/// gives the cold run's reply bit for bit (the one-shot CLI keeps no entry: there it folds).
+pub(crate) fn final_chunk(model: &dyn CausalLm, prompt: &[u32], pos: usize, opts: &GenerateOptions, pooled: bool) -> bool {
     let rest = prompt.len() - pos;
     rest > 1
+        && !pooled
         && model.dtype() == Dtype::Float32
         && !opts.kv_cache.runs_alone()
         && rest <= opts.prefill_step_size.max(1)
@@ -465,10 +468,9 @@ pub fn run(
     let mut stepper = Stepper::new(opts, prompt, constraint)?;
 
     let mut pos = cached;
-    // A recurrent state cannot be taken back a token: the prompt cache's copy (all but the last
-    // token) needs the last token in a step of its own.
-    let snapshotting = snapshot.is_some() && caches.has_recurrent_state();
-    while prompt.len() - pos > 1 && (snapshotting || !final_chunk(model, prompt, pos, opts)) {
+    // `snapshot` is given when the caches go to the prompt cache: no fold then (`final_chunk`).
+    let pooled = snapshot.is_some();
+    while prompt.len() - pos > 1 && !final_chunk(model, prompt, pos, opts, pooled) {
         pos = prefill_chunk(model, caches, prompt, pos, opts)?;
     }
     if let Some(out) = snapshot {
