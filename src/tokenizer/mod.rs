@@ -46,8 +46,10 @@ impl std::fmt::Debug for Tokenizer {
     }
 }
 
-/// `tokenizer.json`: a BPE model through `fast_load`, anything else through the crate's loader.
-fn load_tokenizer_json(path: &Path) -> Result<tokenizers::Tokenizer> {
+/// `tokenizer.json`: a BPE model through `fast_load`, anything else through the crate's loader
+/// (what `Tokenizer::from_dir` loads it with; public for the test comparing it with the crate's).
+#[doc(hidden)]
+pub fn load_tokenizer_json(path: &Path) -> Result<tokenizers::Tokenizer> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::checkpoint(path, format!("cannot read: {e}")))?;
     let loaded = match fast_load::load(&text) {
         Some(done) => done,
@@ -60,12 +62,6 @@ fn load_tokenizer_json(path: &Path) -> Result<tokenizers::Tokenizer> {
 #[doc(hidden)]
 pub fn load_tokenizer_json_slow(path: &Path) -> Result<tokenizers::Tokenizer> {
     tokenizers::Tokenizer::from_file(path).map_err(|e| Error::checkpoint(path, format!("cannot load tokenizer: {e}")))
-}
-
-/// What `Tokenizer::from_dir` loads `tokenizer.json` with (tests compare it with the crate's loader).
-#[doc(hidden)]
-pub fn load_tokenizer_json_fast(path: &Path) -> Result<tokenizers::Tokenizer> {
-    load_tokenizer_json(path)
 }
 
 impl Tokenizer {
