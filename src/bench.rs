@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+pub mod matvec;
+
 /// Real model shapes (random weights), the same configs as the mlx-lm side uses.
 pub fn shape_config(name: &str) -> Result<Value> {
     Ok(match name {

@@ -887,7 +887,8 @@ fn quantized_matmul_epilogues_equal_the_unfused_ops() {
         set_default_device(Device::Gpu).unwrap();
     }
     let dtypes: &[Dtype] = if cuda { &[Dtype::Bfloat16, Dtype::Float16] } else { &[Dtype::Float32, Dtype::Bfloat16] };
-    for (n, k) in [(96i32, 256i32), (1024, 576)] {
+    // K = 16,384: rows long enough that the CUDA kernel splits each over several warps.
+    for (n, k) in [(96i32, 256i32), (1024, 576), (64, 16384)] {
         let wa = arr(&rand_vec((n * k) as usize, 41), &[n, k]);
         for &dtype in dtypes {
             let q = quant::quantize(&wa.astype(dtype).unwrap(), 64, 4, QuantMode::Affine).unwrap();

@@ -122,7 +122,7 @@ fn request_timeout(secs: f64) -> mlex::Result<Option<std::time::Duration>> {
 }
 
 #[derive(Args)]
-#[command(group(clap::ArgGroup::new("what").required(true).args(["model", "shape"])))]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["model", "shape", "matvec"])))]
 struct BenchArgs {
     /// A checkpoint (directory, HF cache entry or repo id).
     #[arg(long)]
@@ -173,6 +173,14 @@ struct BenchArgs {
     /// Prompt tokens per prefill forward pass (default 512).
     #[arg(long)]
     prefill_step_size: Option<usize>,
+    /// Time one quantized projection per shape (OUTxIN, comma-separated) instead: mlex's kernel
+    /// against MLX's, µs per product and GB/s of weights (--bits, --group-size, --dtype; default
+    /// 4-bit, bfloat16). With --rows over 32, MLX's quantized matmul against dequantize + GEMM.
+    #[arg(long)]
+    matvec: Option<String>,
+    /// With --matvec: rows of x (1: a lone request's decode step).
+    #[arg(long, default_value_t = 1)]
+    rows: i32,
     /// JSON lines only (default also prints a summary line per run to stderr).
     #[arg(long)]
     json: bool,
@@ -547,6 +555,31 @@ fn load_options(device: Option<&str>, dtype: Option<&str>, batch: &BatchArgs) ->
 }
 
 fn bench(a: BenchArgs) -> mlex::Result<()> {
+    if let Some(shapes) = &a.matvec {
+        let device = match a.device.as_deref() {
+            Some("cpu") => mlex::mlx::Device::Cpu,
+            Some("gpu") | None if mlex::mlx::gpu_available() => mlex::mlx::Device::Gpu,
+            None => mlex::mlx::Device::Cpu,
+            Some("gpu") => return Err(mlex::Error::InvalidArgument("--device gpu: this MLX build has no GPU".into())),
+            Some(d) => return Err(mlex::Error::InvalidArgument(format!("--device {d}: gpu or cpu"))),
+        };
+        mlex::mlx::set_default_device(device)?;
+        let dtype = match a.dtype.as_deref() {
+            None | Some("bfloat16") => mlex::Dtype::Bfloat16,
+            Some("float16") => mlex::Dtype::Float16,
+            Some(d) => return Err(mlex::Error::InvalidArgument(format!("--matvec: --dtype {d}: bfloat16 or float16"))),
+        };
+        let spec = mlex::bench::matvec::MatvecSpec {
+            shapes: mlex::bench::matvec::parse_shapes(shapes)?,
+            rows: a.rows.max(1),
+            bits: if a.bits == 0 { 4 } else { a.bits as i32 },
+            group_size: a.group_size as i32,
+            dtype,
+            iters: 200,
+            rounds: a.runs.max(1),
+        };
+        return mlex::bench::matvec::run(&spec, |v| println!("{v}"));
+    }
     let spec = mlex::bench::BenchSpec {
         model: a.model,
         shape: a.shape,

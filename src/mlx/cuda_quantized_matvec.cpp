@@ -4,6 +4,7 @@
 #include "cuda_half_helpers.h"
 #include "cuda_jit.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -50,12 +51,12 @@ __device__ __forceinline__ float mlex_nibble(uint32_t word, uint32_t mask) {
 )";
 
 // Template constants: N rows, K columns, GS group size, ROWS rows of w per warp, WARPS per
-// block, MB rows of x per block, EPI the epilogue (the Epilogue enum of the header), NORM
+// block, SPLIT warps per set of rows (each a share of K), MB rows of x per block, EPI the epilogue (the Epilogue enum of the header), NORM
 // whether x is RMS-normalized first (with eps the float whose bits are EPS_BITS). The grid's y extent is the number of rows of x (M, known only
 // at run time, so that the kernel is compiled once per MB bucket rather than once per batch
 // size): block (bx, y) with y % MB == 0 takes rows y .. y + MB of x (those that exist); the
 // others exit at once.
-// Lane l of a warp takes chunks l, l+32, ... of 32 weights (one 16-byte load of packed words,
+// Lane l of a team's warp s takes chunks 32 s + l, 32 (s + SPLIT) + l, ... of 32 weights (one 16-byte load of packed words,
 // inside one quantization group since GS >= 32) for each of the warp's rows, turns them into
 // floats once, and uses them against each of its rows of x. A nibble is used in place
 // (q * 16^i) against x / 16^i, so no shifts: sum_k (s q_k + b) x_k = s * sum_k q_k x_k +
@@ -66,8 +67,12 @@ constexpr const char* kSource = R"(
   constexpr int GROUPS = K / GS;
   // Outputs per row of x: N, or N / 2 where the epilogue joins rows o and o + N / 2 (SwiGLU).
   constexpr int NO = EPI == 2 ? N / 2 : N;
+  // SPLIT warps share a set of rows, each taking every SPLIT-th run of 32 chunks of K.
+  constexpr int TEAMS = WARPS / SPLIT;
   const int lane = threadIdx.x & 31;
-  const int o0 = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * (EPI == 2 ? 1 : ROWS);
+  const int warp = threadIdx.x >> 5;
+  const int team = warp / SPLIT, slice = warp % SPLIT;
+  const int o0 = (blockIdx.x * TEAMS + team) * (EPI == 2 ? 1 : ROWS);
   // The warp's r-th row of w: consecutive rows, or the gate and up rows of output o0.
   auto wrow = [&](int r) { return EPI == 2 ? o0 + r * NO : o0 + r; };
   auto has_row = [&](int r) { return EPI == 2 ? o0 < NO : o0 + r < N; };
@@ -101,7 +106,8 @@ constexpr const char* kSource = R"(
     }
     __syncthreads();
   }
-  if (o0 >= NO) return;
+  // A team past the last row still reaches the block's barrier below.
+  const bool active = o0 < NO;
   const uint4* wq = reinterpret_cast<const uint4*>(w);
   // 16-byte loads need 16-byte aligned buffers; a view into a larger buffer may not be.
   const bool aligned = ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(w) |
@@ -113,7 +119,7 @@ constexpr const char* kSource = R"(
     for (int m = 0; m < MB; ++m) acc[r][m] = 0.0f;
   }
   #pragma unroll 2
-  for (int c = lane; c < CHUNKS; c += 32) {
+  for (int c = slice * 32 + lane; active && c < CHUNKS; c += 32 * SPLIT) {
     // This chunk of each of the warp's rows of w, as floats q * 16^(i % 4).
     float wf[ROWS][32];
     #pragma unroll
@@ -204,18 +210,48 @@ constexpr const char* kSource = R"(
       }
     }
   }
+  // Each row's sum: the warp's lanes (a butterfly), then the team's warps in order. The order
+  // depends on K alone (SPLIT is chosen from the shape), not on MB.
   #pragma unroll
   for (int m = 0; m < MB; ++m) {
     if (m >= rows_x) break;
-    T y[ROWS];
     #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       float v = acc[r][m];
       #pragma unroll
       for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      mlex_store(&y[r], v);
+      acc[r][m] = v;
     }
-    if (lane != 0) continue;
+  }
+  if constexpr (SPLIT > 1) {
+    __shared__ float team_part[WARPS][ROWS][MB];
+    if (lane == 0) {
+      #pragma unroll
+      for (int m = 0; m < MB; ++m) {
+        #pragma unroll
+        for (int r = 0; r < ROWS; ++r) team_part[warp][r][m] = acc[r][m];
+      }
+    }
+    __syncthreads();
+    if (slice != 0) return;
+    #pragma unroll
+    for (int m = 0; m < MB; ++m) {
+      #pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        float v = team_part[warp][r][m];
+        #pragma unroll
+        for (int p = 1; p < SPLIT; ++p) v += team_part[warp + p][r][m];
+        acc[r][m] = v;
+      }
+    }
+  }
+  if (!active || lane != 0) return;
+  #pragma unroll
+  for (int m = 0; m < MB; ++m) {
+    if (m >= rows_x) break;
+    T y[ROWS];
+    #pragma unroll
+    for (int r = 0; r < ROWS; ++r) mlex_store(&y[r], acc[r][m]);
     // The epilogues are MLX's own element-wise functors on the rounded products, in the order
     // the unfused graph applies them, so the result is bit for bit the unfused one's.
     if constexpr (EPI == 2) {
@@ -248,6 +284,23 @@ int norm_fold_max_k() {
     return v != nullptr && *v != '\0' ? std::atoi(v) : 2048;
   }();
   return k;
+}
+
+// An integer setting from the environment (benchmarks), or `fallback` when unset.
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
+}
+
+// Warps that share each set of rows, splitting K (a power of two up to 8). Blocks of a long row
+// (the 7B's down projection: 592 chunks of 32 weights, 3,584 rows) otherwise number too few to
+// keep every SM's memory pipe busy. A function of K alone, so that a row's sum is added in the
+// same order whatever the number of rows of x. MLEX_CUDA_QMV_SPLIT overrides it.
+int split_for(int k) {
+  static const int forced = env_int("MLEX_CUDA_QMV_SPLIT", 0);
+  if (forced == 1 || forced == 2 || forced == 4 || forced == 8) return forced;
+  const int chunks = k / 32;
+  return chunks >= 512 ? 4 : chunks >= 256 ? 2 : 1;
 }
 
 const cuda_jit::KernelSpec& spec() {
@@ -301,16 +354,19 @@ std::optional<mx::array> cuda_quantized_matvec(const mx::array& x, const mx::arr
   // already needed, so a speculative verification pass or a small batch needs nothing new.
   const int mb = m <= kSmallRows ? 1 : 8;
   // A warp's rows of w: two for one row of x (or the gate and up rows of one SwiGLU output).
-  const int rows_per_warp = (mb == 1 || epilogue == Epilogue::SwiGlu) ? kRowsPerWarp : 1;
-  const int outputs_per_block = (epilogue == Epilogue::SwiGlu ? 1 : rows_per_warp) * kWarps;
+  static const int rows_one = std::max(1, std::min(4, env_int("MLEX_CUDA_QMV_ROWS", kRowsPerWarp)));
+  const int rows_per_warp = epilogue == Epilogue::SwiGlu ? kRowsPerWarp : mb == 1 ? rows_one : 1;
+  const int split = split_for(k);
+  const int warps = std::max(kWarps, split);
+  const int outputs_per_block = (epilogue == Epilogue::SwiGlu ? 1 : rows_per_warp) * (warps / split);
   const int blocks = (static_cast<int>(shape.back()) + outputs_per_block - 1) / outputs_per_block;
   const mx::array& res = epilogue == Epilogue::AddResidual ? *residual : x;
   int eps_bits = 0;
   std::memcpy(&eps_bits, &eps, sizeof eps_bits);
   auto outs = cuda_jit::try_run(spec(), {x, w, scales, *biases, res, norm_weight ? *norm_weight : x}, {shape}, {x.dtype()},
-                                {blocks * kWarps * 32, m, 1}, {kWarps * 32, 1, 1},
+                                {blocks * warps * 32, m, 1}, {warps * 32, 1, 1},
                                 {{"T", x.dtype()}, {"N", n}, {"K", k}, {"GS", group_size}, {"ROWS", rows_per_warp},
-                                 {"WARPS", kWarps}, {"MB", mb}, {"EPI", static_cast<int>(epilogue)},
+                                 {"WARPS", warps}, {"SPLIT", split}, {"MB", mb}, {"EPI", static_cast<int>(epilogue)},
                                  {"NORM", norm_weight.has_value()}, {"EPS_BITS", norm_weight ? eps_bits : 0}});
   if (!outs) return std::nullopt;
   return (*outs)[0];

@@ -9,6 +9,13 @@ use crate::mlx::{Array, Dtype};
 /// Rows of input from which a CPU build with OpenBLAS dequantizes and uses sgemm (see `matmul_t`).
 const DEQUANT_GEMM_MIN_ROWS: usize = 32;
 
+/// Rows of input from which a GPU prefill dequantizes a layer's weight and multiplies with
+/// MLX's dense GEMM instead of its quantized matmul (0: never). MLEX_CUDA_DEQUANT_GEMM_MIN_ROWS.
+fn cuda_dequant_gemm_min_rows() -> usize {
+    static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *ROWS.get_or_init(|| std::env::var("MLEX_CUDA_DEQUANT_GEMM_MIN_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(0))
+}
+
 /// A quantized weight and how to read it.
 pub struct QuantWeight {
     pub weight: Array,
@@ -95,9 +102,15 @@ impl QuantWeight {
 impl QuantWeight {
     /// Whether [`QuantWeight::matmul_t`] dequantizes for a BLAS GEMM (long CPU prefill chunks).
     fn dequantize_for_gemm(&self, x: &Array) -> Result<bool> {
-        Ok(cfg!(mlex_openblas)
-            && x.size() / x.dim(-1).max(1) as usize >= DEQUANT_GEMM_MIN_ROWS
-            && crate::mlx::default_device()? == crate::mlx::Device::Cpu)
+        let rows = x.size() / x.dim(-1).max(1) as usize;
+        let (cpu, gpu) = (cfg!(mlex_openblas) && rows >= DEQUANT_GEMM_MIN_ROWS, (1..=rows).contains(&cuda_dequant_gemm_min_rows()));
+        if !cpu && !gpu {
+            return Ok(false);
+        }
+        Ok(match crate::mlx::default_device()? {
+            crate::mlx::Device::Cpu => cpu,
+            crate::mlx::Device::Gpu => gpu,
+        })
     }
 
     /// [`QuantWeight::matmul_t`] followed by `epilogue`, folded into the product's kernel where
