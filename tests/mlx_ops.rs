@@ -875,9 +875,9 @@ fn cpu_gated_delta_portable_path_matches_too() {
 /// its 2^-8 relative rounding. Runs only where the CUDA backend is (the GPU machine, see
 /// BENCHMARKS.md).
 /// A quantized product with the op that follows it folded in (the residual add after an
-/// output projection, SwiGLU after a fused gate/up projection) gives exactly the unfused ops'
-/// values, on every device; on CUDA it is one kernel, for one row of x and for a batch's rows,
-/// and on the CPU (float32) one op of ours.
+/// output projection, SwiGLU after a fused gate/up projection, the projection's bias) gives
+/// exactly the unfused ops' values, on every device; on CUDA it is one kernel, for one row of x
+/// and for a batch's rows, and on the CPU (float32) one op of ours (but for the bias).
 #[test]
 fn quantized_matmul_epilogues_equal_the_unfused_ops() {
     use mlex::mlx::quant::Epilogue;
@@ -897,12 +897,14 @@ fn quantized_matmul_epilogues_equal_the_unfused_ops() {
                 let what = format!("{n}x{k} {dtype:?} {m} rows");
                 let x = arr(&rand_vec((m * k) as usize, 42 + m as u64), &[m, 1, k]).astype(dtype).unwrap();
                 let res = arr(&rand_vec((m * n) as usize, 52 + m as u64), &[m, 1, n]).astype(dtype).unwrap();
-                mlex::mlx::eval(&[&x, &res, &q.weight, &q.scales, biases]).unwrap();
+                let bias = arr(&rand_vec(n as usize, 72), &[n]).astype(dtype).unwrap();
+                mlex::mlx::eval(&[&x, &res, &bias, &q.weight, &q.scales, biases]).unwrap();
                 let y = quant::quantized_matmul(&x, &q.weight, &q.scales, Some(biases), true, 64, 4, QuantMode::Affine).unwrap();
                 let halves = y.split_at(&[n / 2], -1).unwrap();
                 let cases = [
                     ("add", Epilogue::AddResidual(&res), res.add(&y).unwrap()),
                     ("swiglu", Epilogue::SwiGlu, fast::swiglu(&halves[0], &halves[1]).unwrap()),
+                    ("bias", Epilogue::AddBias(&bias), y.add(&bias).unwrap()),
                 ];
                 for (name, epi, want) in cases {
                     let got =
@@ -912,8 +914,8 @@ fn quantized_matmul_epilogues_equal_the_unfused_ops() {
                         let census = mlex::mlx::graph_census(&[&got]).unwrap();
                         let kernels: usize = census.iter().filter(|(p, _)| is_our_cuda_kernel(p)).map(|(_, c)| c).sum();
                         assert_eq!((kernels, census.len()), (1, 1), "{what} {name}: one kernel, nothing else: {census:?}");
-                    } else if dtype == Dtype::Float32 {
-                        // Our CPU kernel takes the epilogue too: one op.
+                    } else if dtype == Dtype::Float32 && name != "bias" {
+                        // Our CPU kernel takes the epilogue too: one op (the bias add stays an op).
                         let census = mlex::mlx::graph_census(&[&got]).unwrap();
                         assert_eq!(census, vec![("CpuQuantizedMatmul".to_string(), 1)], "{what} {name}: {census:?}");
                     }

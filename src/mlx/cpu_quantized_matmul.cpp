@@ -483,7 +483,8 @@ std::optional<mx::array> cpu_quantized_matmul(const mx::array& x, const mx::arra
   auto shape = x.shape();
   shape.back() = N;
   if (epilogue != Epilogue::None) {
-    if (mlex::ablated(MLEX_ABLATE_KERNEL_CPU_EPILOGUE)) return std::nullopt;
+    // The bias add stays an op of its own on the CPU (the caller adds it).
+    if (epilogue == Epilogue::AddBias || mlex::ablated(MLEX_ABLATE_KERNEL_CPU_EPILOGUE)) return std::nullopt;
     if (epilogue == Epilogue::AddResidual &&
         (!residual || residual->dtype() != mx::float32 || residual->shape() != shape)) {
       return std::nullopt;

@@ -264,14 +264,15 @@ constexpr const char* kSource = R"(
       for (int r = 0; r < ROWS; ++r) {
         if (o0 + r >= N) break;
         const unsigned long long at = (unsigned long long)(m0 + m) * N + o0 + r;
-        // residual + product (the residual stream's add, as the unfused graph writes it).
-        out[at] = EPI == 1 ? mlex_add(res[at], y[r]) : y[r];
+        // residual + product (the residual stream's add, as the unfused graph writes it), or
+        // product + bias.
+        out[at] = EPI == 1 ? mlex_add(res[at], y[r]) : EPI == 3 ? mlex_add(y[r], res[o0 + r]) : y[r];
       }
     }
   }
 )";
 
-// `res` is the residual of kEpiAdd and `nw` the RMSNorm weight of NORM; where unused they get
+// `res` is the residual of AddResidual (or the bias of AddBias) and `nw` the RMSNorm weight of NORM; where unused they get
 // x in their place (never read).
 // The widest x the norm is folded into the product for. Every block of the product recomputes
 // its rows' sum of squares, which costs GPU time in proportion to K: on the H200 the fold made
@@ -346,6 +347,11 @@ std::optional<mx::array> cuda_quantized_matvec(const mx::array& x, const mx::arr
       (!residual || residual->shape() != shape || residual->dtype() != x.dtype())) {
     return std::nullopt;
   }
+  // A bias of another dtype would promote the sum (MLX's add): not ours to fold.
+  if (epilogue == Epilogue::AddBias &&
+      (!residual || residual->ndim() != 1 || residual->shape(0) != n || residual->dtype() != x.dtype())) {
+    return std::nullopt;
+  }
   // Rows of x per block: one, or up to eight. Each instantiation is compiled (NVRTC, ~0.5 s) on
   // its first use on a machine, then read from cuda_jit's disk cache; still, every bucket is a
   // compile in the middle of some first generation, so a batch of any size takes the 8-row
@@ -360,7 +366,7 @@ std::optional<mx::array> cuda_quantized_matvec(const mx::array& x, const mx::arr
   const int warps = std::max(kWarps, split);
   const int outputs_per_block = (epilogue == Epilogue::SwiGlu ? 1 : rows_per_warp) * (warps / split);
   const int blocks = (static_cast<int>(shape.back()) + outputs_per_block - 1) / outputs_per_block;
-  const mx::array& res = epilogue == Epilogue::AddResidual ? *residual : x;
+  const mx::array& res = epilogue == Epilogue::AddResidual || epilogue == Epilogue::AddBias ? *residual : x;
   int eps_bits = 0;
   std::memcpy(&eps_bits, &eps, sizeof eps_bits);
   auto outs = cuda_jit::try_run(spec(), {x, w, scales, *biases, res, norm_weight ? *norm_weight : x}, {shape}, {x.dtype()},

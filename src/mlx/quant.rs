@@ -94,6 +94,8 @@ pub enum Epilogue<'a> {
     AddResidual(&'a Array),
     /// `silu(g) · u` where `x @ Wᵀ = [g, u]` (a fused gate/up projection; half the columns).
     SwiGlu,
+    /// `x @ Wᵀ + bias` (the projection's own bias, `[out]`).
+    AddBias(&'a Array),
 }
 
 /// `x @ dequantize(w).T` with the ops around it in a decode step: `norm` (weight, eps) first
@@ -118,6 +120,7 @@ pub fn quantized_matmul_fused(
         None => (0, std::ptr::null_mut()),
         Some(Epilogue::AddResidual(r)) => (1, r.raw()),
         Some(Epilogue::SwiGlu) => (2, std::ptr::null_mut()),
+        Some(Epilogue::AddBias(b)) => (3, b.raw()),
     };
     let (norm_weight, eps) = norm.map_or((std::ptr::null_mut(), 0.0), |(w, eps)| (w.raw(), eps));
     Array::try_from_op(|out| unsafe {

@@ -11,6 +11,8 @@ enum class Epilogue : int {
   AddResidual = 1,
   // silu(g) * u where x @ wᵀ = [g, u] (a fused gate/up projection): the output has half the rows.
   SwiGlu = 2,
+  // x @ wᵀ + bias (a projection's own bias, one value per output column: qwen2's q/k/v).
+  AddBias = 3,
 };
 
 }  // namespace mlex

@@ -724,8 +724,10 @@ int mlex_quantized_matmul_fused(mlex_array x, mlex_array norm_weight, float eps,
                                 int32_t epilogue, mlex_array residual, mlex_array* out) {
   return guard([&] {
     const std::string m = mode ? mode : "affine";
-    if (epilogue < 0 || epilogue > 2) throw std::invalid_argument("unknown epilogue " + std::to_string(epilogue));
-    if (epilogue == 1 && !residual) throw std::invalid_argument("the residual epilogue needs a residual");
+    if (epilogue < 0 || epilogue > 3) throw std::invalid_argument("unknown epilogue " + std::to_string(epilogue));
+    if ((epilogue == 1 || epilogue == 3) && !residual) {
+      throw std::invalid_argument(epilogue == 1 ? "the residual epilogue needs a residual" : "the bias epilogue needs a bias");
+    }
     const auto epi = static_cast<mlex::Epilogue>(epilogue);
     if (auto fast = mlex::cuda_quantized_matvec(unwrap(x), unwrap(w), unwrap(scales), opt(biases), true, group_size,
                                                 bits, m, epi, opt(residual), opt(norm_weight), eps)) {
@@ -762,6 +764,8 @@ int mlex_quantized_matmul_fused(mlex_array x, mlex_array norm_weight, float eps,
       *out = wrap(y);
     } else if (epilogue == 1) {
       *out = wrap(mx::add(unwrap(residual), y));
+    } else if (epilogue == 3) {
+      *out = wrap(mx::add(y, unwrap(residual)));
     } else {
       auto halves = mx::split(y, 2, -1);
       *out = wrap(swiglu(halves[0], halves[1]));

@@ -135,6 +135,7 @@ impl QuantWeight {
             return match epilogue {
                 None => Ok(y),
                 Some(Epilogue::AddResidual(r)) => r.add(&y),
+                Some(Epilogue::AddBias(b)) => y.add(b),
                 Some(Epilogue::SwiGlu) => {
                     let half = y.dim(-1) / 2;
                     let gu = y.split_at(&[half], -1)?;
@@ -258,13 +259,8 @@ impl Linear {
                 Some(b) => Array::addmm(b, x, weight_t, 1.0, 1.0),
                 None => x.matmul(weight_t),
             },
-            Linear::Quantized { q, bias } => {
-                let y = q.matmul_t(x)?;
-                match bias {
-                    Some(b) => y.add(b),
-                    None => Ok(y),
-                }
-            }
+            Linear::Quantized { q, bias: Some(b) } => q.matmul_t_then(x, Epilogue::AddBias(b)),
+            Linear::Quantized { q, bias: None } => q.matmul_t(x),
         }
     }
 }
@@ -274,13 +270,7 @@ impl Linear {
     /// applies (CUDA decode rows).
     pub fn forward_normed(&self, x: &Array, norm: &RmsNorm) -> Result<Array> {
         match self {
-            Linear::Quantized { q, bias } => {
-                let y = q.matmul_t_normed(x, norm, None)?;
-                match bias {
-                    Some(b) => y.add(b),
-                    None => Ok(y),
-                }
-            }
+            Linear::Quantized { q, bias } => q.matmul_t_normed(x, norm, bias.as_ref().map(Epilogue::AddBias)),
             Linear::Dense { .. } => self.forward(&norm.forward(x)?),
         }
     }
