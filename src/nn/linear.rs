@@ -9,11 +9,18 @@ use crate::mlx::{Array, Dtype};
 /// Rows of input from which a CPU build with OpenBLAS dequantizes and uses sgemm (see `matmul_t`).
 const DEQUANT_GEMM_MIN_ROWS: usize = 32;
 
-/// Rows of input from which a GPU prefill dequantizes a layer's weight and multiplies with
-/// MLX's dense GEMM instead of its quantized matmul (0: never). MLEX_CUDA_DEQUANT_GEMM_MIN_ROWS.
+/// Rows of input from which a GPU prefill chunk dequantizes each weight and multiplies with
+/// MLX's dense GEMM instead of its quantized matmul. On the H200 (`mlex bench --matvec S --rows
+/// R`, BENCHMARKS.md), for the 7B's projections MLX's quantized matmul ran at ~80 GB/s of weights
+/// with 512 rows, dequantize + GEMM 2.0-2.1× faster; with 128 rows the quantized matmul was
+/// 1.4-1.6× faster. MLEX_CUDA_DEQUANT_GEMM_MIN_ROWS overrides it (0: never).
+const CUDA_DEQUANT_GEMM_MIN_ROWS: usize = 256;
+
 fn cuda_dequant_gemm_min_rows() -> usize {
     static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *ROWS.get_or_init(|| std::env::var("MLEX_CUDA_DEQUANT_GEMM_MIN_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(0))
+    *ROWS.get_or_init(|| {
+        std::env::var("MLEX_CUDA_DEQUANT_GEMM_MIN_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(CUDA_DEQUANT_GEMM_MIN_ROWS)
+    })
 }
 
 /// A quantized weight and how to read it.
@@ -79,8 +86,8 @@ impl QuantWeight {
     }
 
     /// `x @ Wᵀ` without materialising W — except for long prefill chunks on a CPU whose BLAS is
-    /// OpenBLAS: there dequantizing once and calling sgemm is many times faster than MLX's CPU
-    /// quantized-matmul kernel (the decode path, one row at a time, keeps the quantized kernel).
+    /// OpenBLAS, or on a GPU: there dequantizing and a dense GEMM is faster than MLX's quantized
+    /// matmul (the decode path, a few rows at a time, keeps the quantized kernels).
     pub fn matmul_t(&self, x: &Array) -> Result<Array> {
         if self.dequantize_for_gemm(x)? {
             let w = self.dequantize(None)?;
@@ -103,7 +110,9 @@ impl QuantWeight {
     /// Whether [`QuantWeight::matmul_t`] dequantizes for a BLAS GEMM (long CPU prefill chunks).
     fn dequantize_for_gemm(&self, x: &Array) -> Result<bool> {
         let rows = x.size() / x.dim(-1).max(1) as usize;
-        let (cpu, gpu) = (cfg!(mlex_openblas) && rows >= DEQUANT_GEMM_MIN_ROWS, (1..=rows).contains(&cuda_dequant_gemm_min_rows()));
+        // The GPU on Linux is CUDA (Metal's quantized matmul is MLX's best-tuned kernel: not measured, not changed).
+        let cuda = !cfg!(target_os = "macos") && (1..=rows).contains(&cuda_dequant_gemm_min_rows());
+        let (cpu, gpu) = (cfg!(mlex_openblas) && rows >= DEQUANT_GEMM_MIN_ROWS, cuda);
         if !cpu && !gpu {
             return Ok(false);
         }
