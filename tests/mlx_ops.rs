@@ -1107,7 +1107,7 @@ fn cuda_short_attention_matches_attention_over_the_prefix() {
                 mlex::mlx::eval(&[&q, &k, &v]).unwrap();
                 let q = if token_major { q.transpose(&[0, 2, 1, 3]).unwrap() } else { q };
                 let scale = 1.0 / (d as f32).sqrt();
-                let Some(got) = fast::cuda_short_attention(&q, &k, &v, scale, prev as usize, token_major).unwrap() else {
+                let Some(got) = fast::cuda_short_attention(&q, &k, &v, scale, prev as usize, token_major, false).unwrap() else {
                     assert!(!cuda, "{what}: the kernel applies on CUDA");
                     continue;
                 };
@@ -1367,13 +1367,18 @@ fn cuda_qkv_into_cache_matches_the_separate_ops() {
                     let want_o = fast::scaled_dot_product_attention(&want_q, &upd(&kc, &want_k), &upd(&vc, &want_v), 0.125, AttentionMask::None).unwrap();
                     let (want_q, want_k, want_v, want_o) = (f32s(&want_q), f32s(&want_k), f32s(&want_v), f32s(&want_o));
                     let norms = if norm { Some((&qn, &kn, 1e-6f32)) } else { None };
-                    let q = fast::cuda_qkv_into_cache(&qkv, (hq, hkv), norms, (false, 1e6, 1.0, None), &pos, &at, &kc, &vc)
+                    // Half the cases as the decode step runs them: the product as it comes
+                    // ([B, 1, (HQ + 2·HKV)·D]) and the attention out flat ([B, 1, HQ·D]).
+                    let flat = !norm;
+                    let input = if flat { qkv.reshape(&[b, 1, (hq + 2 * hkv) * d]).unwrap() } else { qkv.clone() };
+                    let q = fast::cuda_qkv_into_cache(&input, (hq, hkv), norms, (false, 1e6, 1.0, None), &pos, &at, &kc, &vc)
                         .unwrap()
                         .expect("applies on CUDA");
                     let census = mlex::mlx::graph_census(&[&q]).unwrap();
                     let kernels: usize = census.iter().filter(|(p, _)| is_our_cuda_kernel(p)).map(|(_, c)| c).sum();
                     assert_eq!(kernels, 1, "{what}: one kernel: {census:?}");
-                    let o = fast::cuda_short_attention(&q, &kc, &vc, 0.125, slot as usize, false).unwrap().expect("our attention");
+                    let o = fast::cuda_short_attention(&q, &kc, &vc, 0.125, slot as usize, false, flat).unwrap().expect("our attention");
+                    assert_eq!(o.shape(), if flat { vec![b, 1, hq * d] } else { vec![b, hq, 1, d] }, "{what}");
                     mlex::mlx::eval(&[&o]).unwrap();
                     let row = d as usize;
                     for (name, got, before, want) in [("k", f32s(&kc), &k_before, &want_k), ("v", f32s(&vc), &v_before, &want_v)] {

@@ -138,17 +138,33 @@ const cuda_jit::KernelSpec& cache_spec() {
   return s;
 }
 
-// Whether either kernel applies to a decode step's fused product `qkv` ([B, HQ + 2·HKV, 1, D],
-// 16-bit, D even and at most 1024) and `rope`, on CUDA, with `ablation` off.
+// The head size D of a decode step's fused product `qkv`: [B, HQ + 2·HKV, 1, D], or the product
+// as the projection writes it, [B, 1, (HQ + 2·HKV)·D] (the same memory, so the step needs no
+// reshape op); 0 for any other shape.
+int head_dim_of(const mx::array& qkv, int n_q_heads, int n_kv_heads) {
+  const int row = n_q_heads + 2 * n_kv_heads;
+  if (row <= 0) return 0;
+  if (qkv.ndim() == 4 && qkv.shape(1) == row && qkv.shape(2) == 1) return qkv.shape(3);
+  if (qkv.ndim() == 3 && qkv.shape(1) == 1 && qkv.shape(2) % row == 0) return qkv.shape(2) / row;
+  return 0;
+}
+
+// Whether either kernel applies to a decode step's fused product `qkv` (head_dim_of: 16-bit, D
+// even and at most 1024) and `rope`, on CUDA, with `ablation` off.
 bool applies(uint32_t ablation, const mx::array& qkv, int n_q_heads, int n_kv_heads, const RopeArgs& rope) {
   static const bool cuda = cuda_jit::available();
   if (mlex::ablated(ablation) || !cuda || mx::to_stream({}).device != mx::Device::gpu) return false;
   const mx::Dtype t = qkv.dtype();
-  if ((t != mx::bfloat16 && t != mx::float16) || qkv.ndim() != 4 || qkv.shape(1) != n_q_heads + 2 * n_kv_heads ||
-      qkv.shape(2) != 1 || qkv.shape(3) % 2 != 0 || qkv.shape(3) > 1024) {
-    return false;
-  }
-  return !rope.freqs || (rope.freqs->dtype() == mx::float32 && rope.freqs->shape() == mx::Shape{qkv.shape(3) / 2});
+  const int d = head_dim_of(qkv, n_q_heads, n_kv_heads);
+  if ((t != mx::bfloat16 && t != mx::float16) || d == 0 || d % 2 != 0 || d > 1024) return false;
+  return !rope.freqs || (rope.freqs->dtype() == mx::float32 && rope.freqs->shape() == mx::Shape{d / 2});
+}
+
+// A float32 scalar for an input a kernel does not read (no norms, no frequency table), made
+// once per thread rather than allocated at every launch.
+const mx::array& unused_input() {
+  thread_local const mx::array none(0.0f);
+  return none;
 }
 
 int float_bits(float f) {
@@ -166,7 +182,7 @@ std::optional<std::pair<mx::array, mx::array>> cuda_qk_norm_rope(const mx::array
   // Benchmark ablation only (BENCHMARKS.md): MLX's norms and ropes.
   if (!applies(MLEX_ABLATE_KERNEL_CUDA_QK_ROPE, qkv, n_q_heads, n_kv_heads, rope)) return std::nullopt;
   const mx::Dtype t = qkv.dtype();
-  const int b = qkv.shape(0), d = qkv.shape(3);
+  const int b = qkv.shape(0), d = head_dim_of(qkv, n_q_heads, n_kv_heads);
   if (q_norm.dtype() != t || k_norm.dtype() != t || q_norm.shape() != mx::Shape{d} ||
       k_norm.shape() != mx::Shape{d} || positions.ndim() != 1 ||
       (positions.shape(0) != 1 && positions.shape(0) != b)) {
@@ -177,7 +193,7 @@ std::optional<std::pair<mx::array, mx::array>> cuda_qk_norm_rope(const mx::array
   const mx::array pos = mx::astype(positions, mx::int32);
   const float step = std::log(rope.base) / static_cast<float>(d / 2);
   auto outs = cuda_jit::try_run(
-      spec(), {qkv, q_norm, k_norm, pos, rope.freqs ? *rope.freqs : mx::array(0.0f)},
+      spec(), {qkv, q_norm, k_norm, pos, rope.freqs ? *rope.freqs : unused_input()},
       {{b, n_q_heads, 1, d}, {b, n_kv_heads, 1, d}}, {t, t}, {blocks * threads, 1, 1}, {threads, 1, 1},
       {{"T", t}, {"HQ", n_q_heads}, {"HKV", n_kv_heads}, {"D", d}, {"TRAD", rope.traditional},
        {"FREQS", rope.freqs.has_value()}, {"PER_ROW", positions.shape(0) != 1},
@@ -194,7 +210,7 @@ std::optional<mx::array> cuda_qkv_into_cache(
   // Benchmark ablation only (BENCHMARKS.md): the separate kernels and MLX's cache writes.
   if (!applies(MLEX_ABLATE_KERNEL_CUDA_KV_WRITE, qkv, n_q_heads, n_kv_heads, rope)) return std::nullopt;
   const mx::Dtype t = qkv.dtype();
-  const int b = qkv.shape(0), d = qkv.shape(3);
+  const int b = qkv.shape(0), d = head_dim_of(qkv, n_q_heads, n_kv_heads);
   if (k_cache.ndim() != 4 || k_cache.shape() != v_cache.shape() || k_cache.dtype() != t ||
       v_cache.dtype() != t || k_cache.shape(0) != b || k_cache.shape(1) != n_kv_heads || k_cache.shape(3) != d ||
       at.dtype() != mx::int32 || at.shape() != mx::Shape{2} || positions.ndim() != 1 ||
@@ -208,7 +224,7 @@ std::optional<mx::array> cuda_qkv_into_cache(
   const int threads = (d / 2 + 31) / 32 * 32;
   const int blocks = b * (n_q_heads + 2 * n_kv_heads);
   const float step = std::log(rope.base) / static_cast<float>(d / 2);
-  const mx::array none(0.0f);
+  const mx::array& none = unused_input();
   auto outs = cuda_jit::try_run(
       cache_spec(),
       {qkv, norms ? norms->first : none, norms ? norms->second : none, mx::astype(positions, mx::int32), at,

@@ -104,7 +104,7 @@ mx::array meta_of(int prev, int cap, int nq) {
 }  // namespace
 
 std::optional<mx::array> cuda_short_attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
-                                              int prev, bool token_major) {
+                                              int prev, bool token_major, bool flat) {
   // Benchmark ablation only (BENCHMARKS.md): the whole buffers under a mask, through MLX.
   static const bool cuda = cuda_jit::available();
   if (mlex::ablated(MLEX_ABLATE_KERNEL_CUDA_SHORT_ATTN) || !cuda || mx::to_stream({}).device != mx::Device::gpu) {
@@ -126,7 +126,10 @@ std::optional<mx::array> cuda_short_attention(const mx::array& q, const mx::arra
   const mx::array qin = token_major ? mx::transpose(q, {0, 2, 1, 3}) : q;
   constexpr int warps = 32;
   const int blocks = b * hq * nq;
-  auto outs = cuda_jit::try_run(spec(), {qin, k, v, meta_of(prev, cap, nq)}, {qin.shape()}, {t},
+  // [B, HQ, 1, D] row contiguous is [B, 1, HQ·D] in memory.
+  const bool flat_out = flat && nq == 1 && !token_major;
+  const mx::Shape out_shape = flat_out ? mx::Shape{b, 1, hq * d} : qin.shape();
+  auto outs = cuda_jit::try_run(spec(), {qin, k, v, meta_of(prev, cap, nq)}, {out_shape}, {t},
                                 {blocks * warps * 32, 1, 1},
                                 {warps * 32, 1, 1},
                                 {{"T", t}, {"HQ", hq}, {"HKV", hkv}, {"D", d}, {"WARPS", warps},

@@ -17,9 +17,10 @@ namespace mlex {
 // keys 0 ..= prev + l. token_major: q is a transposed view of token-major [B, L, HQ, D] memory
 // (decode rows), read as it is, and the result is then such a view too. Returns [B, HQ, L, D]
 // in q's dtype (bfloat16, float16 or float32), computed in float32, or nothing where the
-// kernel does not apply (not CUDA, other shapes).
+// kernel does not apply (not CUDA, other shapes). flat (one query, not token_major): the same
+// memory shaped [B, 1, HQ·D], as the output projection takes it, with no reshape op.
 std::optional<mlx::core::array> cuda_short_attention(const mlx::core::array& q, const mlx::core::array& k,
                                                      const mlx::core::array& v, float scale, int prev,
-                                                     bool token_major);
+                                                     bool token_major, bool flat = false);
 
 }  // namespace mlex

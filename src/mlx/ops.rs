@@ -407,7 +407,8 @@ pub mod fast {
     /// `qkv` (`[B, HQ + 2·HKV, 1, D]`) normalized per head (`qk_norm`: q's and k's weights and
     /// eps), rotated (`rope`: traditional, base, scale, freqs; the whole head) at `positions`
     /// (int32 `[1]` or `[B]`), k and v written into column `at[0]` of `k_cache` / `v_cache`
-    /// (`[B, HKV, at[1], D]`; `at` int32 `[2]`) IN PLACE. Returns q `[B, HQ, 1, D]`, or None
+    /// (`[B, HKV, at[1], D]`; `at` int32 `[2]`) IN PLACE (`qkv`: `[B, HQ + 2·HKV, 1, D]`, or the
+    /// product as it comes, `[B, 1, (HQ + 2·HKV)·D]`). Returns q `[B, HQ, 1, D]`, or None
     /// where it does not apply (not CUDA, not 16-bit, other shapes). Buffers that are not row
     /// contiguous when the kernel runs fail its evaluation (a copy would take the writes).
     ///
@@ -454,11 +455,12 @@ pub mod fast {
     /// l of `q` (`[B, HQ, L, D]`) sees keys `0 ..= prev + l`, in one CUDA kernel of ours; None
     /// where it does not apply (not CUDA, other shapes): the caller masks instead. `token_major`:
     /// `q` is a `[B, HQ, L, D]` transposed view of `[B, L, HQ, D]` memory (a pass built as decode
-    /// rows), read in place; the result is then such a view too.
-    pub fn cuda_short_attention(q: &Array, k: &Array, v: &Array, scale: f32, prev: usize, token_major: bool) -> Result<Option<Array>> {
+    /// rows), read in place; the result is then such a view too. `flat` (one query, not
+    /// token-major): the result is `[B, 1, HQ·D]`, as the output projection takes it.
+    pub fn cuda_short_attention(q: &Array, k: &Array, v: &Array, scale: f32, prev: usize, token_major: bool, flat: bool) -> Result<Option<Array>> {
         let mut out = std::ptr::null_mut();
         crate::mlx::error::check(unsafe {
-            sys::mlex_cuda_short_attention(q.raw(), k.raw(), v.raw(), scale, prev as i32, token_major, &mut out)
+            sys::mlex_cuda_short_attention(q.raw(), k.raw(), v.raw(), scale, prev as i32, token_major, flat, &mut out)
         })?;
         Ok((!out.is_null()).then(|| Array::from_raw(out)))
     }

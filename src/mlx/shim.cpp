@@ -603,10 +603,12 @@ int mlex_cuda_prefetch(const mlex_array* arrays, size_t n, uint64_t* bytes) {
   return guard([&] { *bytes = mlex::cuda_launch::prefetch_to_device(to_vec(arrays, n)); });
 }
 int mlex_cuda_short_attention(mlex_array q, mlex_array k, mlex_array v, float scale, int32_t prev, bool token_major,
-                              mlex_array* out) {
+                              bool flat, mlex_array* out) {
   return guard([&] {
     *out = nullptr;
-    if (auto o = mlex::cuda_short_attention(unwrap(q), unwrap(k), unwrap(v), scale, prev, token_major)) *out = wrap(*o);
+    if (auto o = mlex::cuda_short_attention(unwrap(q), unwrap(k), unwrap(v), scale, prev, token_major, flat)) {
+      *out = wrap(*o);
+    }
   });
 }
 

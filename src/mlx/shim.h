@@ -213,7 +213,8 @@ int mlex_cpu_decode_attention(mlex_array qkv, mlex_array k_cache, mlex_array v_c
                               float rope_scale, mlex_array freqs, mlex_array* out, mlex_array* out_k,
                               mlex_array* out_v);
 /* A decode step's q/k/v straight into a full-attention cache in one CUDA kernel
-   (src/mlx/cuda_qk_norm_rope.h): qkv [B, HQ + 2·HKV, 1, D]; q_norm/k_norm both or neither NULL;
+   (src/mlx/cuda_qk_norm_rope.h): qkv [B, HQ + 2·HKV, 1, D] (or the product as it comes,
+   [B, 1, (HQ + 2·HKV)·D]); q_norm/k_norm both or neither NULL;
    rotated as mlex_fast_rope (the whole head; freqs may be NULL) at positions (int32 [1] or [B]);
    k and v written IN PLACE into column at[0] of k_cache/v_cache [B, HKV, at[1], D] (at: int32
    [2]; evaluated buffers the caller owns). Sets *out_q [B, HQ, 1, D], or leaves it NULL where the
@@ -232,10 +233,11 @@ int mlex_fast_sdpa_padded(mlex_array q, mlex_array k, mlex_array v, float scale,
                           mlex_array* out);
 /* A short pass's attention on CUDA (src/mlx/cuda_short_attention.h): q [B, HQ, L, D] over the
    whole key/value buffers k, v [B, HKV, C, D], query l seeing keys 0 ..= prev + l, in one kernel
-   of ours (token_major: q is a transposed view of [B, L, HQ, D] memory, and *out is then one too).
-   Sets *out, or leaves it NULL where the kernel does not apply (the caller masks). */
+   of ours (token_major: q is a transposed view of [B, L, HQ, D] memory, and *out is then one too;
+   flat, one query: *out is [B, 1, HQ·D]). Sets *out, or leaves it NULL where the kernel does not
+   apply (the caller masks). */
 int mlex_cuda_short_attention(mlex_array q, mlex_array k, mlex_array v, float scale, int32_t prev, bool token_major,
-                              mlex_array* out);
+                              bool flat, mlex_array* out);
 /* Moves the managed-memory buffers of the (evaluated) arrays into CUDA device memory and waits
    (src/mlx/cuda_launch.h: prefetch_to_device); *bytes: how many bytes moved, 0 without CUDA. */
 int mlex_cuda_prefetch(const mlex_array* arrays, size_t n, uint64_t* bytes);

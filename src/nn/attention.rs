@@ -199,7 +199,7 @@ impl Attention {
             (None, Mask::Padded { key_start, causal }) => {
                 fast::scaled_dot_product_attention_padded(&q, &k, &v, self.scale, *causal, key_start)?
             }
-            (None, Mask::Short { prev, mask }) => match fast::cuda_short_attention(&q, &k, &v, self.scale, *prev, token_major)? {
+            (None, Mask::Short { prev, mask }) => match fast::cuda_short_attention(&q, &k, &v, self.scale, *prev, token_major, false)? {
                 Some(o) => o,
                 None => fast::scaled_dot_product_attention(&q, &k, &v, self.scale, AttentionMask::Array(mask))?,
             },
@@ -248,7 +248,8 @@ impl Attention {
         if !crate::mlx::on_cuda() || dims != d || !matches!(y.dtype(), crate::mlx::Dtype::Bfloat16 | crate::mlx::Dtype::Float16) {
             return Ok(None);
         }
-        let y = y.reshape(&[b, hq + 2 * hkv, 1, d])?;
+        // y goes in as the product wrote it ([B, 1, (HQ + 2·HKV)·D]) and the attention comes out
+        // as the output projection takes it ([B, 1, HQ·D]): no reshape op on either side.
         cache.write_token_with((b, hkv, d), y.dtype(), &mut |slot| {
             // The kernel writes the buffers in place: only a cache's own (a continuous batch's).
             // A left-padded batch keeps MLX's attention under its per-step mask (BatchKvCache).
@@ -261,14 +262,14 @@ impl Attention {
                 None => position(slot.column)?,
             };
             let rope = (traditional, base, scale, freqs);
-            let Some(q) = fast::cuda_qkv_into_cache(&y, (hq, hkv), qk_norm, rope, &pos, &at, slot.keys, slot.values)? else {
+            let Some(q) = fast::cuda_qkv_into_cache(y, (hq, hkv), qk_norm, rope, &pos, &at, slot.keys, slot.values)? else {
                 return Ok(None);
             };
             // Attention depends on q, so it runs after the write of this column. Our attention
             // kernel (one block per query head) for short contexts; MLX's, which splits long
             // ones over many blocks, past SHORT_KERNEL_KEYS (BENCHMARKS.md, tenth session).
             let ours = if slot.column < SHORT_KERNEL_KEYS {
-                fast::cuda_short_attention(&q, slot.keys, slot.values, self.scale, slot.column, false)?
+                fast::cuda_short_attention(&q, slot.keys, slot.values, self.scale, slot.column, false, true)?
             } else {
                 None
             };
@@ -277,10 +278,10 @@ impl Attention {
                 None => {
                     let end = slot.column as i32 + 1;
                     let (kk, vv) = (slot.keys.slice_axis(2, 0, end)?, slot.values.slice_axis(2, 0, end)?);
-                    fast::scaled_dot_product_attention(&q, &kk, &vv, self.scale, AttentionMask::None)?
+                    fast::scaled_dot_product_attention(&q, &kk, &vv, self.scale, AttentionMask::None)?.reshape(&[b, 1, -1])?
                 }
             };
-            Ok(Some((o.reshape(&[b, 1, -1])?, slot.keys.clone(), slot.values.clone())))
+            Ok(Some((o, slot.keys.clone(), slot.values.clone())))
         })
     }
 
