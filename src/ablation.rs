@@ -21,6 +21,7 @@
 //! | `MLEX_ABLATE_CUDA_KV_WRITE` | a CUDA decode step's q/k/v written into the cache by one kernel of ours (our q/k kernel or MLX's ropes, then MLX's cache writes) |
 //! | `MLEX_ABLATE_CPU_DECODE_ATTN` | a CPU decode step's attention block as one kernel (the separate rope, cache writes and attention instead) |
 //! | `MLEX_ABLATE_CUDA_QK_ROPE` | our CUDA kernel for q/k norms + rope (MLX's four kernels instead) |
+//! | `MLEX_ABLATE_CUDA_FUSED_ATTN` | a CUDA decode step's cache write and short-context attention as one kernel (the write kernel, then the attention kernel) |
 //! | `MLEX_ABLATE_CUDA_SHORT_ATTN` | our CUDA attention for short passes (MLX's cuDNN under a mask instead) |
 //! | `MLEX_ABLATE_GATED_DELTA` | our gated delta kernels (CPU and CUDA) |
 //! | `MLEX_ABLATE_CUDA_DEVICE_ALLOC` | device memory for our CUDA kernels' outputs (MLX's managed memory instead) |
@@ -71,6 +72,7 @@ impl Ablations {
             ("MLEX_ABLATE_CPU_DECODE_ATTN", sys::MLEX_ABLATE_KERNEL_CPU_DECODE_ATTN),
             ("MLEX_ABLATE_CUDA_KV_WRITE", sys::MLEX_ABLATE_KERNEL_CUDA_KV_WRITE),
             ("MLEX_ABLATE_CUDA_SHORT_ATTN", sys::MLEX_ABLATE_KERNEL_CUDA_SHORT_ATTN),
+            ("MLEX_ABLATE_CUDA_FUSED_ATTN", sys::MLEX_ABLATE_KERNEL_CUDA_FUSED_ATTN),
             ("MLEX_ABLATE_CUDA_DEVICE_ALLOC", sys::MLEX_ABLATE_KERNEL_CUDA_DEVICE_ALLOC),
         ]
         .iter()

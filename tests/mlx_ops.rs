@@ -1330,6 +1330,8 @@ fn cuda_qkv_into_cache_matches_the_separate_ops() {
         let pos = Array::from_slice(&[3i32], &[1]).unwrap();
         let got = fast::cuda_qkv_into_cache(&qkv, (hq, hkv), None, (false, 1e4, 1.0, None), &pos, &at, &kc, &kc).unwrap();
         assert!(got.is_none(), "not CUDA: the kernel does not apply");
+        let got = fast::cuda_decode_attention(&qkv, (hq, hkv), None, (false, 1e4, 1.0, None), &pos, &at, &kc, &kc, 0.125).unwrap();
+        assert!(got.is_none(), "not CUDA: the fused kernel does not apply");
         return;
     }
     set_default_device(Device::Gpu).unwrap();
@@ -1404,6 +1406,21 @@ fn cuda_qkv_into_cache_matches_the_separate_ops() {
                     for (i, (a, c)) in f32s(&o).iter().zip(&want_o).enumerate() {
                         assert!((a - c).abs() <= c.abs() / 32.0 + 8.0 / 256.0, "{what} attention: element {i}: {a} vs {c}");
                     }
+                    // The write and the attention as one kernel: the two kernels' output bit for
+                    // bit (it writes the same column again, with the same bits).
+                    let (k_mid, v_mid) = (f32s(&kc), f32s(&vc));
+                    let fused = fast::cuda_decode_attention(&input, (hq, hkv), norms, (false, 1e6, 1.0, None), &pos, &at, &kc, &vc, 0.125)
+                        .unwrap()
+                        .expect("the fused kernel applies on CUDA");
+                    let census = mlex::mlx::graph_census(&[&fused]).unwrap();
+                    let kernels: usize = census.iter().filter(|(p, _)| is_our_cuda_kernel(p)).map(|(_, c)| c).sum();
+                    assert_eq!(kernels, 1, "{what}: one kernel: {census:?}");
+                    assert_eq!(fused.shape(), vec![b, 1, hq * d], "{what}");
+                    let (f, g) = (f32s(&fused), f32s(&o));
+                    for (i, (a, c)) in f.iter().zip(&g).enumerate() {
+                        assert!(a.to_bits() == c.to_bits(), "{what} fused attention: element {i}: {a} vs {c}");
+                    }
+                    assert!(f32s(&kc) == k_mid && f32s(&vc) == v_mid, "{what}: the fused kernel wrote other bits into the cache");
                 }
             }
         }

@@ -118,6 +118,97 @@ constexpr const char* kCacheSource = R"(
   mlex_store(&dst[i2], o2);
 )";
 
+// The whole attention block of a decode step (a full-attention cache, up to a short context):
+// constants as kCacheSource's, WARPS the warps of a block, ATTN_BITS the softmax scale's bits.
+// One block per (batch row, q head). Every block of a kv group rotates that group's key and
+// writes it, and the value, into column `slot`: the same bits from each block, so what a block
+// reads back after its barrier is right whichever write landed. Then the head's rotated q,
+// rounded to T as kCacheSource stores it, attends over keys 0 ..= slot exactly as
+// cuda_short_attention's kernel does (the same sums in the same order), so the output is the
+// two kernels' bit for bit; written as [B, 1, HQ·D].
+constexpr const char* kAttnSource = R"(
+  constexpr int ROW = HQ + 2 * HKV;
+  constexpr int PER = D / 32;
+  const int h = blockIdx.x % HQ;
+  const int b = blockIdx.x / HQ;
+  const int kvh = h / (HQ / HKV);
+  const int slot = at[0];
+  const int cap = at[1];
+  T* k_cache = const_cast<T*>(k_buf);
+  T* v_cache = const_cast<T*>(v_buf);
+  const T* src = qkv + (unsigned long long)b * ROW * D;
+  const float ps = (float)pos[PER_ROW ? b : 0] * __int_as_float(SCALE_BITS);
+  const float eps = __int_as_float(EPS_BITS), step = __int_as_float(STEP_BITS);
+  // q rounded to T (as kCacheSource stores it), kept as floats.
+  __shared__ float qs[D];
+  float o1, o2;
+  int i1, i2;
+  if (mlex_norm_rope<T, D, TRAD, NORM, FREQS>(src + h * D, q_norm, eps, freqs, step, ps, o1, o2, i1, i2)) {
+    qs[i1] = mlex_round(o1, src);
+    qs[i2] = mlex_round(o2, src);
+  }
+  // (The norm's block sum reuses its shared scratch in the next call.)
+  __syncthreads();
+  const unsigned long long head = ((unsigned long long)b * HKV + kvh) * (unsigned long long)cap * D;
+  if (mlex_norm_rope<T, D, TRAD, NORM, FREQS>(src + (HQ + kvh) * D, k_norm, eps, freqs, step, ps, o1, o2, i1, i2)) {
+    T* kd = k_cache + head + (unsigned long long)slot * D;
+    mlex_store(&kd[i1], o1);
+    mlex_store(&kd[i2], o2);
+  }
+  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    v_cache[head + (unsigned long long)slot * D + i] = src[(HQ + HKV + kvh) * D + i];
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const float scale = __int_as_float(ATTN_BITS);
+  float qv[PER], acc[PER];
+  #pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    qv[i] = qs[lane * PER + i] * scale;
+    acc[i] = 0.0f;
+  }
+  const T* kb = k_cache + head + lane * PER;
+  const T* vb = v_cache + head + lane * PER;
+  const int keys = slot + 1;
+  const float neg_inf = __int_as_float(0xff800000);
+  float m = neg_inf, s = 0.0f;
+  for (int j = w; j < keys; j += WARPS) {
+    const T* kr = kb + (unsigned long long)j * D;
+    float d = 0.0f;
+    #pragma unroll
+    for (int i = 0; i < PER; ++i) d += qv[i] * mlex_float(kr[i]);
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+    const float mn = fmaxf(m, d);
+    const float c = expf(m - mn), p = expf(d - mn);
+    s = s * c + p;
+    const T* vr = vb + (unsigned long long)j * D;
+    #pragma unroll
+    for (int i = 0; i < PER; ++i) acc[i] = acc[i] * c + p * mlex_float(vr[i]);
+    m = mn;
+  }
+  __shared__ float wm[WARPS], ws[WARPS];
+  __shared__ float wacc[WARPS][D];
+  if (lane == 0) {
+    wm[w] = m;
+    ws[w] = s;
+  }
+  #pragma unroll
+  for (int i = 0; i < PER; ++i) wacc[w][lane * PER + i] = acc[i];
+  __syncthreads();
+  const int t = threadIdx.x;
+  if (t >= D) return;
+  float mx_ = neg_inf;
+  for (int i = 0; i < WARPS; ++i) mx_ = fmaxf(mx_, wm[i]);
+  float total = 0.0f, o = 0.0f;
+  for (int i = 0; i < WARPS; ++i) {
+    const float f = wm[i] == neg_inf ? 0.0f : expf(wm[i] - mx_);
+    total += ws[i] * f;
+    o += wacc[i][t] * f;
+  }
+  mlex_store(&out[((unsigned long long)b * HQ + h) * D + t], o / total);
+)";
+
 const std::string& header() {
   static const std::string h = std::string(kCudaHalfHelpers) + kNormRope;
   return h;
@@ -147,6 +238,15 @@ int head_dim_of(const mx::array& qkv, int n_q_heads, int n_kv_heads) {
   if (qkv.ndim() == 4 && qkv.shape(1) == row && qkv.shape(2) == 1) return qkv.shape(3);
   if (qkv.ndim() == 3 && qkv.shape(1) == 1 && qkv.shape(2) % row == 0) return qkv.shape(2) / row;
   return 0;
+}
+
+const cuda_jit::KernelSpec& attn_spec() {
+  static const cuda_jit::KernelSpec s{"qkv_cache_attention",
+                                      header().c_str(),
+                                      kAttnSource,
+                                      {"qkv", "q_norm", "k_norm", "pos", "at", "freqs", "k_buf", "v_buf"},
+                                      {"out"}};
+  return s;
 }
 
 // Whether either kernel applies to a decode step's fused product `qkv` (head_dim_of: 16-bit, D
@@ -203,6 +303,59 @@ std::optional<std::pair<mx::array, mx::array>> cuda_qk_norm_rope(const mx::array
   return std::make_pair((*outs)[0], (*outs)[1]);
 }
 
+namespace {
+
+// Whether the cache-writing kernels take these buffers, positions and norms (applies() said yes
+// for qkv).
+bool cache_args_fit(const mx::array& qkv, int n_kv_heads, const std::optional<std::pair<mx::array, mx::array>>& norms,
+                    const mx::array& positions, const mx::array& at, const mx::array& k_cache, const mx::array& v_cache,
+                    int b, int d) {
+  const mx::Dtype t = qkv.dtype();
+  if (k_cache.ndim() != 4 || k_cache.shape() != v_cache.shape() || k_cache.dtype() != t ||
+      v_cache.dtype() != t || k_cache.shape(0) != b || k_cache.shape(1) != n_kv_heads || k_cache.shape(3) != d ||
+      at.dtype() != mx::int32 || at.shape() != mx::Shape{2} || positions.ndim() != 1 ||
+      (positions.shape(0) != 1 && positions.shape(0) != b)) {
+    return false;
+  }
+  return !norms || (norms->first.dtype() == t && norms->second.dtype() == t && norms->first.shape() == mx::Shape{d} &&
+                    norms->second.shape() == mx::Shape{d});
+}
+
+}  // namespace
+
+std::optional<mx::array> cuda_decode_attention(const mx::array& qkv, int n_q_heads, int n_kv_heads,
+                                               const std::optional<std::pair<mx::array, mx::array>>& norms, float eps,
+                                               const RopeArgs& rope, const mx::array& positions, const mx::array& at,
+                                               const mx::array& k_cache, const mx::array& v_cache, float scale) {
+  // Benchmark ablation only (BENCHMARKS.md): the write kernel, then the attention kernel.
+  if (mlex::ablated(MLEX_ABLATE_KERNEL_CUDA_SHORT_ATTN | MLEX_ABLATE_KERNEL_CUDA_FUSED_ATTN) ||
+      !applies(MLEX_ABLATE_KERNEL_CUDA_KV_WRITE, qkv, n_q_heads, n_kv_heads, rope)) {
+    return std::nullopt;
+  }
+  const mx::Dtype t = qkv.dtype();
+  const int b = qkv.shape(0), d = head_dim_of(qkv, n_q_heads, n_kv_heads);
+  // The attention's lanes hold D / 32 elements each (cuda_short_attention's limits).
+  if (d % 32 != 0 || d > 256 || n_kv_heads < 1 || n_q_heads % n_kv_heads != 0 ||
+      !cache_args_fit(qkv, n_kv_heads, norms, positions, at, k_cache, v_cache, b, d)) {
+    return std::nullopt;
+  }
+  constexpr int warps = 32;
+  const float step = std::log(rope.base) / static_cast<float>(d / 2);
+  const mx::array& none = unused_input();
+  auto outs = cuda_jit::try_run(
+      attn_spec(),
+      {qkv, norms ? norms->first : none, norms ? norms->second : none, mx::astype(positions, mx::int32), at,
+       rope.freqs ? *rope.freqs : none, k_cache, v_cache},
+      {{b, 1, n_q_heads * d}}, {t}, {b * n_q_heads * warps * 32, 1, 1}, {warps * 32, 1, 1},
+      {{"T", t}, {"HQ", n_q_heads}, {"HKV", n_kv_heads}, {"D", d}, {"TRAD", rope.traditional},
+       {"FREQS", rope.freqs.has_value()}, {"NORM", norms.has_value()}, {"PER_ROW", positions.shape(0) != 1},
+       {"STEP_BITS", rope.freqs ? 0 : float_bits(step)}, {"SCALE_BITS", float_bits(rope.scale)},
+       {"EPS_BITS", norms ? float_bits(eps) : 0}, {"WARPS", warps}, {"ATTN_BITS", float_bits(scale)}},
+      {}, {6, 7});
+  if (!outs) return std::nullopt;
+  return (*outs)[0];
+}
+
 std::optional<mx::array> cuda_qkv_into_cache(
     const mx::array& qkv, int n_q_heads, int n_kv_heads, const std::optional<std::pair<mx::array, mx::array>>& norms,
     float eps, const RopeArgs& rope, const mx::array& positions, const mx::array& at, const mx::array& k_cache,
@@ -211,16 +364,7 @@ std::optional<mx::array> cuda_qkv_into_cache(
   if (!applies(MLEX_ABLATE_KERNEL_CUDA_KV_WRITE, qkv, n_q_heads, n_kv_heads, rope)) return std::nullopt;
   const mx::Dtype t = qkv.dtype();
   const int b = qkv.shape(0), d = head_dim_of(qkv, n_q_heads, n_kv_heads);
-  if (k_cache.ndim() != 4 || k_cache.shape() != v_cache.shape() || k_cache.dtype() != t ||
-      v_cache.dtype() != t || k_cache.shape(0) != b || k_cache.shape(1) != n_kv_heads || k_cache.shape(3) != d ||
-      at.dtype() != mx::int32 || at.shape() != mx::Shape{2} || positions.ndim() != 1 ||
-      (positions.shape(0) != 1 && positions.shape(0) != b)) {
-    return std::nullopt;
-  }
-  if (norms && (norms->first.dtype() != t || norms->second.dtype() != t || norms->first.shape() != mx::Shape{d} ||
-                norms->second.shape() != mx::Shape{d})) {
-    return std::nullopt;
-  }
+  if (!cache_args_fit(qkv, n_kv_heads, norms, positions, at, k_cache, v_cache, b, d)) return std::nullopt;
   const int threads = (d / 2 + 31) / 32 * 32;
   const int blocks = b * (n_q_heads + 2 * n_kv_heads);
   const float step = std::log(rope.base) / static_cast<float>(d / 2);

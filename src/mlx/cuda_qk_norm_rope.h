@@ -52,4 +52,15 @@ std::optional<mlx::core::array> cuda_qkv_into_cache(
     const mlx::core::array& positions, const mlx::core::array& at, const mlx::core::array& k_cache,
     const mlx::core::array& v_cache);
 
+// cuda_qkv_into_cache's write and then each query's attention over keys 0 ..= at[0] (scale: the
+// softmax scale), in one kernel rather than two: the same bits as cuda_qkv_into_cache followed by
+// cuda_short_attention, for head sizes that kernel takes (D a multiple of 32, at most 256).
+// Returns the attention [B, 1, HQ·D]. Meant for short contexts: one block per query head reads
+// every key (cuda_short_attention's trade-off). The same ownership rules as cuda_qkv_into_cache.
+std::optional<mlx::core::array> cuda_decode_attention(
+    const mlx::core::array& qkv, int n_q_heads, int n_kv_heads,
+    const std::optional<std::pair<mlx::core::array, mlx::core::array>>& norms, float eps, const RopeArgs& rope,
+    const mlx::core::array& positions, const mlx::core::array& at, const mlx::core::array& k_cache,
+    const mlx::core::array& v_cache, float scale);
+
 }  // namespace mlex

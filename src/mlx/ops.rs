@@ -451,6 +451,49 @@ pub mod fast {
         Ok((!q.is_null()).then(|| Array::from_raw(q)))
     }
 
+    /// [`cuda_qkv_into_cache`]'s write and then the attention of each query over keys
+    /// `0 ..= at[0]` (`attn_scale`: the softmax scale), in one CUDA kernel: the same bits as that
+    /// write followed by [`cuda_short_attention`], as `[B, 1, HQ·D]`. None where it does not apply
+    /// (also head sizes not a multiple of 32 or over 256). The same safety rules as
+    /// [`cuda_qkv_into_cache`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn cuda_decode_attention(
+        qkv: &Array,
+        heads: (i32, i32),
+        qk_norm: Option<(&Array, &Array, f32)>,
+        rope: (bool, f32, f32, Option<&Array>),
+        positions: &Array,
+        at: &Array,
+        k_cache: &Array,
+        v_cache: &Array,
+        attn_scale: f32,
+    ) -> Result<Option<Array>> {
+        let mut out = std::ptr::null_mut();
+        let (qn, kn, eps) = norm_args(qk_norm);
+        let (traditional, base, scale, freqs) = rope;
+        crate::mlx::error::check(unsafe {
+            sys::mlex_cuda_decode_attention(
+                qkv.raw(),
+                heads.0,
+                heads.1,
+                qn,
+                kn,
+                eps,
+                traditional,
+                base,
+                scale,
+                raw_or_null(freqs),
+                positions.raw(),
+                at.raw(),
+                k_cache.raw(),
+                v_cache.raw(),
+                attn_scale,
+                &mut out,
+            )
+        })?;
+        Ok((!out.is_null()).then(|| Array::from_raw(out)))
+    }
+
     /// A short pass's attention over a cache's whole buffers `k`, `v` (`[B, HKV, C, D]`): query
     /// l of `q` (`[B, HQ, L, D]`) sees keys `0 ..= prev + l`, in one CUDA kernel of ours; None
     /// where it does not apply (not CUDA, other shapes): the caller masks instead. `token_major`:

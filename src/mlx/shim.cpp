@@ -550,6 +550,21 @@ int mlex_cuda_qkv_into_cache(mlex_array qkv, int32_t n_q_heads, int32_t n_kv_hea
     }
   });
 }
+int mlex_cuda_decode_attention(mlex_array qkv, int32_t n_q_heads, int32_t n_kv_heads, mlex_array q_norm,
+                               mlex_array k_norm, float eps, bool traditional, float base, float scale,
+                               mlex_array freqs, mlex_array positions, mlex_array at, mlex_array k_cache,
+                               mlex_array v_cache, float attn_scale, mlex_array* out) {
+  return guard([&] {
+    *out = nullptr;
+    const mlex::RopeArgs rope{traditional, base, scale, opt(freqs)};
+    std::optional<std::pair<mx::array, mx::array>> norms;
+    if (q_norm != nullptr && k_norm != nullptr) norms.emplace(unwrap(q_norm), unwrap(k_norm));
+    if (auto o = mlex::cuda_decode_attention(unwrap(qkv), n_q_heads, n_kv_heads, norms, eps, rope, unwrap(positions),
+                                             unwrap(at), unwrap(k_cache), unwrap(v_cache), attn_scale)) {
+      *out = wrap(*o);
+    }
+  });
+}
 int mlex_cuda_qk_norm_rope(mlex_array qkv, int32_t n_q_heads, int32_t n_kv_heads, mlex_array q_norm,
                            mlex_array k_norm, float eps, bool traditional, float base, float scale, mlex_array freqs,
                            mlex_array positions, mlex_array* out_q, mlex_array* out_k) {

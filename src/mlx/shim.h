@@ -223,6 +223,13 @@ int mlex_cuda_qkv_into_cache(mlex_array qkv, int32_t n_q_heads, int32_t n_kv_hea
                              mlex_array k_norm, float eps, bool traditional, float base, float scale,
                              mlex_array freqs, mlex_array positions, mlex_array at, mlex_array k_cache,
                              mlex_array v_cache, mlex_array* out_q);
+/* The same write and then the attention of each query over keys 0 ..= at[0], in one CUDA kernel
+   (src/mlx/cuda_qk_norm_rope.h: cuda_decode_attention; attn_scale: the softmax scale). Sets
+   *out [B, 1, HQ·D], or leaves it NULL where the kernel does not apply. */
+int mlex_cuda_decode_attention(mlex_array qkv, int32_t n_q_heads, int32_t n_kv_heads, mlex_array q_norm,
+                               mlex_array k_norm, float eps, bool traditional, float base, float scale,
+                               mlex_array freqs, mlex_array positions, mlex_array at, mlex_array k_cache,
+                               mlex_array v_cache, float attn_scale, mlex_array* out);
 /* As mlex_fast_rope with each row of x's leading (batch) axis at its own position: offsets [B]
    int32 (continuous batching). */
 int mlex_fast_rope_offsets(mlex_array x, int32_t dims, bool traditional, float base, float scale, mlex_array offsets,
@@ -309,6 +316,7 @@ int mlex_random_categorical(mlex_array logits, int32_t axis, mlex_array key, mle
 #define MLEX_ABLATE_KERNEL_CPU_DECODE_ATTN 4096u
 #define MLEX_ABLATE_KERNEL_CUDA_KV_WRITE 8192u
 #define MLEX_ABLATE_KERNEL_CPU_PACK_Q4 16384u
+#define MLEX_ABLATE_KERNEL_CUDA_FUSED_ATTN 32768u
 void mlex_set_ablations(uint32_t kernels);
 
 /* ---- compile: fused element-wise helpers used by the models ---- */

@@ -262,6 +262,12 @@ impl Attention {
                 None => position(slot.column)?,
             };
             let rope = (traditional, base, scale, freqs);
+            // Short contexts: the write and the attention in one kernel (the same bits as the two).
+            if slot.column < SHORT_KERNEL_KEYS {
+                if let Some(o) = fast::cuda_decode_attention(y, (hq, hkv), qk_norm, rope, &pos, &at, slot.keys, slot.values, self.scale)? {
+                    return Ok(Some((o, slot.keys.clone(), slot.values.clone())));
+                }
+            }
             let Some(q) = fast::cuda_qkv_into_cache(y, (hq, hkv), qk_norm, rope, &pos, &at, slot.keys, slot.values)? else {
                 return Ok(None);
             };

@@ -16,6 +16,11 @@ const DEQUANT_GEMM_MIN_ROWS: usize = 32;
 /// 1.4-1.6× faster. MLEX_CUDA_DEQUANT_GEMM_MIN_ROWS overrides it (0: never).
 const CUDA_DEQUANT_GEMM_MIN_ROWS: usize = 256;
 
+/// And only for weights of more than this many elements: at 512 rows a 1024 × 1024 weight took
+/// 2.5× longer dequantized (11.7 against 28.7 µs), 4096 × 1024 broke even and 6144 × 1024 was
+/// 1.8× faster; real SmolLM2's largest (1536 × 576) stay with the quantized matmul.
+const CUDA_DEQUANT_GEMM_MIN_WEIGHTS: usize = 4096 * 1024;
+
 fn cuda_dequant_gemm_min_rows() -> usize {
     static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *ROWS.get_or_init(|| {
@@ -107,11 +112,18 @@ impl QuantWeight {
 }
 
 impl QuantWeight {
+    /// Elements of the float weight.
+    fn elements(&self) -> usize {
+        self.weight.size() / self.weight.dim(-1).max(1) as usize * self.scales.dim(-1) as usize * self.spec.group_size as usize
+    }
+
     /// Whether [`QuantWeight::matmul_t`] dequantizes for a BLAS GEMM (long CPU prefill chunks).
     fn dequantize_for_gemm(&self, x: &Array) -> Result<bool> {
         let rows = x.size() / x.dim(-1).max(1) as usize;
         // The GPU on Linux is CUDA (Metal's quantized matmul is MLX's best-tuned kernel: not measured, not changed).
-        let cuda = !cfg!(target_os = "macos") && (1..=rows).contains(&cuda_dequant_gemm_min_rows());
+        let cuda = !cfg!(target_os = "macos")
+            && (1..=rows).contains(&cuda_dequant_gemm_min_rows())
+            && self.elements() > CUDA_DEQUANT_GEMM_MIN_WEIGHTS;
         let (cpu, gpu) = (cfg!(mlex_openblas) && rows >= DEQUANT_GEMM_MIN_ROWS, cuda);
         if !cpu && !gpu {
             return Ok(false);
