@@ -8,6 +8,7 @@
 #include "ablation.h"
 #include "cuda_half_helpers.h"
 #include "cuda_jit.h"
+#include "cuda_short_attention.h"
 
 namespace mx = mlx::core;
 
@@ -124,8 +125,8 @@ constexpr const char* kCacheSource = R"(
 // writes it, and the value, into column `slot`: the same bits from each block, so what a block
 // reads back after its barrier is right whichever write landed. Then the head's rotated q,
 // rounded to T as kCacheSource stores it, attends over keys 0 ..= slot exactly as
-// cuda_short_attention's kernel does (the same sums in the same order), so the output is the
-// two kernels' bit for bit; written as [B, 1, HQ·D].
+// cuda_short_attention's kernel does (its second half, kCudaAttendOneQuery, the same sums in the
+// same order), so the output is the two kernels' bit for bit; written as [B, 1, HQ·D].
 constexpr const char* kAttnSource = R"(
   constexpr int ROW = HQ + 2 * HKV;
   constexpr int PER = D / 32;
@@ -170,43 +171,8 @@ constexpr const char* kAttnSource = R"(
   const T* kb = k_cache + head + lane * PER;
   const T* vb = v_cache + head + lane * PER;
   const int keys = slot + 1;
-  const float neg_inf = __int_as_float(0xff800000);
-  float m = neg_inf, s = 0.0f;
-  for (int j = w; j < keys; j += WARPS) {
-    const T* kr = kb + (unsigned long long)j * D;
-    float d = 0.0f;
-    #pragma unroll
-    for (int i = 0; i < PER; ++i) d += qv[i] * mlex_float(kr[i]);
-    #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-    const float mn = fmaxf(m, d);
-    const float c = expf(m - mn), p = expf(d - mn);
-    s = s * c + p;
-    const T* vr = vb + (unsigned long long)j * D;
-    #pragma unroll
-    for (int i = 0; i < PER; ++i) acc[i] = acc[i] * c + p * mlex_float(vr[i]);
-    m = mn;
-  }
-  __shared__ float wm[WARPS], ws[WARPS];
-  __shared__ float wacc[WARPS][D];
-  if (lane == 0) {
-    wm[w] = m;
-    ws[w] = s;
-  }
-  #pragma unroll
-  for (int i = 0; i < PER; ++i) wacc[w][lane * PER + i] = acc[i];
-  __syncthreads();
-  const int t = threadIdx.x;
-  if (t >= D) return;
-  float mx_ = neg_inf;
-  for (int i = 0; i < WARPS; ++i) mx_ = fmaxf(mx_, wm[i]);
-  float total = 0.0f, o = 0.0f;
-  for (int i = 0; i < WARPS; ++i) {
-    const float f = wm[i] == neg_inf ? 0.0f : expf(wm[i] - mx_);
-    total += ws[i] * f;
-    o += wacc[i][t] * f;
-  }
-  mlex_store(&out[((unsigned long long)b * HQ + h) * D + t], o / total);
+  // Row b * HQ + h of out ([B, 1, HQ·D]).
+  const unsigned long long row = (unsigned long long)b * HQ + h;
 )";
 
 const std::string& header() {
@@ -241,9 +207,10 @@ int head_dim_of(const mx::array& qkv, int n_q_heads, int n_kv_heads) {
 }
 
 const cuda_jit::KernelSpec& attn_spec() {
+  static const std::string body = std::string(kAttnSource) + kCudaAttendOneQuery;
   static const cuda_jit::KernelSpec s{"qkv_cache_attention",
                                       header().c_str(),
-                                      kAttnSource,
+                                      body.c_str(),
                                       {"qkv", "q_norm", "k_norm", "pos", "at", "freqs", "k_buf", "v_buf"},
                                       {"out"}};
   return s;

@@ -1,6 +1,7 @@
 #include "cuda_short_attention.h"
 
 #include <cstring>
+#include <string>
 #include <tuple>
 
 #include "ablation.h"
@@ -42,7 +43,12 @@ constexpr const char* kSource = R"(
   const T* kb = k + head;
   const T* vb = v + head;
   const int keys = prev + l + 1;
-  const float neg_inf = __int_as_float(0xff800000);
+)";
+
+}  // namespace
+
+// (No newline after the opening quote: spliced after kSource, the text is what it was as one.)
+const char* const kCudaAttendOneQuery = R"(  const float neg_inf = __int_as_float(0xff800000);
   float m = neg_inf, s = 0.0f;
   for (int j = w; j < keys; j += WARPS) {
     const T* kr = kb + (unsigned long long)j * D;
@@ -81,8 +87,11 @@ constexpr const char* kSource = R"(
   mlex_store(&out[row * D + t], o / total);
 )";
 
+namespace {
+
 const cuda_jit::KernelSpec& spec() {
-  static const cuda_jit::KernelSpec s{"short_attention", kCudaHalfHelpers, kSource, {"q", "k", "v", "meta"}, {"out"}};
+  static const std::string body = std::string(kSource) + kCudaAttendOneQuery;
+  static const cuda_jit::KernelSpec s{"short_attention", kCudaHalfHelpers, body.c_str(), {"q", "k", "v", "meta"}, {"out"}};
   return s;
 }
 

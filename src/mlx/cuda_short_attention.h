@@ -19,6 +19,13 @@ namespace mlex {
 // in q's dtype (bfloat16, float16 or float32), computed in float32, or nothing where the
 // kernel does not apply (not CUDA, other shapes). flat (one query, not token_major): the same
 // memory shaped [B, 1, HQ·D], as the output projection takes it, with no reshape op.
+// The kernel's second half as CUDA source, shared with cuda_decode_attention's kernel: one
+// query's attention over `keys` keys (warp w takes keys w, w + WARPS, ...; an online softmax per
+// warp, merged in shared memory), from each lane's `qv` (its D / 32 elements of q, scaled) and
+// `acc` (zeros), `kb` / `vb` (the lane's elements of the head's first key and value), `lane`,
+// `w`, constants T, D, WARPS and PER = D / 32; writes row `row` of `out` ([.., D]).
+extern const char* const kCudaAttendOneQuery;
+
 std::optional<mlx::core::array> cuda_short_attention(const mlx::core::array& q, const mlx::core::array& k,
                                                      const mlx::core::array& v, float scale, int prev,
                                                      bool token_major, bool flat = false);
