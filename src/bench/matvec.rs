@@ -8,8 +8,8 @@
 //! the host encodes while the device runs; for a projection whose kernel takes less time than the
 //! host's few microseconds per op, the figure is the host's (`host_share`, the share of the time
 //! spent building the ops, says how near).
-//! With more than 32 rows (`--rows`, a prefill chunk) the variants are MLX's quantized matmul and
-//! dequantize-then-GEMM (`MLEX_CUDA_DEQUANT_GEMM_MIN_ROWS`).
+//! With more than 32 rows (`--rows`, a prefill chunk) the variants are the quantized matmul (MLX's
+//! on CUDA) and dequantize-then-GEMM (`MLEX_CUDA_DEQUANT_GEMM_MIN_ROWS`).
 use crate::error::{Error, Result};
 use crate::mlx::quant::{self, QuantMode};
 use crate::mlx::random::{normal, RandomKey};
@@ -71,9 +71,12 @@ pub fn run(spec: &MatvecSpec, mut report: impl FnMut(Value)) -> Result<()> {
                 let q = &weights[0];
                 (q.weight.nbytes() + q.scales.nbytes() + q.biases.as_ref().map_or(0, |b| b.nbytes())) as f64
             };
-            let variants: &[&str] = if spec.rows > 32 { &["mlx_qmm", "dequant_gemm"] } else { &["mlex", "mlx"] };
+            // Over 32 rows, the quantized matmul is MLX's on CUDA, mlex's packed GEMM on the CPU.
+            let variants: &[&str] = if spec.rows > 32 { &["quantized_matmul", "dequant_gemm"] } else { &["mlex", "mlx"] };
             for &variant in variants {
-                let ablate = if variant == "mlx" { restore | sys::MLEX_ABLATE_KERNEL_CUDA_QMV } else { restore };
+                // MLX's own kernel on either device: ours switched off.
+                let ours = sys::MLEX_ABLATE_KERNEL_CUDA_QMV | sys::MLEX_ABLATE_KERNEL_CPU_QMM;
+                let ablate = if variant == "mlx" { restore | ours } else { restore };
                 unsafe { sys::mlex_set_ablations(ablate) };
                 let product = |q: &quant::Quantized| -> Result<Array> {
                     if variant == "dequant_gemm" {

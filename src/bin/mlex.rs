@@ -175,7 +175,8 @@ struct BenchArgs {
     prefill_step_size: Option<usize>,
     /// Time one quantized projection per shape (OUTxIN, comma-separated) instead: mlex's kernel
     /// against MLX's, µs per product and GB/s of weights (--bits, --group-size, --dtype; default
-    /// 4-bit, bfloat16). With --rows over 32, MLX's quantized matmul against dequantize + GEMM.
+    /// 4-bit, bfloat16 on a GPU, float32 on the CPU). With --rows over 32, MLX's quantized matmul
+    /// against dequantize + GEMM.
     #[arg(long)]
     matvec: Option<String>,
     /// With --matvec: rows of x (1: a lone request's decode step).
@@ -564,10 +565,13 @@ fn bench(a: BenchArgs) -> mlex::Result<()> {
             Some(d) => return Err(mlex::Error::InvalidArgument(format!("--device {d}: gpu or cpu"))),
         };
         mlex::mlx::set_default_device(device)?;
+        // Each device's compute dtype by default (mlex's CPU kernel takes float32 rows).
         let dtype = match a.dtype.as_deref() {
+            None if device == mlex::mlx::Device::Cpu => mlex::Dtype::Float32,
             None | Some("bfloat16") => mlex::Dtype::Bfloat16,
             Some("float16") => mlex::Dtype::Float16,
-            Some(d) => return Err(mlex::Error::InvalidArgument(format!("--matvec: --dtype {d}: bfloat16 or float16"))),
+            Some("float32") => mlex::Dtype::Float32,
+            Some(d) => return Err(mlex::Error::InvalidArgument(format!("--matvec: --dtype {d}: float32, bfloat16 or float16"))),
         };
         let spec = mlex::bench::matvec::MatvecSpec {
             shapes: mlex::bench::matvec::parse_shapes(shapes)?,
