@@ -21,6 +21,11 @@ const CUDA_DEQUANT_GEMM_MIN_ROWS: usize = 256;
 /// 1.8× faster; real SmolLM2's largest (1536 × 576) stay with the quantized matmul.
 const CUDA_DEQUANT_GEMM_MIN_WEIGHTS: usize = 4096 * 1024;
 
+/// Nor for weights of more than this many elements (a 16-bit copy of 320 MB): the dequantized
+/// copies of the layers in flight add to the peak (the 7B at 512 tokens: 4.28 → 5.58 GiB, its
+/// largest weight 136M elements); a 32B's or 70B's largest weights keep the quantized matmul.
+const CUDA_DEQUANT_GEMM_MAX_WEIGHTS: usize = 160 << 20;
+
 fn cuda_dequant_gemm_min_rows() -> usize {
     static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *ROWS.get_or_init(|| {
@@ -123,7 +128,7 @@ impl QuantWeight {
         // The GPU on Linux is CUDA (Metal's quantized matmul is MLX's best-tuned kernel: not measured, not changed).
         let cuda = !cfg!(target_os = "macos")
             && (1..=rows).contains(&cuda_dequant_gemm_min_rows())
-            && self.elements() > CUDA_DEQUANT_GEMM_MIN_WEIGHTS;
+            && (CUDA_DEQUANT_GEMM_MIN_WEIGHTS + 1..=CUDA_DEQUANT_GEMM_MAX_WEIGHTS).contains(&self.elements());
         let (cpu, gpu) = (cfg!(mlex_openblas) && rows >= DEQUANT_GEMM_MIN_ROWS, cuda);
         if !cpu && !gpu {
             return Ok(false);
