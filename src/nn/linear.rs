@@ -122,7 +122,8 @@ impl QuantWeight {
         self.weight.size() / self.weight.dim(-1).max(1) as usize * self.scales.dim(-1) as usize * self.spec.group_size as usize
     }
 
-    /// Whether [`QuantWeight::matmul_t`] dequantizes for a BLAS GEMM (long CPU prefill chunks).
+    /// Whether [`QuantWeight::matmul_t`] dequantizes for a dense GEMM (long prefill chunks: on a
+    /// CPU with OpenBLAS, or on CUDA for mid-sized weights).
     fn dequantize_for_gemm(&self, x: &Array) -> Result<bool> {
         let rows = x.size() / x.dim(-1).max(1) as usize;
         // The GPU on Linux is CUDA (Metal's quantized matmul is MLX's best-tuned kernel: not measured, not changed).
