@@ -42,6 +42,9 @@ fn main() {
     println!("cargo:rerun-if-changed=src/mlx/cpu_gemm.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cpu_matvec_avx512.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cpu_matvec_avx512.h");
+    println!("cargo:rerun-if-changed=src/mlx/cpu_matvec_vnni.cpp");
+    println!("cargo:rerun-if-changed=src/mlx/cpu_matvec_vnni.h");
+    println!("cargo:rerun-if-changed=src/mlx/cpu_avx512_blocks.h");
     println!("cargo:rerun-if-changed=src/mlx/quant_epilogue.h");
     println!("cargo:rerun-if-changed=src/mlx/cuda_jit.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cuda_launch.h");
@@ -84,6 +87,7 @@ fn main() {
         .file("src/mlx/cpu_gemm.cpp")
         .file("src/mlx/cpu_dense_matmul.cpp")
         .file("src/mlx/cpu_matvec_avx512.cpp")
+        .file("src/mlx/cpu_matvec_vnni.cpp")
         .include(&include)
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-deprecated-declarations")

@@ -337,6 +337,13 @@ export interface LoadOptions {
    * rope scaling). Calls with a `maxKvSize` at most this long are not limited.
    */
   contextLength?: number
+  /**
+   * On the CPU: round each 32-value block of a decode step's activations to 8 bits and
+   * multiply them with 4- and 8-bit weights in integer dot products, as llama.cpp does
+   * (faster decode on x86-64 CPUs with AVX-512 VNNI; elsewhere nothing changes). Default
+   * false: it moves logprobs away from mlx-lm's.
+   */
+  int8Activations?: boolean
   /** Called as loading advances (on the JS thread). */
   onProgress?: (progress: LoadProgress) => void
   /** Aborts the load: the promise rejects with code `'ABORTED'`. */

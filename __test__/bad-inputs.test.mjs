@@ -90,6 +90,7 @@ const CASES = [
   ['load options', 'promptCache.maxEntries -1', () => Session.load(modelDir(), { promptCache: { maxEntries: -1 } }), 'INVALID_ARGUMENT', /promptCache\.maxEntries must be a non-negative integer/],
   ['load options', 'unknown promptCache option', () => Session.load(modelDir(), { promptCache: { size: 3 } }), 'INVALID_ARGUMENT', /unknown option promptCache\."size"/],
   ['load options', 'kvBudgetBytes -5', () => Session.load(modelDir(), { kvBudgetBytes: -5 }), 'INVALID_ARGUMENT', /kvBudgetBytes must be a non-negative integer/],
+  ['load options', 'int8Activations a string', () => Session.load(modelDir(), { int8Activations: 'yes' }), 'INVALID_ARGUMENT', /int8Activations must be true or false, got "yes"/],
   ['load options', 'onProgress not a function', () => Session.load(modelDir(), { onProgress: 'yes' }), 'INVALID_ARGUMENT', /onProgress must be a function/],
 
   // generate options

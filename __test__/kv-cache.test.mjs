@@ -39,6 +39,17 @@ test('bad KV cache options reject naming the option', async () => {
   await rejectsWithCode(assert, () => session.generate(user('x'), { kvBits: 4, kvGroupSize: 64, quantizedKvStart: 0 }), 'INVALID_ARGUMENT', /kv_group_size 64 does not divide/)
 })
 
+test('int8Activations loads and generates (float weights: the same reply)', async () => {
+  const s = await Session.load(dir, { device: 'cpu', int8Activations: true })
+  try {
+    const r = await s.generate(user('hello there'), { maxTokens: 12, ignoreEos: true })
+    const plain = await session.generate(user('hello there'), { maxTokens: 12, ignoreEos: true })
+    assert.deepEqual(r.tokens, plain.tokens)
+  } finally {
+    await s.close()
+  }
+})
+
 test('contextLength ends a reply with length and refuses a prompt that fills it', async () => {
   const s = await Session.load(dir, { device: 'cpu', contextLength: 40 })
   try {

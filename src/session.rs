@@ -41,6 +41,12 @@ pub struct LoadOptions {
     /// Default: config.json's `max_position_embeddings` (none with dynamic NTK rope scaling, which
     /// adapts to any length). A request with `max_kv_size` at most this long is not limited.
     pub context_length: Option<usize>,
+    /// On the CPU, round each 32-value block of a decode step's activations to 8 bits and
+    /// multiply them with the 4- and 8-bit weights in integer dot products, as llama.cpp does:
+    /// faster decode on x86-64 CPUs with AVX-512 VNNI (elsewhere, and on the GPU, nothing
+    /// changes). Off by default: it moves logprobs away from mlx-lm's (BENCHMARKS.md gives by
+    /// how much). Prompt chunks of 33 tokens or more keep float32 activations.
+    pub int8_activations: bool,
 }
 
 /// How many requests decode together unless [`LoadOptions::max_batch`] says otherwise.
@@ -48,7 +54,7 @@ pub const DEFAULT_MAX_BATCH: usize = 16;
 
 impl LoadOptions {
     /// Every option, by its snake_case name (`prompt_cache` is an object of [`PROMPT_CACHE_FIELDS`]).
-    pub const FIELDS: &'static [&'static str] = &["device", "dtype", "prompt_cache", "max_batch", "kv_budget_bytes", "draft_model", "context_length"];
+    pub const FIELDS: &'static [&'static str] = &["device", "dtype", "prompt_cache", "max_batch", "kv_budget_bytes", "draft_model", "context_length", "int8_activations"];
 
     /// Load options from a JSON object, named as `naming` spells them (see [`crate::schema`]):
     /// `device` `"gpu"`/`"cpu"`, `dtype` `"float32"`/`"bfloat16"`/`"float16"`, `prompt_cache`
@@ -98,7 +104,8 @@ impl LoadOptions {
         if context_length == Some(0) {
             return Err(format!("{} must be at least 1", f.name("context_length")));
         }
-        Ok(LoadOptions { device, dtype, prompt_cache, max_batch, kv_budget_bytes, draft_model, context_length })
+        let int8_activations = f.boolean("int8_activations")?.unwrap_or(false);
+        Ok(LoadOptions { device, dtype, prompt_cache, max_batch, kv_budget_bytes, draft_model, context_length, int8_activations })
     }
 }
 
@@ -249,6 +256,7 @@ impl Session {
             kv_budget: options.kv_budget_bytes,
             draft_model: options.draft_model.clone(),
             context_length: options.context_length.or_else(|| default_context_length(&config)),
+            int8_activations: options.int8_activations,
         };
         let context_length = spec.context_length;
         let max_batch = spec.max_batch;

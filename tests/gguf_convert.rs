@@ -914,6 +914,35 @@ fn convert_real_smollm2() {
     assert_eq!(st["model.embed_tokens.weight"].shape, vec![49152, 576 / 4]);
 }
 
+/// Real SmolLM2 with 8-bit activations (LoadOptions::int8_activations, src/mlx/cpu_matvec_vnni.h)
+/// follows the float32 run: the same first greedy tokens of a chat answer, each logprob within
+/// 0.3 nats (scripts/int8-agreement.py measures where longer runs part: at near-ties). On a CPU
+/// with AVX-512 VNNI the logprobs must differ (the integer path ran); elsewhere they are equal.
+#[test]
+fn real_smollm2_with_int8_activations_follows_the_float_run() {
+    let Some(src) = smollm2_path() else {
+        skip_unless_ci("real_smollm2_with_int8_activations_follows_the_float_run", "SmolLM2 GGUF not found (run scripts/fetch-smollm2.sh)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("smollm2");
+    convert_gguf(&src, &out, &ConvertOptions::default(), &mut |_| {}).unwrap();
+    let messages = [mlex::ChatMessage::user("Explain in three sentences why the sky is blue.")];
+    let run = |int8: bool| {
+        let load = mlex::LoadOptions { device: Some(mlex::mlx::Device::Cpu), int8_activations: int8, ..Default::default() };
+        let s = mlex::Session::load_with_options(&out, load).unwrap();
+        let opts = mlex::GenerateOptions { max_tokens: 12, ignore_eos: true, ..Default::default() };
+        s.generate(&messages, opts).unwrap()
+    };
+    let (float, int8) = (run(false), run(true));
+    assert_eq!(int8.tokens[..8], float.tokens[..8], "{:?} vs {:?}", int8.text, float.text);
+    for (i, (a, b)) in int8.logprobs.iter().zip(&float.logprobs).take(8).enumerate() {
+        assert!((a - b).abs() < 0.3, "token {i}: logprob {a} vs {b}");
+    }
+    let vnni = std::arch::is_x86_feature_detected!("avx512vnni") && std::env::var_os("MLEX_CPU_NO_AVX512").is_none();
+    assert_eq!(int8.logprobs != float.logprobs, vnni, "the integer path ran exactly where the CPU has VNNI");
+}
+
 fn gemma3_path() -> Option<PathBuf> {
     if let Ok(p) = std::env::var("MLEX_GEMMA3_GGUF") {
         return Some(PathBuf::from(p));

@@ -480,6 +480,96 @@ fn cpu_quantized_gemm_general_dequantization_too() {
     assert!(status.success(), "cpu_quantized_gemm_is_the_blocked_fused_sum with MLEX_ABLATE_CPU_PACK_Q4");
 }
 
+/// 8-bit activations (LoadOptions::int8_activations, src/mlx/cpu_matvec_vnni.h): each 32-value
+/// block of x is rounded to 8 bits with d = max|x| / 127, and a product is
+/// Σ_blocks scale_g · d · Σ q_w · q_x (integers, exact) + Σ_g bias_g · Σ x (x's exact sums). The
+/// kernel's outputs equal that sum computed here in f64 to float32 rounding, for 4 and 8 bits,
+/// groups of 32-128, float32 and 16-bit scales, an even and an odd number of blocks, 1-6 rows of
+/// x (each row's bits as when it is alone); and they are the float products within the rounding
+/// of x. On a CPU without AVX-512 VNNI the option changes nothing, which is checked instead.
+#[test]
+fn cpu_int8_activations_are_the_integer_block_sums() {
+    on_cpu();
+    let vnni = std::arch::is_x86_feature_detected!("avx512vnni")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+        && std::env::var_os("MLEX_CPU_NO_AVX512").is_none();
+    for (n, k) in [(70i32, 640i32), (37, 608)] {
+        let wa = arr(&rand_vec((n * k) as usize, 91), &[n, k]);
+        // 608 = 19 blocks of 32: groups of 32 only.
+        for (bits, group) in [(4, 32), (4, 64), (4, 128), (8, 32), (8, 64)].into_iter().filter(|(_, g)| k % g == 0) {
+            let q = quant::quantize(&wa, group, bits, QuantMode::Affine).unwrap();
+            for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+                let s = q.scales.astype(dtype).unwrap();
+                let b = q.biases.as_ref().unwrap().astype(dtype).unwrap();
+                mlex::mlx::eval(&[&q.weight, &s, &b]).unwrap();
+                let rows = 6usize;
+                // Some blocks all zero (d = 0), one with a large outlier.
+                let mut x = rand_vec(rows * k as usize, 92);
+                x[32..64].iter_mut().for_each(|v| *v = 0.0);
+                x[100] = 40.0;
+                let mm = |x: &Array, int8: bool| {
+                    mlex::mlx::set_cpu_int8_activations(int8);
+                    let y = quant::quantized_matmul(x, &q.weight, &s, Some(&b), true, group, bits, QuantMode::Affine);
+                    mlex::mlx::set_cpu_int8_activations(false);
+                    y.unwrap().to_vec::<f32>().unwrap()
+                };
+                let xa = arr(&x, &[rows as i32, k]);
+                let got = mm(&xa, true);
+                let float = mm(&xa, false);
+                let case = format!("n {n} k {k} bits {bits} group {group} {dtype:?}");
+                if !vnni {
+                    assert!(got.iter().zip(&float).all(|(a, b)| a.to_bits() == b.to_bits()), "{case}: no VNNI, yet other bits");
+                    continue;
+                }
+                let words = q.weight.to_vec::<u32>().unwrap();
+                let sf = s.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
+                let bf = b.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
+                let (n, k, group, bits) = (n as usize, k as usize, group as usize, bits as usize);
+                let groups = k / group;
+                let per_word = 32 / bits;
+                let wq = |r: usize, c: usize| ((words[r * k / per_word + c / per_word] >> (bits * (c % per_word))) & ((1 << bits) - 1)) as i64;
+                for m in 0..rows {
+                    let xr = &x[m * k..(m + 1) * k];
+                    let (mut d, mut xq) = (vec![0f32; k / 32], vec![0i64; k]);
+                    for blk in 0..k / 32 {
+                        let amax = xr[blk * 32..blk * 32 + 32].iter().fold(0f32, |a, v| a.max(v.abs()));
+                        d[blk] = amax / 127.0;
+                        let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+                        for i in blk * 32..blk * 32 + 32 {
+                            xq[i] = ((xr[i] * id).round_ties_even() as i64).clamp(-127, 127);
+                        }
+                    }
+                    for r in 0..n {
+                        let (mut want, mut mag) = (0f64, 0f64);
+                        for blk in 0..k / 32 {
+                            let dot: i64 = (blk * 32..blk * 32 + 32).map(|c| wq(r, c) * xq[c]).sum();
+                            let c = (sf[r * groups + blk * 32 / group] * d[blk]) as f64;
+                            want += c * dot as f64;
+                            mag += (c * dot as f64).abs();
+                        }
+                        for g in 0..groups {
+                            let xs = xr[g * group..(g + 1) * group].iter().fold(0f32, |a, v| a + v);
+                            want += bf[r * groups + g] as f64 * xs as f64;
+                            mag += (bf[r * groups + g] as f64 * xs as f64).abs();
+                        }
+                        let g = got[m * n + r] as f64;
+                        assert!((g - want).abs() <= 1e-5 * (1.0 + mag), "{case}: [{m}, {r}] {g} vs {want}");
+                        // Within the rounding of x (half a step of each block's d) of the float product.
+                        let bound: f64 = (0..k).map(|c| (sf[r * groups + c / group] as f64 * wq(r, c) as f64).abs() * d[c / 32] as f64 * 0.5).sum();
+                        let f = float[m * n + r] as f64;
+                        assert!((g - f).abs() <= bound * 1.01 + 1e-4 * (1.0 + f.abs()), "{case}: [{m}, {r}] {g} vs float {f} (bound {bound})");
+                    }
+                    // A row alone: the same bits as in the batch.
+                    let one = mm(&xa.slice_axis(0, m as i32, m as i32 + 1).unwrap().contiguous().unwrap(), true);
+                    assert!(one.iter().zip(&got[m * n..(m + 1) * n]).all(|(a, b)| a.to_bits() == b.to_bits()), "{case}: row {m} alone");
+                }
+                assert!(got.iter().zip(&float).any(|(a, b)| a != b), "{case}: the int8 path did not run");
+            }
+        }
+    }
+}
+
 /// A decode step's rows (the matrix-vector kernels, 1 to 32 rows of x: a continuous batch) are
 /// each computed as that row alone would be, bit for bit, whatever the batch: a batched request's
 /// tokens and logprobs do not depend on who else is decoding. Every bit width, 16-bit and float32

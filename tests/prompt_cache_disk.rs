@@ -1,7 +1,7 @@
 //! The prompt cache on disk (`prompt_cache.dir`, CLI `--prompt-cache-dir`): a second process
 //! (the built `mlex` CLI) reuses the prefix a first one computed, with greedy tokens identical to
 //! a run without any cache; truncated, corrupt and foreign files are skipped, never trusted;
-//! another model (other weights, another compute dtype) never reads the entries; the directory
+//! another model (other weights, another compute dtype, 8-bit activations) never reads the entries; the directory
 //! stays within its byte bound, least recently used first; sliding-window and recurrent states
 //! come back from disk intact (oracle fixtures, when the oracle venv is there).
 mod common;
@@ -133,8 +133,11 @@ fn another_model_or_dtype_never_reads_the_entries() {
     // Same weights, another compute dtype.
     let (f16, _) = cli(a.path(), Some(cache.path()), &prompt, &["--dtype", "float16"]);
     assert_eq!(cached(&f16), 0);
+    // Same weights, 8-bit activations (other numerics on CPUs with VNNI: never shared).
+    let (int8, _) = cli(a.path(), Some(cache.path()), &prompt, &["--int8-activations"]);
+    assert_eq!(cached(&int8), 0);
     // Each wrote an entry of its own; the first model still finds its own.
-    assert_eq!(entries(cache.path()).len(), 3);
+    assert_eq!(entries(cache.path()).len(), 4);
     assert_eq!(cached(&cli(a.path(), Some(cache.path()), &prompt, &[]).0), 200);
 }
 

@@ -9,7 +9,8 @@
 //! host's few microseconds per op, the figure is the host's (`host_share`, the share of the time
 //! spent building the ops, says how near).
 //! With more than 32 rows (`--rows`, a prefill chunk) the variants are the quantized matmul (MLX's
-//! on CUDA) and dequantize-then-GEMM (`MLEX_CUDA_DEQUANT_GEMM_MIN_ROWS`).
+//! on CUDA) and dequantize-then-GEMM (`MLEX_CUDA_DEQUANT_GEMM_MIN_ROWS`). On the CPU, rows up to
+//! 32 also time `mlex_int8`: 8-bit activations (`LoadOptions::int8_activations`).
 use crate::error::{Error, Result};
 use crate::mlx::quant::{self, QuantMode};
 use crate::mlx::random::{normal, RandomKey};
@@ -72,8 +73,13 @@ pub fn run(spec: &MatvecSpec, mut report: impl FnMut(Value)) -> Result<()> {
                 (q.weight.nbytes() + q.scales.nbytes() + q.biases.as_ref().map_or(0, |b| b.nbytes())) as f64
             };
             // Over 32 rows, the quantized matmul is MLX's on CUDA, mlex's packed GEMM on the CPU.
-            let variants: &[&str] = if spec.rows > 32 { &["quantized_matmul", "dequant_gemm"] } else { &["mlex", "mlx"] };
+            let variants: &[&str] = match (spec.rows > 32, crate::mlx::default_device()?) {
+                (true, _) => &["quantized_matmul", "dequant_gemm"],
+                (false, crate::mlx::Device::Cpu) => &["mlex", "mlex_int8", "mlx"],
+                (false, crate::mlx::Device::Gpu) => &["mlex", "mlx"],
+            };
             for &variant in variants {
+                crate::mlx::set_cpu_int8_activations(variant == "mlex_int8");
                 // MLX's own kernel on either device: ours switched off.
                 let ours = sys::MLEX_ABLATE_KERNEL_CUDA_QMV | sys::MLEX_ABLATE_KERNEL_CPU_QMM;
                 let ablate = if variant == "mlx" { restore | ours } else { restore };
@@ -113,6 +119,7 @@ pub fn run(spec: &MatvecSpec, mut report: impl FnMut(Value)) -> Result<()> {
         }
         Ok(())
     })();
+    crate::mlx::set_cpu_int8_activations(false);
     unsafe { sys::mlex_set_ablations(restore) };
     result
 }

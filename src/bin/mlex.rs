@@ -77,6 +77,10 @@ struct ServeArgs {
     /// Compute dtype: float32, bfloat16 or float16.
     #[arg(long)]
     dtype: Option<String>,
+    /// On the CPU: 8-bit activations in integer dot products, as llama.cpp computes (faster
+    /// decode with AVX-512 VNNI; logprobs move away from mlx-lm's).
+    #[arg(long)]
+    int8_activations: bool,
     #[command(flatten)]
     batch: BatchArgs,
     #[command(flatten)]
@@ -98,7 +102,7 @@ fn serve(a: ServeArgs) -> mlex::Result<()> {
             return Err(mlex::Error::InvalidArgument(format!("two models share the id {id:?}: name them with ID=DIR")));
         }
         eprintln!("loading {id} from {path}");
-        let session = Session::load_with_options(&path, a.prompt_cache.apply(load_options(a.device.as_deref(), a.dtype.as_deref(), &a.batch)?))?;
+        let session = Session::load_with_options(&path, a.prompt_cache.apply(load_options(a.device.as_deref(), a.dtype.as_deref(), a.int8_activations, &a.batch)?))?;
         models.push((id, session));
     }
     mlex::serve::run(mlex::serve::ServeConfig {
@@ -185,6 +189,9 @@ struct BenchArgs {
     /// JSON lines only (default also prints a summary line per run to stderr).
     #[arg(long)]
     json: bool,
+    /// On the CPU: 8-bit activations in integer dot products (LoadOptions::int8_activations).
+    #[arg(long)]
+    int8_activations: bool,
 }
 
 #[derive(Args)]
@@ -198,6 +205,10 @@ struct ModelArgs {
     /// Compute dtype: float32, bfloat16 or float16 (default: float32 on CPU; on GPU config.json's torch_dtype if half, else the checkpoint's).
     #[arg(long)]
     dtype: Option<String>,
+    /// On the CPU: 8-bit activations in integer dot products, as llama.cpp computes (faster
+    /// decode with AVX-512 VNNI; logprobs move away from mlx-lm's).
+    #[arg(long)]
+    int8_activations: bool,
     #[command(flatten)]
     prompt_cache: PromptCacheArgs,
 }
@@ -525,7 +536,7 @@ fn exit_now(code: i32) -> ! {
 }
 
 fn load(m: &ModelArgs) -> mlex::Result<Session> {
-    Session::load_with_options(&m.model, m.prompt_cache.apply(load_options(m.device.as_deref(), m.dtype.as_deref(), &BatchArgs::default())?))
+    Session::load_with_options(&m.model, m.prompt_cache.apply(load_options(m.device.as_deref(), m.dtype.as_deref(), m.int8_activations, &BatchArgs::default())?))
 }
 
 /// How many requests decode together, and the cache bytes they may set aside (LoadOptions).
@@ -540,8 +551,11 @@ struct BatchArgs {
     kv_budget_bytes: Option<usize>,
 }
 
-fn load_options(device: Option<&str>, dtype: Option<&str>, batch: &BatchArgs) -> mlex::Result<LoadOptions> {
+fn load_options(device: Option<&str>, dtype: Option<&str>, int8_activations: bool, batch: &BatchArgs) -> mlex::Result<LoadOptions> {
     let mut o = serde_json::Map::new();
+    if int8_activations {
+        o.insert(Naming::Kebab.spell("int8_activations"), json!(true));
+    }
     for (name, v) in [("device", device), ("dtype", dtype)] {
         if let Some(v) = v {
             o.insert(Naming::Kebab.spell(name), json!(v));
@@ -589,7 +603,7 @@ fn bench(a: BenchArgs) -> mlex::Result<()> {
         shape: a.shape,
         bits: a.bits,
         group_size: a.group_size,
-        load: load_options(a.device.as_deref(), a.dtype.as_deref(), &a.batch)?,
+        load: load_options(a.device.as_deref(), a.dtype.as_deref(), a.int8_activations, &a.batch)?,
         prompt_len: a.prompt_len,
         gen: a.gen,
         runs: a.runs,

@@ -108,6 +108,8 @@ pub struct EngineSpec {
     pub draft_model: Option<String>,
     /// The most tokens a sequence may hold, prompt and reply (None: no limit).
     pub context_length: Option<usize>,
+    /// 8-bit activations in the CPU's quantized products (LoadOptions::int8_activations).
+    pub int8_activations: bool,
 }
 
 /// Facts about the loaded model reported back to the session.
@@ -262,7 +264,7 @@ fn open_disk_cache(spec: &EngineSpec, engine: &Engine, facts: &LoadedFacts, enab
     if spec.synthetic_seed.is_some() || !enabled {
         return Ok(None);
     }
-    let fingerprint = prompt_disk::fingerprint(&spec.dir, facts.dtype, facts.device)?;
+    let fingerprint = prompt_disk::fingerprint(&spec.dir, facts.dtype, facts.device, spec.int8_activations)?;
     Ok(Some(DiskCache::open(dir, spec.prompt_cache.disk_max_bytes, fingerprint, engine.model.make_caches())?))
 }
 
@@ -300,6 +302,8 @@ fn load(spec: &EngineSpec) -> Result<(Engine, LoadedFacts)> {
         Ok(())
     };
     mlx::set_default_device(spec.device)?;
+    // Every graph of this session is built on this thread (the engine's).
+    mlx::set_cpu_int8_activations(spec.int8_activations);
     let mut weights = match spec.synthetic_seed {
         Some(seed) => WeightStore::synthetic(spec.config.quantization.clone(), spec.dtype.unwrap_or(Dtype::Bfloat16), seed)?,
         None => WeightStore::open(&spec.dir)?,

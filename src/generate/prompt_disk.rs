@@ -54,9 +54,13 @@ const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
 
 /// What identifies a model's KV states: config.json, every weight file's name, size,
 /// modification time and first and last 64 KiB, the compute dtype and the device.
-pub fn fingerprint(model_dir: &Path, dtype: Dtype, device: Device) -> Result<String> {
+pub fn fingerprint(model_dir: &Path, dtype: Dtype, device: Device, int8_activations: bool) -> Result<String> {
     let mut h = FNV_START;
     fnv1a(&mut h, format!("mlex prompt cache v{FORMAT_VERSION} {} {}", dtype.name(), device.as_str()).as_bytes());
+    if int8_activations {
+        // Other numerics, other KV states (LoadOptions::int8_activations).
+        fnv1a(&mut h, b" int8 activations");
+    }
     let config = model_dir.join("config.json");
     let bytes = std::fs::read(&config).map_err(|e| Error::io(format!("reading {}", config.display()), e))?;
     fnv1a(&mut h, &bytes);

@@ -13,6 +13,7 @@
 #include "cpu_scales.h"
 #include "cpu_gemm.h"
 #include "cpu_matvec_avx512.h"
+#include "cpu_matvec_vnni.h"
 #include "cpu_simd.h"
 #include "cpu_strided.h"
 #include "cpu_thread_pool.h"
@@ -229,7 +230,10 @@ struct Problem {
   ScaleDtype scale_dtype;
   float* out;
   int M, N, K, group_size, bits;
+  bool int8;  // 8-bit activations where the CPU has VNNI (set_cpu_int8_activations)
 };
+
+thread_local bool t_int8_activations = false;
 
 void compute(const Problem& p) {
   // A prompt chunk: the packed GEMM (cpu_gemm.h).
@@ -276,6 +280,29 @@ void compute(const Problem& p) {
   const int tasks = work < (1 << 18) ? 1 : pool().size() * 4;
   const int chunk = (p.N + tasks - 1) / tasks;
 #ifdef MLEX_X86_64
+  // 8-bit activations (opt-in): 4 and 8 bits, groups of 32-512 (cpu_matvec_vnni.h).
+  const bool vnni_groups = p.group_size % 32 == 0 && p.group_size <= 512 &&
+                           ((p.group_size / 32) & (p.group_size / 32 - 1)) == 0 && groups <= kAvx512MaxGroups;
+  if (p.int8 && (p.bits == 4 || p.bits == 8) && vnni_groups && has_avx512_vnni()) {
+    const Int8XLayout layout = Int8XLayout::of(p.K);
+    std::vector<int8_t> xq(static_cast<size_t>(p.M) * layout.q_stride);
+    std::vector<float> xd(static_cast<size_t>(p.M) * layout.d_stride);
+    for (int m = 0; m < p.M; ++m) {
+      quantize_x_int8(p.x + static_cast<size_t>(m) * p.K, p.K, p.bits, xq.data() + m * layout.q_stride,
+                      xd.data() + m * layout.d_stride);
+    }
+    const size_t row_bytes = static_cast<size_t>(p.K) * p.bits / 8;
+    const int chunk4 = (chunk + 3) / 4 * 4;
+    pool().run((p.N + chunk4 - 1) / chunk4, [&](int t) {
+      const int lo = t * chunk4, hi = std::min(p.N, lo + chunk4);
+      const size_t at = static_cast<size_t>(lo) * groups * (p.scale_dtype == ScaleDtype::F32 ? 4 : 2);
+      matvec_rows_vnni(reinterpret_cast<const uint8_t*>(p.w) + static_cast<size_t>(lo) * row_bytes, row_bytes,
+                       static_cast<const char*>(p.scales) + at, static_cast<const char*>(p.biases) + at, p.scale_dtype,
+                       groups, p.group_size, p.bits, xq.data(), xd.data(), xsum.data(), p.M, p.K, hi - lo, p.out + lo,
+                       static_cast<size_t>(p.N));
+    });
+    return;
+  }
   // 4 and 8 bits on a CPU with AVX-512, 2, 3, 5 and 6 with AVX-512 VBMI too (cpu_matvec_avx512.h),
   // the scales as stored.
   const bool avx512_bits = p.bits == 4 || p.bits == 8 ? has_avx512() : p.bits != 7 && has_avx512_vbmi();
@@ -375,9 +402,9 @@ class CpuQuantizedMatmul : public CpuPrimitive {
  public:
   // norm: inputs[4] is an RMSNorm weight, applied to x (with eps) before the product; epilogue:
   // the op applied to the product (AddResidual: the last input is the residual).
-  CpuQuantizedMatmul(mx::Stream s, int group_size, int bits, bool norm = false, float eps = 0.0f,
-                     Epilogue epilogue = Epilogue::None)
-      : CpuPrimitive(s), group_size_(group_size), bits_(bits), norm_(norm), eps_(eps), epilogue_(epilogue) {}
+  // int8: 8-bit activations (the building thread's set_cpu_int8_activations).
+  CpuQuantizedMatmul(mx::Stream s, int group_size, int bits, bool norm, float eps, Epilogue epilogue, bool int8)
+      : CpuPrimitive(s), group_size_(group_size), bits_(bits), norm_(norm), eps_(eps), epilogue_(epilogue), int8_(int8) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto& x = inputs[0];
@@ -386,7 +413,7 @@ class CpuQuantizedMatmul : public CpuPrimitive {
     const ScaleDtype scale_dtype =
         sd == mx::float16 ? ScaleDtype::F16 : sd == mx::bfloat16 ? ScaleDtype::BF16 : ScaleDtype::F32;
     Problem p{x.data<float>(), inputs[1].data<uint32_t>(), inputs[2].data<void>(), inputs[3].data<void>(),
-              scale_dtype, nullptr, static_cast<int>(out.size() / out.shape(-1)), N, K, group_size_, bits_};
+              scale_dtype, nullptr, static_cast<int>(out.size() / out.shape(-1)), N, K, group_size_, bits_, int8_};
     // A view as x is gathered into rows here, on the CPU thread, rather than by a copy op in the
     // graph (one op per matmul of a decode step).
     const bool gather = !x.flags().row_contiguous;
@@ -441,7 +468,7 @@ class CpuQuantizedMatmul : public CpuPrimitive {
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const CpuQuantizedMatmul*>(&other);
     return o != nullptr && o->group_size_ == group_size_ && o->bits_ == bits_ && o->norm_ == norm_ && o->eps_ == eps_ &&
-           o->epilogue_ == epilogue_;
+           o->epilogue_ == epilogue_ && o->int8_ == int8_;
   }
 
  private:
@@ -449,6 +476,7 @@ class CpuQuantizedMatmul : public CpuPrimitive {
   bool norm_;
   float eps_;
   Epilogue epilogue_;
+  bool int8_;
 };
 
 bool ready_row_contiguous(const mx::array& a) { return a.is_available() && a.flags().row_contiguous; }
@@ -498,8 +526,11 @@ std::optional<mx::array> cpu_quantized_matmul(const mx::array& x, const mx::arra
   if (norm_weight) inputs.push_back(*norm_weight);
   if (epilogue == Epilogue::AddResidual) inputs.push_back(*residual);
   return mx::array(shape, mx::float32,
-                   std::make_shared<CpuQuantizedMatmul>(stream, group_size, bits, norm_weight.has_value(), eps, epilogue),
+                   std::make_shared<CpuQuantizedMatmul>(stream, group_size, bits, norm_weight.has_value(), eps, epilogue,
+                                                        t_int8_activations),
                    inputs);
 }
+
+void set_cpu_int8_activations(bool on) { t_int8_activations = on; }
 
 }  // namespace mlex

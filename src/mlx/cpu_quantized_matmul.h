@@ -28,4 +28,9 @@ std::optional<mlx::core::array> cpu_quantized_matmul(const mlx::core::array& x, 
                                                      float eps = 0.0f, Epilogue epilogue = Epilogue::None,
                                                      const std::optional<mlx::core::array>& residual = std::nullopt);
 
+// Whether the products this thread builds from now on round their activations to 8 bits on CPUs
+// with AVX-512 VNNI (cpu_matvec_vnni.h; decode steps and short passes, not prompt chunks). A
+// session's engine thread sets it from LoadOptions::int8_activations before it builds anything.
+void set_cpu_int8_activations(bool on);
+
 }  // namespace mlex

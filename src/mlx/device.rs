@@ -43,6 +43,13 @@ pub fn set_default_device(device: Device) -> Result<()> {
     check(unsafe { sys::mlex_set_default_device(d) })
 }
 
+/// Whether the quantized products this thread builds from now on round their activations to 8
+/// bits, on CPUs with AVX-512 VNNI ([`crate::LoadOptions::int8_activations`]). Elsewhere, and on
+/// the GPU, it changes nothing.
+pub fn set_cpu_int8_activations(on: bool) {
+    unsafe { sys::mlex_set_cpu_int8_activations(on as std::os::raw::c_int) }
+}
+
 pub fn default_device() -> Result<Device> {
     let mut d = sys::MLEX_DEVICE_CPU;
     check(unsafe { sys::mlex_default_device(&mut d) })?;

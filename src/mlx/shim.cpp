@@ -833,6 +833,8 @@ std::vector<mx::array> precise_swiglu_impl(const std::vector<mx::array>& in) {
 
 void mlex_set_ablations(uint32_t kernels) { mlex::ablated_kernels().store(kernels); }
 
+void mlex_set_cpu_int8_activations(int on) { mlex::set_cpu_int8_activations(on != 0); }
+
 namespace {
 mx::array swiglu(const mx::array& gate, const mx::array& up) {
   if (auto fast = mlex::cpu_swiglu(gate, up)) return *fast;

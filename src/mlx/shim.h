@@ -319,6 +319,10 @@ int mlex_random_categorical(mlex_array logits, int32_t axis, mlex_array key, mle
 #define MLEX_ABLATE_KERNEL_CUDA_FUSED_ATTN 32768u
 void mlex_set_ablations(uint32_t kernels);
 
+/* ---- 8-bit activations on the CPU (LoadOptions::int8_activations; cpu_matvec_vnni.h) ---- */
+/* Whether the quantized products this thread builds from now on round activations to 8 bits. */
+void mlex_set_cpu_int8_activations(int on);
+
 /* ---- compile: fused element-wise helpers used by the models ---- */
 /* silu(gate) * up, compiled once per process (shapeless) so elementwise chains fuse. */
 int mlex_compiled_swiglu(mlex_array gate, mlex_array up, mlex_array* out);
