@@ -389,6 +389,11 @@ export interface ModelInfo {
   supportsAudio: boolean
   /** Whether messages may carry video parts (`{ type: 'video', video: [frame, ...] }`). */
   supportsVideo: boolean
+  /**
+   * Whether decode steps use 8-bit activations (`LoadOptions.int8Activations` on a CPU with
+   * AVX-512 VNNI; false on the GPU or another CPU, where the option changes nothing).
+   */
+  int8Activations: boolean
 }
 
 /**

@@ -42,6 +42,12 @@ test('bad KV cache options reject naming the option', async () => {
 test('int8Activations loads and generates (float weights: the same reply)', async () => {
   const s = await Session.load(dir, { device: 'cpu', int8Activations: true })
   try {
+    // In effect exactly where the CPU has AVX-512 VNNI (Linux: its flags in /proc/cpuinfo).
+    const { readFileSync, existsSync } = await import('node:fs')
+    if (existsSync('/proc/cpuinfo') && process.arch === 'x64') {
+      const vnni = / avx512_vnni( |$)/m.test(readFileSync('/proc/cpuinfo', 'utf8')) && !process.env.MLEX_CPU_NO_AVX512
+      assert.equal(s.info.int8Activations, vnni)
+    }
     const r = await s.generate(user('hello there'), { maxTokens: 12, ignoreEos: true })
     const plain = await session.generate(user('hello there'), { maxTokens: 12, ignoreEos: true })
     assert.deepEqual(r.tokens, plain.tokens)

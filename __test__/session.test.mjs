@@ -27,6 +27,7 @@ test('load reports what the model is', () => {
   assert.equal(info.supportsImages, false)
   assert.equal(info.supportsAudio, false)
   assert.equal(info.supportsVideo, false)
+  assert.equal(info.int8Activations, false)
   assert.ok(info.weightsBytes > 0)
   assert.equal(session.closed, false)
   assert.deepEqual([...ERROR_CODES].sort(), ['ABORTED', 'INVALID_ARGUMENT', 'INVALID_CHECKPOINT', 'MLX_ERROR', 'MODEL_NOT_FOUND', 'OUT_OF_MEMORY', 'SESSION_CLOSED'])

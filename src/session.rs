@@ -147,6 +147,9 @@ pub struct ModelInfo {
     /// Whether messages may carry video parts (as frames): checkpoints whose vision tower takes
     /// video (Gemma 4).
     pub supports_video: bool,
+    /// Whether the CPU's decode products use 8-bit activations: [`LoadOptions::int8_activations`]
+    /// asked for them, the model runs on the CPU, and the CPU has AVX-512 VNNI.
+    pub int8_activations: bool,
 }
 
 struct Inner {
@@ -299,6 +302,7 @@ impl Session {
             supports_images: facts.images,
             supports_audio: facts.audio,
             supports_video: facts.videos,
+            int8_activations: options.int8_activations && facts.device == Device::Cpu && mlx::cpu_int8_activations_supported(),
         };
         Ok(Session {
             inner: Arc::new(Inner { commands: Mutex::new(cmd_tx), thread: Mutex::new(Some(thread)) }),

@@ -931,6 +931,8 @@ fn real_smollm2_with_int8_activations_follows_the_float_run() {
     let run = |int8: bool| {
         let load = mlex::LoadOptions { device: Some(mlex::mlx::Device::Cpu), int8_activations: int8, ..Default::default() };
         let s = mlex::Session::load_with_options(&out, load).unwrap();
+        let vnni = std::arch::is_x86_feature_detected!("avx512vnni") && std::env::var_os("MLEX_CPU_NO_AVX512").is_none();
+        assert_eq!(s.info().int8_activations, int8 && vnni);
         let opts = mlex::GenerateOptions { max_tokens: 12, ignore_eos: true, ..Default::default() };
         s.generate(&messages, opts).unwrap()
     };

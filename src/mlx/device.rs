@@ -50,6 +50,11 @@ pub fn set_cpu_int8_activations(on: bool) {
     unsafe { sys::mlex_set_cpu_int8_activations(on as std::os::raw::c_int) }
 }
 
+/// Whether this CPU runs 8-bit activations (AVX-512 VNNI; see [`set_cpu_int8_activations`]).
+pub fn cpu_int8_activations_supported() -> bool {
+    unsafe { sys::mlex_cpu_int8_activations_supported() != 0 }
+}
+
 pub fn default_device() -> Result<Device> {
     let mut d = sys::MLEX_DEVICE_CPU;
     check(unsafe { sys::mlex_default_device(&mut d) })?;

@@ -4,6 +4,7 @@
 #include "cpu_fast_ops.h"
 #include "cpu_decode_attention.h"
 #include "cpu_dense_matmul.h"
+#include "cpu_matvec_vnni.h"
 #include "cpu_quantized_matmul.h"
 #include "cuda_qk_norm_rope.h"
 #include "cuda_launch.h"
@@ -834,6 +835,8 @@ std::vector<mx::array> precise_swiglu_impl(const std::vector<mx::array>& in) {
 void mlex_set_ablations(uint32_t kernels) { mlex::ablated_kernels().store(kernels); }
 
 void mlex_set_cpu_int8_activations(int on) { mlex::set_cpu_int8_activations(on != 0); }
+
+int mlex_cpu_int8_activations_supported(void) { return mlex::has_avx512_vnni() ? 1 : 0; }
 
 namespace {
 mx::array swiglu(const mx::array& gate, const mx::array& up) {

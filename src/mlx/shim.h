@@ -322,6 +322,8 @@ void mlex_set_ablations(uint32_t kernels);
 /* ---- 8-bit activations on the CPU (LoadOptions::int8_activations; cpu_matvec_vnni.h) ---- */
 /* Whether the quantized products this thread builds from now on round activations to 8 bits. */
 void mlex_set_cpu_int8_activations(int on);
+/* Whether this CPU runs them (AVX-512 VNNI): 1 or 0. */
+int mlex_cpu_int8_activations_supported(void);
 
 /* ---- compile: fused element-wise helpers used by the models ---- */
 /* silu(gate) * up, compiled once per process (shapeless) so elementwise chains fuse. */

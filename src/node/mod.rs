@@ -351,6 +351,7 @@ impl Task for LoadTask {
             supports_images: info.supports_images,
             supports_audio: info.supports_audio,
             supports_video: info.supports_video,
+            int8_activations: info.int8_activations,
         };
         Ok(NativeSession {
             shared: Arc::new(Shared { session: Mutex::new(Some(session)), running: Mutex::new(vec![]) }),

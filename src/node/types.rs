@@ -455,6 +455,9 @@ pub struct ModelInfo {
     pub supports_audio: bool,
     /// Whether messages may carry video parts (`{ type: 'video', video: [frame, ...] }`).
     pub supports_video: bool,
+    /// Whether decode steps use 8-bit activations (`LoadOptions.int8Activations` on a CPU with
+    /// AVX-512 VNNI; false on the GPU or another CPU, where the option changes nothing).
+    pub int8_activations: bool,
 }
 
 /// Internal: what `NativeGeneration.next` resolves with — the tokens produced since the last call,
