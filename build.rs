@@ -39,6 +39,8 @@ fn main() {
     println!("cargo:rerun-if-changed=src/mlx/cpu_scales.h");
     println!("cargo:rerun-if-changed=src/mlx/cpu_dense_matmul.h");
     println!("cargo:rerun-if-changed=src/mlx/cpu_dense_matmul.cpp");
+    println!("cargo:rerun-if-changed=src/mlx/cpu_dense_rows.h");
+    println!("cargo:rerun-if-changed=src/mlx/cpu_dense_rows.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cpu_gemm.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cpu_matvec_avx512.cpp");
     println!("cargo:rerun-if-changed=src/mlx/cpu_matvec_avx512.h");
@@ -86,6 +88,7 @@ fn main() {
         .file("src/mlx/cuda_launch.cpp")
         .file("src/mlx/cpu_gemm.cpp")
         .file("src/mlx/cpu_dense_matmul.cpp")
+        .file("src/mlx/cpu_dense_rows.cpp")
         .file("src/mlx/cpu_matvec_avx512.cpp")
         .file("src/mlx/cpu_matvec_vnni.cpp")
         .include(&include)

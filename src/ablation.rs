@@ -11,6 +11,7 @@
 //! | `MLEX_ABLATE_SPEC_PIPELINE` | building the next prompt-lookup pass before this one is read |
 //! | `MLEX_ABLATE_CPU_QMM` | our CPU quantized matmul |
 //! | `MLEX_ABLATE_CPU_GEMM` | its packed GEMM for prompt chunks (the row kernels instead) |
+//! | `MLEX_ABLATE_CPU_DENSE_ROWS` | our CPU product of up to 32 rows with a float32 weight (MLX's matmul, the bundled reference BLAS, instead) |
 //! | `MLEX_ABLATE_CPU_PACK_Q4` | that GEMM's AVX-512 dequantization of 4-bit weights (the general one instead; same bits) |
 //! | `MLEX_ABLATE_CPU_FAST_OPS` | our CPU RMSNorm / RoPE / attention |
 //! | `MLEX_ABLATE_CUDA_QMV` | our CUDA decode matrix-vector kernel |
@@ -28,6 +29,7 @@
 //! | `MLEX_ABLATE_PREFILL_OVERLAP` | building a prompt's first step while its last prefill chunk (and its images' encoding) runs: each is waited for |
 //! | `MLEX_ABLATE_PROMPT_FOLD` | a prompt's last token in its last prefill chunk (a one-token step of its own after the prefill instead) |
 //! | `MLEX_ABLATE_GPU_PREFETCH` | moving the weights into device memory at load (CUDA) |
+//! | `MLEX_ABLATE_LOAD_CLEAR_CACHE` | releasing MLX's buffer cache at the end of a load (what loading freed stays cached for the first request) |
 use crate::mlx::sys;
 use std::sync::OnceLock;
 
@@ -41,6 +43,7 @@ pub struct Ablations {
     pub gpu_prefetch: bool,
     pub prefill_overlap: bool,
     pub prompt_fold: bool,
+    pub load_clear_cache: bool,
     /// The C++ kernels' switches (`MLEX_ABLATE_KERNEL_*` bits of shim.h).
     pub kernels: u32,
 }
@@ -61,6 +64,7 @@ impl Ablations {
             ("MLEX_ABLATE_CPU_QMM", sys::MLEX_ABLATE_KERNEL_CPU_QMM),
             ("MLEX_ABLATE_CPU_GEMM", sys::MLEX_ABLATE_KERNEL_CPU_GEMM),
             ("MLEX_ABLATE_CPU_PACK_Q4", sys::MLEX_ABLATE_KERNEL_CPU_PACK_Q4),
+            ("MLEX_ABLATE_CPU_DENSE_ROWS", sys::MLEX_ABLATE_KERNEL_CPU_DENSE_ROWS),
             ("MLEX_ABLATE_CPU_FAST_OPS", sys::MLEX_ABLATE_KERNEL_CPU_FAST_OPS),
             ("MLEX_ABLATE_CUDA_QMV", sys::MLEX_ABLATE_KERNEL_CUDA_QMV),
             ("MLEX_ABLATE_CUDA_EPILOGUE", sys::MLEX_ABLATE_KERNEL_CUDA_EPILOGUE),
@@ -85,6 +89,7 @@ impl Ablations {
             spec_pipelining: on("MLEX_ABLATE_SPEC_PIPELINE"),
             gpu_prefetch: on("MLEX_ABLATE_GPU_PREFETCH"),
             prefill_overlap: on("MLEX_ABLATE_PREFILL_OVERLAP"),
+            load_clear_cache: on("MLEX_ABLATE_LOAD_CLEAR_CACHE"),
             prompt_fold: on("MLEX_ABLATE_PROMPT_FOLD"),
             kernels,
         }

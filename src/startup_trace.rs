@@ -4,7 +4,8 @@
 //! a library host's first mark is its first `Session::load`) and since the previous one. Without
 //! the variable a mark costs one relaxed atomic load. Only the first [`MAX_MARKS`] marks print, so
 //! that a long-running host (a server, a Node process) started with the variable set is not
-//! flooded by the marks of later requests' prefills.
+//! flooded by the marks of later requests' prefills; a number above 1 as the variable's value
+//! (`MLEX_TRACE_STARTUP=500`) prints that many instead, to follow several requests of a benchmark.
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
@@ -13,6 +14,7 @@ use std::time::Instant;
 static STATE: AtomicU8 = AtomicU8::new(0);
 static CLOCK: OnceLock<Mutex<(Instant, Instant)>> = OnceLock::new();
 static PRINTED: AtomicUsize = AtomicUsize::new(0);
+static LIMIT: AtomicUsize = AtomicUsize::new(MAX_MARKS);
 
 /// How many marks print at most, per process.
 pub const MAX_MARKS: usize = 64;
@@ -23,7 +25,11 @@ pub fn enabled() -> bool {
         1 => false,
         2 => true,
         _ => {
-            let on = std::env::var("MLEX_TRACE_STARTUP").is_ok_and(|v| !v.is_empty() && v != "0");
+            let value = std::env::var("MLEX_TRACE_STARTUP").unwrap_or_default();
+            let on = !value.is_empty() && value != "0";
+            if let Ok(n @ 2..) = value.parse::<usize>() {
+                LIMIT.store(n, Ordering::Relaxed);
+            }
             STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
             on
         }
@@ -32,7 +38,7 @@ pub fn enabled() -> bool {
 
 /// Records that phase `what` ended now (printed when tracing is on).
 pub fn mark(what: &str) {
-    if !enabled() || PRINTED.fetch_add(1, Ordering::Relaxed) >= MAX_MARKS {
+    if !enabled() || PRINTED.fetch_add(1, Ordering::Relaxed) >= LIMIT.load(Ordering::Relaxed) {
         return;
     }
     let now = Instant::now();

@@ -345,8 +345,9 @@ fn cpu_quantized_matmul_reads_16bit_scales_portable_path() {
 /// A dense layer's product with many rows of x on the CPU (`x @ w_t`, `w_t` the evaluated
 /// transposed view of a float32 `[out, in]` weight, as `Linear` holds it) runs our packed GEMM
 /// (`CpuDenseMatmul`), with or without a bias (addmm), for widths that are not multiples of the
-/// GEMM's blocks, a 3-D x and an x that is a view; a weight used as is (not a transposed view) and
-/// a few rows keep MLX's matmul. Each against a naive product.
+/// GEMM's blocks, a 3-D x and an x that is a view; up to 32 rows run the row kernel
+/// (`cpu_dense_rows.h`), each row bit for bit as alone; a weight used as is (not a transposed view)
+/// keeps MLX's matmul. Each against a naive product.
 #[test]
 fn cpu_dense_matmul_matches_naive() {
     on_cpu();
@@ -389,13 +390,29 @@ fn cpu_dense_matmul_matches_naive() {
         uses(&got, true);
         let with_bias: Vec<f32> = want.iter().enumerate().map(|(i, v)| v + bias[i % n]).collect();
         close(&got.to_vec::<f32>().unwrap(), &with_bias, 1e-4);
-        // MLX's matmul: a weight that is not a transposed view, and too few rows.
+        // MLX's matmul: a weight that is not a transposed view.
         let plain = xa.matmul(&arr(&wt, &[k as i32, n as i32])).unwrap();
         uses(&plain, false);
         close(&plain.to_vec::<f32>().unwrap(), &want, 1e-4);
-        let few = arr(&x[..8 * k], &[8, k as i32]).matmul(&w_t).unwrap();
-        uses(&few, false);
-        close(&few.to_vec::<f32>().unwrap(), &want[..8 * n], 1e-4);
+        // Up to 32 rows (decode steps [B, 1, k], a short chunk [1, L, k], [M, k]): the row
+        // kernel, each row bit for bit what it is alone (a batch's rows equal their single-row
+        // steps), whatever rows share the product.
+        let alone: Vec<Vec<f32>> = (0..8).map(|r| arr(&x[r * k..(r + 1) * k], &[1, 1, k as i32]).matmul(&w_t).unwrap().to_vec::<f32>().unwrap()).collect();
+        for (i, a) in alone.iter().enumerate() {
+            close(a, &want[i * n..(i + 1) * n], 1e-4);
+        }
+        for shape in [vec![8, 1, k as i32], vec![1, 8, k as i32], vec![8, k as i32], vec![2, 4, k as i32]] {
+            let few = arr(&x[..8 * k], &shape).matmul(&w_t).unwrap();
+            uses(&few, true);
+            let got = few.to_vec::<f32>().unwrap();
+            for (r, a) in alone.iter().enumerate() {
+                let row = &got[r * n..(r + 1) * n];
+                assert!(row.iter().zip(a).all(|(p, q)| p.to_bits() == q.to_bits()), "{shape:?}: row {r} differs from the row alone");
+            }
+        }
+        let bias_few = Array::addmm(&arr(&bias, &[n as i32]), &arr(&x[..3 * k], &[3, 1, k as i32]), &w_t, 1.0, 1.0).unwrap();
+        uses(&bias_few, true);
+        close(&bias_few.to_vec::<f32>().unwrap(), &with_bias[..3 * n], 1e-4);
     }
 }
 

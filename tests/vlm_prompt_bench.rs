@@ -25,6 +25,9 @@
 //! `MLEX_VLM_BENCH_STEPS=N` (default 33) sets the greedy tokens each side generates: decode over
 //! 32 tokens is a short sample on a GPU, where one step takes 1–3 ms.
 //!
+//! `MLEX_TRACE_STARTUP=500` prints mlex's phase marks of every run (load, image decoded and
+//! preprocessed, rows scheduled, prefill scheduled, first token) on stderr.
+//!
 //! `MLEX_ORACLE_VENV=<venv> cargo test --release --test vlm_prompt_bench -- --ignored --nocapture bench_`
 
 mod common;
@@ -83,18 +86,26 @@ fn ask(image: &Path) -> Vec<ChatMessage> {
 
 /// One request on `session`: (TTFT s, decode tok/s after the first token, tokens).
 fn time(session: &Session, image: &Path, steps: usize) -> (f64, f64, Vec<u32>) {
-    let opts = GenerateOptions { max_tokens: steps, ignore_eos: true, ..Default::default() };
+    let no_cache = std::env::var("MLEX_VLM_BENCH_NO_PROMPT_CACHE").is_ok_and(|v| v == "1");
+    let opts = GenerateOptions { max_tokens: steps, ignore_eos: true, prompt_cache: no_cache.then_some(false), ..Default::default() };
+    mlex::startup_trace::mark("request sent");
     let t0 = Instant::now();
     let (mut first, mut last) = (None, t0);
     let reply = session
         .generate_cached(&ask(image), None, opts, |_| {
             last = Instant::now();
+            if first.is_none() {
+                mlex::startup_trace::mark("first token");
+            }
             first.get_or_insert(last);
             true
         })
         .unwrap();
     let first = first.unwrap();
     let decode = (reply.tokens.len() - 1) as f64 / (last - first).as_secs_f64();
+    if mlex::startup_trace::enabled() {
+        eprintln!("[startup] request done: {} prompt tokens, {} from the prompt cache", reply.usage.prompt_tokens, reply.usage.cached_tokens);
+    }
     ((first - t0).as_secs_f64(), decode, reply.tokens)
 }
 

@@ -323,7 +323,9 @@ fn load(spec: &EngineSpec) -> Result<(Engine, LoadedFacts)> {
     // parts, the pre-cast tensors) before the first generation measures its peak: on the GPU the
     // inputs of finished kernels are released by completion handlers, not by eval itself.
     mlx::synchronize()?;
-    mlx::clear_cache();
+    if !crate::ablation::get().load_clear_cache {
+        mlx::clear_cache();
+    }
     let weights_bytes = params.iter().map(|a| a.nbytes()).sum();
     let dtype = model.dtype();
     drop(params);

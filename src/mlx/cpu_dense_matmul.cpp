@@ -1,9 +1,11 @@
 #include "cpu_dense_matmul.h"
 
 #include "ablation.h"
+#include "cpu_dense_rows.h"
 #include "cpu_gemm.h"
 #include "cpu_primitive.h"
 #include "cpu_strided.h"
+#include "cpu_thread_pool.h"
 
 #include <vector>
 
@@ -35,7 +37,20 @@ class CpuDenseMatmul : public CpuPrimitive {
         xp = rows.data();
       }
       // w_t is [K, N] with strides (1, K): the [N, K] row-major weight it views.
-      dense_gemm(xp, w_t.data<float>(), o, M, N, K);
+      if (M >= kGemmMinRows) {
+        dense_gemm(xp, w_t.data<float>(), o, M, N, K);
+        return;
+      }
+      // A few rows: each weight row read once for all of them (cpu_dense_rows.h), the weight's
+      // rows split across the pool (whole outputs per thread: the split changes no result).
+      const float* w = w_t.data<float>();
+      const double work = static_cast<double>(M) * N * K;
+      const int tasks = work < (1 << 18) ? 1 : pool().size() * 4;
+      const int chunk = (N + tasks - 1) / tasks;
+      pool().run((N + chunk - 1) / chunk, [&](int t) {
+        const int lo = t * chunk, hi = std::min(N, lo + chunk);
+        dense_rows(xp, M, w + static_cast<size_t>(lo) * K, hi - lo, K, o + lo, static_cast<size_t>(N));
+      });
     });
   }
   const char* name() const override { return "CpuDenseMatmul"; }
@@ -53,7 +68,11 @@ std::optional<mx::array> cpu_dense_matmul(const mx::array& x, const mx::array& w
     return std::nullopt;
   }
   const int K = x.shape(-1), N = w_t.shape(1);
-  if (K == 0 || N == 0 || w_t.shape(0) != K || x.size() / K < static_cast<size_t>(kGemmMinRows)) return std::nullopt;
+  if (K == 0 || N == 0 || w_t.shape(0) != K) return std::nullopt;
+  const size_t rows = x.size() / K;
+  if (rows == 0 || (rows < static_cast<size_t>(kGemmMinRows) && mlex::ablated(MLEX_ABLATE_KERNEL_CPU_DENSE_ROWS))) {
+    return std::nullopt;
+  }
   // An evaluated transposed view of a row-contiguous [N, K] array, starting at its buffer.
   if (!w_t.is_available() || w_t.strides(0) != 1 || w_t.strides(1) != K || w_t.data_size() != w_t.size() ||
       w_t.offset() != 0) {

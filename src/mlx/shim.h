@@ -317,6 +317,7 @@ int mlex_random_categorical(mlex_array logits, int32_t axis, mlex_array key, mle
 #define MLEX_ABLATE_KERNEL_CUDA_KV_WRITE 8192u
 #define MLEX_ABLATE_KERNEL_CPU_PACK_Q4 16384u
 #define MLEX_ABLATE_KERNEL_CUDA_FUSED_ATTN 32768u
+#define MLEX_ABLATE_KERNEL_CPU_DENSE_ROWS 65536u
 void mlex_set_ablations(uint32_t kernels);
 
 /* ---- 8-bit activations on the CPU (LoadOptions::int8_activations; cpu_matvec_vnni.h) ---- */
