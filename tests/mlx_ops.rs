@@ -1533,3 +1533,46 @@ fn cuda_qkv_into_cache_matches_the_separate_ops() {
         }
     }
 }
+
+/// MLX's `gelu_approx` as one compiled kernel (`fast::gelu_approx`; a vision tower's MLP uses it
+/// on a GPU: `nn::activation::gelu_approx`) against the same expression as separate operations
+/// and against the formula in f64, float32 and bfloat16, on the GPU when there is one (the
+/// compiled kernel must then be what runs), else on the CPU.
+#[test]
+fn cuda_gelu_approx_compiled_matches_its_operations() {
+    use mlex::mlx::{gpu_available, set_default_device, Device};
+    use mlex::nn::activation::{gelu_approx, gelu_approx_ops};
+    let gpu = gpu_available() && !cfg!(target_os = "macos");
+    set_default_device(if gpu { Device::Gpu } else { Device::Cpu }).unwrap();
+    let x: Vec<f32> = rand_vec(4096, 91).iter().map(|v| v * 6.0).collect();
+    let want: Vec<f32> = x
+        .iter()
+        .map(|&v| {
+            let v = v as f64;
+            (0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v)).tanh())) as f32
+        })
+        .collect();
+    for (dtype, tol) in [(Dtype::Float32, 1e-5f32), (Dtype::Bfloat16, 3e-2)] {
+        let xa = arr(&x, &[8, 512]).astype(dtype).unwrap();
+        let compiled = fast::gelu_approx(&xa).unwrap();
+        let ops = gelu_approx_ops(&xa).unwrap();
+        let layer = gelu_approx(&xa).unwrap();
+        let f32s = |a: &Array| a.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
+        let (c, o, l) = (f32s(&compiled), f32s(&ops), f32s(&layer));
+        close(&c, &want, tol);
+        close(&o, &want, tol);
+        // In float32 the compiled kernel and the operations differ at most by the roundings of
+        // contracted multiply-adds (bfloat16: each against the formula above).
+        if dtype == Dtype::Float32 {
+            close(&c, &o, 2e-6);
+        }
+        if gpu {
+            let census = mlex::mlx::graph_census(&[&layer]).unwrap();
+            assert!(census.iter().any(|(p, _)| p.starts_with("Compiled")), "{census:?}");
+            assert!(c.iter().zip(&l).all(|(a, b)| a.to_bits() == b.to_bits()));
+        } else {
+            assert!(o.iter().zip(&l).all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
+    }
+    set_default_device(Device::Cpu).unwrap();
+}

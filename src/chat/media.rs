@@ -27,7 +27,7 @@ pub struct ImageData {
 
 impl ImageData {
     pub fn new(bytes: Vec<u8>) -> Self {
-        ImageData { hash: fnv1a64(&bytes), bytes: bytes.into(), time: None }
+        ImageData { hash: hash_bytes(&bytes), bytes: bytes.into(), time: None }
     }
 
     /// A decoded video frame shown from `start` to `end` seconds.
@@ -50,8 +50,21 @@ impl PartialEq for ImageData {
     }
 }
 
-fn fnv1a64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
+/// A 64-bit hash of `bytes`, eight at a time (FNV-1a's step on words, with a rotation so high bits
+/// reach low ones), then the tail and the length. Only a prefilter: equal images are compared
+/// byte for byte. Byte-at-a-time FNV-1a took ~0.4 ms of an image prompt's time to first token
+/// for a 230 KB PNG (one multiply's latency per byte).
+fn hash_bytes(bytes: &[u8]) -> u64 {
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut words = bytes.chunks_exact(8);
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for w in &mut words {
+        h = ((h ^ u64::from_le_bytes(w.try_into().expect("8 bytes"))).wrapping_mul(PRIME)).rotate_left(29);
+    }
+    for &b in words.remainder() {
+        h = (h ^ b as u64).wrapping_mul(PRIME);
+    }
+    (h ^ bytes.len() as u64).wrapping_mul(PRIME)
 }
 
 /// An image or video part of a message: it sits at byte `at` of the message's joined text.

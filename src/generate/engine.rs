@@ -486,6 +486,9 @@ impl Engine {
                     self.model.image_prompt(),
                     self.model.audio_prompt(),
                 )?;
+                if !media.is_empty() {
+                    crate::startup_trace::mark("chat rendered and tokenized");
+                }
                 self.model.bind_media(ids, &media)?
             }
         };

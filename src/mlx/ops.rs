@@ -631,4 +631,10 @@ pub mod fast {
     pub fn geglu(gate: &Array, up: &Array) -> Result<Array> {
         Array::try_from_op(|out| unsafe { sys::mlex_compiled_geglu(gate.raw(), up.raw(), out) })
     }
+
+    /// MLX's `nn.gelu_approx` (`0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`), one compiled kernel
+    /// (mlx-lm's and mlx-vlm's `nn.GELU(approx="precise")` is the same compiled function).
+    pub fn gelu_approx(x: &Array) -> Result<Array> {
+        Array::try_from_op(|out| unsafe { sys::mlex_compiled_gelu_approx(x.raw(), out) })
+    }
 }

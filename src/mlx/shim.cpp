@@ -825,6 +825,14 @@ std::vector<mx::array> geglu_impl(const std::vector<mx::array>& in) {
   auto g = mx::multiply(mx::multiply(mx::array(0.5f, dt), x), mx::add(mx::array(1.0f, dt), mx::tanh(inner)));
   return {mx::multiply(g, in[1])};
 }
+std::vector<mx::array> gelu_approx_impl(const std::vector<mx::array>& in) {
+  // MLX's nn.gelu_approx, in its order: 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))
+  const auto& x = in[0];
+  auto dt = x.dtype();
+  auto cube = mx::power(x, mx::array(3.0f, dt));
+  auto inner = mx::multiply(mx::array(0.7978845608028654f, dt), mx::add(x, mx::multiply(mx::array(0.044715f, dt), cube)));
+  return {mx::multiply(mx::multiply(mx::array(0.5f, dt), x), mx::add(mx::array(1.0f, dt), mx::tanh(inner)))};
+}
 std::vector<mx::array> precise_swiglu_impl(const std::vector<mx::array>& in) {
   auto g = mx::astype(in[1], mx::float32);
   g = mx::multiply(g, mx::sigmoid(g));
@@ -853,6 +861,13 @@ int mlex_compiled_geglu(mlex_array gate, mlex_array up, mlex_array* out) {
   return guard([&] {
     static auto fn = mx::compile(geglu_impl, /*shapeless=*/true);
     *out = wrap(fn({unwrap(gate), unwrap(up)})[0]);
+  });
+}
+
+int mlex_compiled_gelu_approx(mlex_array x, mlex_array* out) {
+  return guard([&] {
+    static auto fn = mx::compile(gelu_approx_impl, /*shapeless=*/true);
+    *out = wrap(fn({unwrap(x)})[0]);
   });
 }
 

@@ -331,6 +331,8 @@ int mlex_cpu_int8_activations_supported(void);
 int mlex_compiled_swiglu(mlex_array gate, mlex_array up, mlex_array* out);
 /* gelu_approx(gate) * up (tanh approximation), compiled likewise. */
 int mlex_compiled_geglu(mlex_array gate, mlex_array up, mlex_array* out);
+/* MLX's nn.gelu_approx (tanh form) as one compiled kernel (a vision tower's MLP on the GPU). */
+int mlex_compiled_gelu_approx(mlex_array x, mlex_array* out);
 /* (silu(float32(gate)) * float32(x)) in like's dtype (mlx-lm's precise_swiglu), compiled likewise. */
 int mlex_compiled_precise_swiglu(mlex_array like, mlex_array gate, mlex_array x, mlex_array* out);
 

@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::loader::Vb;
 use crate::mlx::fast::{self, AttentionMask};
 use crate::mlx::{Array, Dtype};
+use crate::nn::activation::gelu_approx;
 use crate::nn::{LayerNorm, Linear, Params, RmsNorm};
 
 /// `vision_config` of a gemma3 config.json, with mlx-vlm's defaults.
@@ -120,19 +121,9 @@ impl EncoderLayer {
         let attn = fast::scaled_dot_product_attention(&q, &k, &v, scale, AttentionMask::None)?;
         let attn = attn.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, d])?;
         let x = x.add(&self.out_proj.forward(&attn)?)?;
-        let h = gelu_tanh(&self.fc1.forward(&self.layer_norm2.forward(&x)?)?)?;
+        let h = gelu_approx(&self.fc1.forward(&self.layer_norm2.forward(&x)?)?)?;
         x.add(&self.fc2.forward(&h)?)
     }
-}
-
-/// MLX's `gelu_approx`: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, in the same order.
-fn gelu_tanh(x: &Array) -> Result<Array> {
-    let dt = x.dtype();
-    let c = |v: f32| Array::scalar_f32(v, dt);
-    let cube = x.power(&c(3.0)?)?;
-    let inner = x.add(&c(0.044715)?.multiply(&cube)?)?;
-    let t = c((2.0 / std::f64::consts::PI).sqrt() as f32)?.multiply(&inner)?.tanh()?;
-    c(0.5)?.multiply(x)?.multiply(&c(1.0)?.add(&t)?)
 }
 
 /// The SigLIP encoder and Gemma 3's projector.

@@ -36,6 +36,7 @@ use crate::loader::Vb;
 use crate::media::{QwenImageProcessor, QwenVideoProcessor, RgbImage};
 use crate::mlx::fast::{self, AttentionMask};
 use crate::mlx::{Array, Dtype};
+use crate::nn::activation::gelu_approx;
 use crate::nn::{Embedding, LayerNorm, Linear, Params};
 use crate::nn::rope::{rotate_half_rope, signed_sin};
 
@@ -112,15 +113,6 @@ impl VisionConfig {
     }
 }
 
-/// MLX's `gelu_approx` (`nn.GELU(approx="tanh")`), in the same order.
-fn gelu_tanh(x: &Array) -> Result<Array> {
-    let dt = x.dtype();
-    let c = |v: f32| Array::scalar_f32(v, dt);
-    let inner = x.add(&c(0.044715)?.multiply(&x.power(&c(3.0)?)?)?)?;
-    let t = c((2.0 / std::f64::consts::PI).sqrt() as f32)?.multiply(&inner)?.tanh()?;
-    c(0.5)?.multiply(x)?.multiply(&c(1.0)?.add(&t)?)
-}
-
 /// MLX's `gelu` (`nn.GELU()`): `x · (1 + erf(x / √2)) / 2`.
 pub(crate) fn gelu_erf(x: &Array) -> Result<Array> {
     let dt = x.dtype();
@@ -164,7 +156,7 @@ impl Block {
         let o = fast::scaled_dot_product_attention(&t(&q)?, &t(&k)?, &t(&v)?, scale, AttentionMask::None)?;
         let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[l, -1])?;
         let x = x.add(&self.proj.forward(&o)?)?;
-        let m = self.fc2.forward(&gelu_tanh(&self.fc1.forward(&self.norm2.forward(&x)?)?)?)?;
+        let m = self.fc2.forward(&gelu_approx(&self.fc1.forward(&self.norm2.forward(&x)?)?)?)?;
         x.add(&m)
     }
 }

@@ -1,4 +1,5 @@
 //! Layers shared by the architectures in `crate::models`.
+pub mod activation;
 pub mod attention;
 pub mod batch_kv_cache;
 pub mod bounded_kv_cache;
