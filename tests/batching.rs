@@ -30,8 +30,9 @@ fn greedy_requests_in_flight_together_decode_in_one_batch_and_equal_each_alone()
     let dir = tiny_llama_dir();
     let s = Session::load(dir.path()).unwrap();
     // Different prompt lengths (left padding), lengths that end at different steps (rows leave
-    // while others go on).
-    let reqs: Vec<_> = [(1, 24), (5, 9), (13, 30), (40, 17), (7, 1)]
+    // while others go on). The first request runs long enough (120 steps of a few hundred
+    // microseconds) for the other four to be sent while it decodes, even on a loaded machine.
+    let reqs: Vec<_> = [(1, 120), (5, 9), (13, 30), (40, 17), (7, 1)]
         .iter()
         .enumerate()
         .map(|(i, &(len, max))| (prompt(len, i as u32), opts(max, SamplingConfig::default())))

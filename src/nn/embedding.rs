@@ -52,7 +52,10 @@ impl Embedding {
 impl Params for Embedding {
     fn params<'a>(&'a self, out: &mut Vec<&'a Array>) {
         match self {
-            Embedding::Dense { table, .. } => out.push(table),
+            // The transposed view (the table is its input): evaluating it at load leaves the
+            // tied head an evaluated view, which the CPU's dense kernels take (an unevaluated
+            // transpose sent a 0.6B's 622 MB float32 head to the reference BLAS each token).
+            Embedding::Dense { table_t, .. } => out.push(table_t),
             Embedding::Quantized(q) => q.params(out),
         }
     }
