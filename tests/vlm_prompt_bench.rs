@@ -170,10 +170,10 @@ fn bench(arch: &str, bits: Option<u32>, specials: &[(u64, &str)], bos: Option<&s
     let (ot, tt, od, td) = (median(&ttft), median(&their_ttft), median(&tps), median(&their_tps));
     let arch = format!("{arch} ({dtype}{})", bits.map_or(String::new(), |b| format!(", {b}-bit")));
     println!(
-        "{arch} image prompt ({} tokens, {} image; {} greedy, {} distinct, equal to mlx-vlm's): TTFT mlex {ot:.0} ms vs mlx-vlm {tt:.0} ms, \
-         {:.2}x; decode mlex {od:.1} vs mlx-vlm {td:.1} tok/s, {:.2}x (medians of {RUNS}; mlex TTFT {ttft:.0?}, mlx-vlm {their_ttft:.0?}; \
+        "{arch} image prompt ({} tokens, {} image; {} greedy, {} distinct, equal to mlx-vlm's): TTFT mlex {ot:.1} ms vs mlx-vlm {tt:.1} ms, \
+         {:.2}x; decode mlex {od:.1} vs mlx-vlm {td:.1} tok/s, {:.2}x (medians of {RUNS}; mlex TTFT {ttft:.1?}, mlx-vlm {their_ttft:.1?}; \
          mlex decode {tps:.1?}, mlx-vlm {their_tps:.1?}); \
-         a second request on the same session, another image: TTFT mlex {:.0} ms, {:.2}x",
+         a second request on the same session, another image: TTFT mlex {:.1} ms, {:.2}x",
         bench["prompt_tokens"],
         bench["image_tokens"],
         want.len(),
