@@ -4,10 +4,10 @@ use crate::error::Result;
 use crate::mlx::{fast, Array, Device};
 
 /// MLX's `gelu_approx` (`nn.GELU(approx="precise")`, the tanh form):
-/// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, in that order. On a GPU one compiled kernel, as
-/// MLX's own function is compiled: its nine element-wise kernels were a sixth of a SigLIP block's
-/// launches (Gemma 3's tower). On the CPU the plain operations, whose values the CPU oracle tests
-/// pin.
+/// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, in that order. On a GPU one compiled kernel,
+/// as MLX's own function is compiled: its eight element-wise kernels were about a sixth of a
+/// SigLIP block's launches (Gemma 3's tower). On the CPU the plain operations, whose values the
+/// CPU oracle tests pin.
 pub fn gelu_approx(x: &Array) -> Result<Array> {
     if crate::mlx::default_device()? == Device::Gpu {
         return fast::gelu_approx(x);
