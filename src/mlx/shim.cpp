@@ -816,23 +816,17 @@ std::vector<mx::array> swiglu_impl(const std::vector<mx::array>& in) {
   const auto& g = in[0];
   return {mx::multiply(mx::multiply(g, mx::sigmoid(g)), in[1])};
 }
-std::vector<mx::array> geglu_impl(const std::vector<mx::array>& in) {
-  // gelu, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-  const auto& x = in[0];
-  auto dt = x.dtype();
-  auto c = mx::array(0.7978845608028654f, dt);
-  auto inner = mx::multiply(c, mx::add(x, mx::multiply(mx::array(0.044715f, dt), mx::power(x, mx::array(3.0f, dt)))));
-  auto g = mx::multiply(mx::multiply(mx::array(0.5f, dt), x), mx::add(mx::array(1.0f, dt), mx::tanh(inner)));
-  return {mx::multiply(g, in[1])};
-}
-std::vector<mx::array> gelu_approx_impl(const std::vector<mx::array>& in) {
-  // MLX's nn.gelu_approx, in its order: 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))
-  const auto& x = in[0];
+// MLX's nn.gelu_approx, in its order: 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3))).
+mx::array gelu_approx_expr(const mx::array& x) {
   auto dt = x.dtype();
   auto cube = mx::power(x, mx::array(3.0f, dt));
   auto inner = mx::multiply(mx::array(0.7978845608028654f, dt), mx::add(x, mx::multiply(mx::array(0.044715f, dt), cube)));
-  return {mx::multiply(mx::multiply(mx::array(0.5f, dt), x), mx::add(mx::array(1.0f, dt), mx::tanh(inner)))};
+  return mx::multiply(mx::multiply(mx::array(0.5f, dt), x), mx::add(mx::array(1.0f, dt), mx::tanh(inner)));
 }
+std::vector<mx::array> geglu_impl(const std::vector<mx::array>& in) {
+  return {mx::multiply(gelu_approx_expr(in[0]), in[1])};
+}
+std::vector<mx::array> gelu_approx_impl(const std::vector<mx::array>& in) { return {gelu_approx_expr(in[0])}; }
 std::vector<mx::array> precise_swiglu_impl(const std::vector<mx::array>& in) {
   auto g = mx::astype(in[1], mx::float32);
   g = mx::multiply(g, mx::sigmoid(g));
