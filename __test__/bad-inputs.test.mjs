@@ -77,6 +77,7 @@ const CASES = [
   ['checkpoint', 'tokenizer.json is not JSON', load((d) => writeFileSync(join(d, 'tokenizer.json'), '{"model": ')), 'INVALID_CHECKPOINT', /tokenizer/],
   ['checkpoint', 'tokenizer.json without a model', load(editJson('tokenizer.json', (t) => delete t.model)), 'INVALID_CHECKPOINT', /tokenizer/],
   ['checkpoint', 'chat template that does not parse', generateWith(editJson('tokenizer_config.json', (t) => { t.chat_template = '{% for m in messages %}{{ m.content ' })), 'INVALID_CHECKPOINT', /template/],
+  ['checkpoint', 'chat template chaining 100,000 operators', generateWith(editJson('tokenizer_config.json', (t) => { t.chat_template = `{{ 1${' + 1'.repeat(100_000)} }}` })), 'INVALID_CHECKPOINT', /chains 100000 operators/],
   ['checkpoint', 'chat template that raises', generateWith(editJson('tokenizer_config.json', (t) => { t.chat_template = "{{ raise_exception('no system role here') }}" })), 'INVALID_CHECKPOINT', /no system role here/],
 
   // load options

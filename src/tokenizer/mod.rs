@@ -8,6 +8,7 @@ mod special;
 mod template;
 mod template_budget;
 mod template_consts;
+mod template_depth;
 
 use std::path::Path;
 use std::sync::Arc;

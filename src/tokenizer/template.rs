@@ -14,7 +14,7 @@ use super::pyjson::{self, DumpOptions};
 use super::pyrepr;
 use super::special::SpecialTokens;
 use super::template_budget::{self, BudgetScope};
-use super::template_consts;
+use super::{template_consts, template_depth};
 use crate::chat::{ChatMessage, Tool};
 use crate::error::{Error, Result};
 
@@ -139,7 +139,7 @@ impl ChatTemplate {
         let sources = list.clone();
         for (name, src) in list {
             let src = strip_generation_tags(&src);
-            if let Err(e) = template_consts::check(&src) {
+            if let Err(e) = template_depth::check(&src).and_then(|()| template_consts::check(&src)) {
                 broken.insert(name.clone(), e);
             } else if let Err(e) = env.add_template_owned(name.clone(), src) {
                 broken.insert(name.clone(), describe(&e));
@@ -637,6 +637,23 @@ mod tests {
         let msgs: Vec<ChatMessage> = (0..500).map(|i| ChatMessage::user(format!("m{i}"))).collect();
         let out = render(src, &msgs, &TemplateOptions::default()).unwrap();
         assert!(out.ends_with("499"), "{}", &out[out.len() - 10..]);
+    }
+
+    #[test]
+    fn operator_chains_too_deep_to_compile_are_an_error_not_a_stack_overflow() {
+        // 50,000 levels: compiling it, walking its constants or dropping its AST recursed once
+        // per level. The check reads tokens only, so a small stack is enough.
+        let src = format!("{{{{ 1{} }}}}", " + 1".repeat(50_000));
+        let err = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(move || {
+                let t = ChatTemplate::new(TemplateSource::Single(src));
+                t.render(&[ChatMessage::user("hi")], &TemplateOptions::default(), &SpecialTokens::default()).unwrap_err()
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(err.to_string().contains("chains 50000 operators"), "{err}");
     }
 
     #[test]

@@ -15,11 +15,14 @@ pub const MAX_CONST_BYTES: u64 = 16 << 20;
 /// minijinja's own limit on `string * n`: a larger repetition is not folded (it fails at run time).
 const MAX_REPEAT: u64 = 100_000_000;
 
+/// How the environment of template.rs treats whitespace (`trim_blocks`, `lstrip_blocks`), for
+/// the checks that parse or tokenize a template before it compiles.
+pub(super) const WHITESPACE: WhitespaceConfig = WhitespaceConfig { keep_trailing_newline: false, lstrip_blocks: true, trim_blocks: true };
+
 /// Refuses `source` when folding its constants could allocate more than [`MAX_CONST_BYTES`].
 /// A template that does not parse passes: compiling it reports the syntax error.
 pub fn check(source: &str) -> Result<(), String> {
-    let ws = WhitespaceConfig { keep_trailing_newline: false, lstrip_blocks: true, trim_blocks: true };
-    let Ok(ast) = machinery::parse(source, "<template>", SyntaxConfig::default(), ws) else { return Ok(()) };
+    let Ok(ast) = machinery::parse(source, "<template>", SyntaxConfig::default(), WHITESPACE) else { return Ok(()) };
     let mut total = 0u64;
     stmt(&ast, &mut total);
     if total > MAX_CONST_BYTES {
