@@ -8,6 +8,7 @@
 //! | `MLEX_ABLATE_FUSION=qkv\|gate_up\|all` | fused projections (that group, or both) |
 //! | `MLEX_ABLATE_PREFILL_BOUND` | the bound on layers in flight during prefill |
 //! | `MLEX_ABLATE_PIPELINING` | building the next decode step before the token is read |
+//! | `MLEX_ABLATE_FIRST_TOKEN_EARLY` | handing a request's first token over before its next step is built (built first instead, as for every later token) |
 //! | `MLEX_ABLATE_SPEC_PIPELINE` | building the next prompt-lookup pass before this one is read |
 //! | `MLEX_ABLATE_CPU_QMM` | our CPU quantized matmul |
 //! | `MLEX_ABLATE_CPU_GEMM` | its packed GEMM for prompt chunks (the row kernels instead) |
@@ -39,6 +40,7 @@ pub struct Ablations {
     pub fusion: Option<String>,
     pub prefill_bound: bool,
     pub pipelining: bool,
+    pub first_token_early: bool,
     pub spec_pipelining: bool,
     pub gpu_prefetch: bool,
     pub prefill_overlap: bool,
@@ -86,6 +88,7 @@ impl Ablations {
             fusion: std::env::var("MLEX_ABLATE_FUSION").ok(),
             prefill_bound: on("MLEX_ABLATE_PREFILL_BOUND"),
             pipelining: on("MLEX_ABLATE_PIPELINING"),
+            first_token_early: on("MLEX_ABLATE_FIRST_TOKEN_EARLY"),
             spec_pipelining: on("MLEX_ABLATE_SPEC_PIPELINE"),
             gpu_prefetch: on("MLEX_ABLATE_GPU_PREFETCH"),
             prefill_overlap: on("MLEX_ABLATE_PREFILL_OVERLAP"),

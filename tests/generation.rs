@@ -89,6 +89,35 @@ fn callback_false_and_abort_flag_stop_with_abort() {
     flag.store(false, Ordering::Relaxed);
 }
 
+/// A request's first token goes out before its next step is built (that step's host time is not
+/// in the time to the first token): a request that ends at its first token (end of sequence)
+/// leaves no decode step built, with a model whose caches batch and with one whose caches cannot.
+#[test]
+fn the_first_token_is_handed_over_before_the_next_step_is_built() {
+    for dynamic_rope in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        common::TinyLlama::default().write(dir.path());
+        if dynamic_rope {
+            // Dynamic NTK rope: its frequencies depend on each sequence's length, so it never batches.
+            common::edit_json(&dir.path().join("config.json"), |c| {
+                c["rope_scaling"] = serde_json::json!({"rope_type": "dynamic", "factor": 2.0});
+            });
+        }
+        let whole = Session::load(dir.path()).unwrap().generate_tokens(PROMPT, opts(8, SamplingConfig::default()), |_| true).unwrap();
+        assert!(whole.usage.schedule_ms_per_step > 0.0, "{:?}", whole.usage);
+        // The greedy first token made the end of sequence: the request ends there.
+        let first = whole.tokens[0];
+        common::edit_json(&dir.path().join("config.json"), |c| c["eos_token_id"] = first.into());
+        let s = Session::load(dir.path()).unwrap();
+        let o = GenerateOptions { ignore_eos: false, ..opts(50, SamplingConfig::default()) };
+        let r = s.generate_tokens(PROMPT, o, |_| true).unwrap();
+        // (the end-of-sequence token is not part of the reply)
+        assert_eq!((r.tokens.len(), r.finish_reason), (0, FinishReason::Stop), "dynamic rope: {dynamic_rope}");
+        assert_eq!(r.usage.schedule_ms_per_step, 0.0, "no decode step was built: {:?}", r.usage);
+        assert_eq!(r.usage.batched, !dynamic_rope);
+    }
+}
+
 #[test]
 fn concurrent_calls_equal_sequential_ones() {
     let dir = tiny_llama_dir();

@@ -251,76 +251,29 @@ impl Batch {
         Ok(())
     }
 
-    /// Schedules the next step for every row, then reads and hands over this step's tokens.
+    /// Schedules the next step for every row, then reads and hands over this step's tokens (a
+    /// batch of new requests hands its first tokens over first: see `early`).
     fn step(&mut self, engine: &Engine, pool: &mut PromptCachePool) -> Result<()> {
-        let model = engine.model.as_ref();
         let pending = self.pending.take().expect("rows have unread tokens");
-        let (ys, lps) = (&pending.token, &pending.logprob);
         let b = self.rows.len();
         let more = self.rows.iter().any(|r| r.n + 1 < r.job.options.max_tokens);
-        let t = Instant::now();
-        // Constrained rows need each token before the next mask: such a batch reads this step's
-        // tokens before scheduling the next (no pipelining while one is in it).
-        let mut read: Option<Vec<u32>> = None;
-        let next = if more {
-            let caches = self.caches.as_mut().expect("rows have caches").for_step()?;
-            for (i, row) in self.rows.iter_mut().enumerate().filter(|(_, r)| r.stepper.keeps_history()) {
-                row.stepper.remember(&ys.slice_axis(0, i as i32, i as i32 + 1)?)?;
-            }
-            if self.rows.iter().any(|r| r.stepper.constrained()) {
-                let ids = read.insert(ys.to_vec::<u32>()?);
-                for (row, &id) in self.rows.iter_mut().zip(ids.iter()) {
-                    row.stepper.feed(&[id])?;
-                }
-            }
-            let mut logits = model.forward(&ys.reshape(&[b as i32, 1])?, caches)?.reshape(&[b as i32, -1])?;
-            if self.rows.iter().any(|r| r.stepper.constrained()) {
-                logits = masked(&mut self.rows, logits)?;
-            }
-            let sampled = sample(&mut self.rows, &logits)?;
-            let built = Instant::now();
-            sampled.schedule()?;
-            let (schedule, submit) = (t.elapsed().as_secs_f64(), built.elapsed().as_secs_f64());
-            for row in &mut self.rows {
-                row.stats.schedule_s += schedule;
-                row.stats.submit_s += submit;
-                row.stats.steps_scheduled += 1;
-            }
-            Some(sampled)
+        // When every row waits for its first token, nothing decodes that pipelining would keep
+        // busy: the tokens go out before the next step is built, so the time to the first token
+        // is the prompt's, not the prompt's plus a step's host time.
+        let early = self.rows.iter().all(|r| r.n == 0) && !crate::ablation::get().first_token_early;
+        let (next, verdicts) = if early {
+            let verdicts = self.hand_over(&pending, more)?;
+            // No step for a batch that every row leaves.
+            let wanted = more && !(verdicts.keep.is_empty() && verdicts.forcing.is_empty());
+            (self.schedule(engine, &pending, wanted, Some(verdicts.ids.clone()))?, verdicts)
         } else {
-            None
+            // Constrained rows need each token before the next mask: such a batch reads this
+            // step's tokens before scheduling the next (no pipelining while one is in it).
+            let read = if self.rows.iter().any(|r| r.stepper.constrained()) { Some(pending.token.to_vec::<u32>()?) } else { None };
+            let next = self.schedule(engine, &pending, more, read)?;
+            (next, self.hand_over(&pending, more)?)
         };
-        let t = Instant::now();
-        let ids = match read {
-            Some(ids) => ids,
-            None => ys.to_vec::<u32>()?,
-        };
-        let logprobs = lps.astype(Dtype::Float32)?.to_vec::<f32>()?;
-        let mut tops = pending.top.read()?;
-        let wait = t.elapsed().as_secs_f64();
-
-        // Each row's verdict on its token.
-        let mut keep = Vec::with_capacity(b);
-        let mut leaving = vec![];
-        let mut forcing = vec![];
-        for (i, row) in self.rows.iter_mut().enumerate() {
-            row.stats.batch_size = row.stats.batch_size.max(b);
-            if row.n == 0 {
-                row.stats.ttft_s = row.start.elapsed().as_secs_f64();
-                row.decode_start = Some(Instant::now());
-            } else {
-                row.stats.wait_s += wait;
-            }
-            row.n += 1;
-            let step = TokenStep { id: ids[i], logprob: logprobs[i], forced: false, top: std::mem::take(&mut tops[i]) };
-            match row.reply.on_token(&row.job, step) {
-                Ok(Flow::Continue) if row.n < row.job.options.max_tokens && next.is_some() => keep.push(i),
-                Ok(Flow::Continue) | Ok(Flow::Stop) => leaving.push((i, Ok(()))),
-                Ok(Flow::Force(t)) => forcing.push((i, t, false)),
-                Ok(Flow::Replace(t)) => forcing.push((i, t, true)),
-                Err(e) => leaving.push((i, Err(e))),
-            }
-        }
+        let Verdicts { keep, leaving, forcing, .. } = verdicts;
         if keep.len() == b {
             self.pending = next;
             return Ok(());
@@ -359,7 +312,7 @@ impl Batch {
         }
         for ((i, tokens, replace), caches) in forcing.into_iter().zip(forced_caches) {
             let row = rows[i].take().expect("forced once");
-            if let Some(solo) = feed_forced(model, row, caches, tokens, replace, scheduled, pool) {
+            if let Some(solo) = feed_forced(engine.model.as_ref(), row, caches, tokens, replace, scheduled, pool) {
                 self.solo.push_back(solo);
             }
         }
@@ -375,6 +328,84 @@ impl Batch {
         }
         Ok(())
     }
+
+    /// Builds and schedules the step that feeds `pending`'s tokens (`ids`: those tokens, when
+    /// already read), when any row wants more.
+    fn schedule(&mut self, engine: &Engine, pending: &Sampled, more: bool, ids: Option<Vec<u32>>) -> Result<Option<Sampled>> {
+        if !more {
+            return Ok(None);
+        }
+        let model = engine.model.as_ref();
+        let ys = &pending.token;
+        let b = self.rows.len();
+        let t = Instant::now();
+        let caches = self.caches.as_mut().expect("rows have caches").for_step()?;
+        for (i, row) in self.rows.iter_mut().enumerate().filter(|(_, r)| r.stepper.keeps_history()) {
+            row.stepper.remember(&ys.slice_axis(0, i as i32, i as i32 + 1)?)?;
+        }
+        if self.rows.iter().any(|r| r.stepper.constrained()) {
+            let ids = match ids {
+                Some(ids) => ids,
+                None => ys.to_vec::<u32>()?,
+            };
+            for (row, &id) in self.rows.iter_mut().zip(ids.iter()) {
+                row.stepper.feed(&[id])?;
+            }
+        }
+        let mut logits = model.forward(&ys.reshape(&[b as i32, 1])?, caches)?.reshape(&[b as i32, -1])?;
+        if self.rows.iter().any(|r| r.stepper.constrained()) {
+            logits = masked(&mut self.rows, logits)?;
+        }
+        let sampled = sample(&mut self.rows, &logits)?;
+        let built = Instant::now();
+        sampled.schedule()?;
+        let (schedule, submit) = (t.elapsed().as_secs_f64(), built.elapsed().as_secs_f64());
+        for row in &mut self.rows {
+            row.stats.schedule_s += schedule;
+            row.stats.submit_s += submit;
+            row.stats.steps_scheduled += 1;
+        }
+        Ok(Some(sampled))
+    }
+
+    /// Reads `pending`'s tokens and hands each row its own; says which rows go on (`more`: a
+    /// next step is or will be scheduled), leave, or have tokens forced.
+    fn hand_over(&mut self, pending: &Sampled, more: bool) -> Result<Verdicts> {
+        let b = self.rows.len();
+        let t = Instant::now();
+        let ids = pending.token.to_vec::<u32>()?;
+        let logprobs = pending.logprob.astype(Dtype::Float32)?.to_vec::<f32>()?;
+        let mut tops = pending.top.read()?;
+        let wait = t.elapsed().as_secs_f64();
+        let mut v = Verdicts { ids, keep: Vec::with_capacity(b), leaving: vec![], forcing: vec![] };
+        for (i, row) in self.rows.iter_mut().enumerate() {
+            row.stats.batch_size = row.stats.batch_size.max(b);
+            if row.n == 0 {
+                row.stats.ttft_s = row.start.elapsed().as_secs_f64();
+                row.decode_start = Some(Instant::now());
+            } else {
+                row.stats.wait_s += wait;
+            }
+            row.n += 1;
+            let step = TokenStep { id: v.ids[i], logprob: logprobs[i], forced: false, top: std::mem::take(&mut tops[i]) };
+            match row.reply.on_token(&row.job, step) {
+                Ok(Flow::Continue) if row.n < row.job.options.max_tokens && more => v.keep.push(i),
+                Ok(Flow::Continue) | Ok(Flow::Stop) => v.leaving.push((i, Ok(()))),
+                Ok(Flow::Force(t)) => v.forcing.push((i, t, false)),
+                Ok(Flow::Replace(t)) => v.forcing.push((i, t, true)),
+                Err(e) => v.leaving.push((i, Err(e))),
+            }
+        }
+        Ok(v)
+    }
+}
+
+/// A step's tokens as read, and each row's verdict on its own (indices into the batch's rows).
+struct Verdicts {
+    ids: Vec<u32>,
+    keep: Vec<usize>,
+    leaving: Vec<(usize, Result<()>)>,
+    forcing: Vec<(usize, Vec<u32>, bool)>,
 }
 
 /// Ends a request: its reply (or `error`) to its sink; its caches (when kept) to the prompt cache.

@@ -490,25 +490,18 @@ pub fn run(
     let mut stats = LoopStats { prefilled: prompt.len() - cached, batch_size: 1, ..Default::default() };
     // Benchmark ablation only (src/ablation.rs): finish each token before building the next step.
     let no_pipelining = crate::ablation::get().pipelining;
+    // The first token is handed over before the next step is built: the time to the first token
+    // is the prompt's, not the prompt's plus a decode step's host time. Later steps overlap.
+    let first_early = !crate::ablation::get().first_token_early;
     let mut decode_start = None;
     let mut n = 0usize;
     'decode: loop {
         if no_pipelining {
             eval(&[&y.token, &y.logprob])?;
         }
-        let next = if n + 1 < opts.max_tokens {
-            let t = Instant::now();
-            stepper.remember(&y.token)?;
-            let ny = stepper.step(model, &y.token.reshape(&[1, 1])?, caches)?;
-            let built = Instant::now();
-            ny.schedule()?;
-            stats.submit_s += built.elapsed().as_secs_f64();
-            stats.schedule_s += t.elapsed().as_secs_f64();
-            stats.steps_scheduled += 1;
-            Some(ny)
-        } else {
-            None
-        };
+        let early = n == 0 && first_early;
+        let more = n + 1 < opts.max_tokens;
+        let mut next = if more && !early { Some(schedule_next(model, &mut stepper, &y, caches, &mut stats)?) } else { None };
         if n >= opts.max_tokens {
             break;
         }
@@ -524,7 +517,11 @@ pub fn run(
             decode_start = Some(Instant::now());
         }
         n += 1;
-        let (forced, replace) = match on_token(TokenStep { id, logprob, forced: false, top })? {
+        let flow = on_token(TokenStep { id, logprob, forced: false, top })?;
+        if more && early && flow != Flow::Stop {
+            next = Some(schedule_next(model, &mut stepper, &y, caches, &mut stats)?);
+        }
+        let (forced, replace) = match flow {
             Flow::Stop => break,
             Flow::Continue => match next {
                 Some(ny) => {
@@ -577,6 +574,25 @@ pub fn run(
     stats.decode_s = decode_start.map_or(0.0, |t| t.elapsed().as_secs_f64());
     stats.peak_memory = memory_stats().peak;
     Ok(stats)
+}
+
+/// Builds and schedules the decode step that feeds `y`'s token, counting its host time.
+fn schedule_next(
+    model: &dyn CausalLm,
+    stepper: &mut Stepper,
+    y: &Sampled,
+    caches: &mut LayerCaches,
+    stats: &mut LoopStats,
+) -> Result<Sampled> {
+    let t = Instant::now();
+    stepper.remember(&y.token)?;
+    let ny = stepper.step(model, &y.token.reshape(&[1, 1])?, caches)?;
+    let built = Instant::now();
+    ny.schedule()?;
+    stats.submit_s += built.elapsed().as_secs_f64();
+    stats.schedule_s += t.elapsed().as_secs_f64();
+    stats.steps_scheduled += 1;
+    Ok(ny)
 }
 
 #[cfg(test)]
