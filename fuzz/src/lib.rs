@@ -75,6 +75,9 @@ pub mod template_budget;
 #[path = "../../src/tokenizer/template_consts.rs"]
 #[doc(hidden)]
 pub mod template_consts;
+#[path = "../../src/tokenizer/template_depth.rs"]
+#[doc(hidden)]
+pub mod template_depth;
 #[path = "../../src/tokenizer/template.rs"]
 #[doc(hidden)]
 pub mod template;
@@ -132,7 +135,7 @@ pub mod serve;
 
 /// `mlex::tokenizer`'s chat templates (minijinja with transformers' extensions).
 pub mod tokenizer {
-    pub use super::{pyjson, pyrepr, special, template, template_budget, template_consts};
+    pub use super::{pyjson, pyrepr, special, template, template_budget, template_consts, template_depth};
 }
 
 /// Whether every tool-call part of a classified reply parses into at least one call, decided as
