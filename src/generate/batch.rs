@@ -262,16 +262,16 @@ impl Batch {
         // is the prompt's, not the prompt's plus a step's host time.
         let early = self.rows.iter().all(|r| r.n == 0) && !crate::ablation::get().first_token_early;
         let (next, verdicts) = if early {
-            let verdicts = self.hand_over(&pending, more)?;
+            let verdicts = self.hand_over(&pending, more, None)?;
             // No step for a batch that every row leaves.
             let wanted = more && !(verdicts.keep.is_empty() && verdicts.forcing.is_empty());
-            (self.schedule(engine, &pending, wanted, Some(verdicts.ids.clone()))?, verdicts)
+            (self.schedule(engine, &pending, wanted, Some(&verdicts.ids))?, verdicts)
         } else {
             // Constrained rows need each token before the next mask: such a batch reads this
             // step's tokens before scheduling the next (no pipelining while one is in it).
             let read = if self.rows.iter().any(|r| r.stepper.constrained()) { Some(pending.token.to_vec::<u32>()?) } else { None };
-            let next = self.schedule(engine, &pending, more, read)?;
-            (next, self.hand_over(&pending, more)?)
+            let next = self.schedule(engine, &pending, more, read.as_deref())?;
+            (next, self.hand_over(&pending, more, read)?)
         };
         let Verdicts { keep, leaving, forcing, .. } = verdicts;
         if keep.len() == b {
@@ -331,7 +331,7 @@ impl Batch {
 
     /// Builds and schedules the step that feeds `pending`'s tokens (`ids`: those tokens, when
     /// already read), when any row wants more.
-    fn schedule(&mut self, engine: &Engine, pending: &Sampled, more: bool, ids: Option<Vec<u32>>) -> Result<Option<Sampled>> {
+    fn schedule(&mut self, engine: &Engine, pending: &Sampled, more: bool, ids: Option<&[u32]>) -> Result<Option<Sampled>> {
         if !more {
             return Ok(None);
         }
@@ -344,11 +344,15 @@ impl Batch {
             row.stepper.remember(&ys.slice_axis(0, i as i32, i as i32 + 1)?)?;
         }
         if self.rows.iter().any(|r| r.stepper.constrained()) {
+            let read;
             let ids = match ids {
                 Some(ids) => ids,
-                None => ys.to_vec::<u32>()?,
+                None => {
+                    read = ys.to_vec::<u32>()?;
+                    &read[..]
+                }
             };
-            for (row, &id) in self.rows.iter_mut().zip(ids.iter()) {
+            for (row, &id) in self.rows.iter_mut().zip(ids) {
                 row.stepper.feed(&[id])?;
             }
         }
@@ -368,12 +372,15 @@ impl Batch {
         Ok(Some(sampled))
     }
 
-    /// Reads `pending`'s tokens and hands each row its own; says which rows go on (`more`: a
-    /// next step is or will be scheduled), leave, or have tokens forced.
-    fn hand_over(&mut self, pending: &Sampled, more: bool) -> Result<Verdicts> {
+    /// Reads `pending`'s tokens (`ids`: already read) and hands each row its own; says which
+    /// rows go on (`more`: a next step is or will be scheduled), leave, or have tokens forced.
+    fn hand_over(&mut self, pending: &Sampled, more: bool, ids: Option<Vec<u32>>) -> Result<Verdicts> {
         let b = self.rows.len();
         let t = Instant::now();
-        let ids = pending.token.to_vec::<u32>()?;
+        let ids = match ids {
+            Some(ids) => ids,
+            None => pending.token.to_vec::<u32>()?,
+        };
         let logprobs = pending.logprob.astype(Dtype::Float32)?.to_vec::<f32>()?;
         let mut tops = pending.top.read()?;
         let wait = t.elapsed().as_secs_f64();
