@@ -14,6 +14,7 @@
 #include "ablation.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <unordered_set>
@@ -25,6 +26,21 @@
 #include "mlx/primitives.h"
 
 namespace mx = mlx::core;
+
+// MLX's CUDA backend keeps its compiled work in LRU caches: the CUDA graphs of its command
+// encoder (keyed on a graph's topology), cuDNN's attention graphs (keyed on the shapes: every
+// new prompt length and key length is a new entry), convolutions. Each cache counts its misses
+// for the life of the process and, once they pass twice its capacity, throws "Cache thrashing
+// is happening" on every further miss. A long-running process (`mlex serve`, a Node or Electron
+// app) sees prompts of ever new lengths, so past a few hundred of them each new length would fail
+// its request, and the failed commit leaves MLX's encoder unusable for the next one. The
+// caches still evict; only the check is off. A value the user exported wins (no overwrite).
+// This runs when the binary or the Node addon is loaded, before any MLX stream or cache exists
+// (MLX reads the variable when it builds each cache, lazily), and before any thread of ours.
+// tests/cuda_cache_thrashing.rs shows it on CUDA.
+__attribute__((constructor)) static void mlex_process_env_defaults() {
+  setenv("MLX_ENABLE_CACHE_THRASHING_CHECK", "0", /*overwrite=*/0);
+}
 
 struct mlex_array_s {
   mx::array a;
