@@ -145,6 +145,8 @@ def main():
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--gen", type=int, default=256)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--new-lengths", action="store_true",
+                   help="run r's prompt is --prompt-len + 1 + r tokens: a length the process has not seen")
     p.add_argument("--graph", action="store_true", help="print the ops of one decode step instead of timing")
     p.add_argument("--concurrency", type=int, help="N requests at once through mlx-lm's BatchGenerator")
     p.add_argument("--max-kv-size", type=int)
@@ -171,6 +173,8 @@ def main():
     for _ in generate_step(prompt, model, max_tokens=4):  # warm-up at the measured shape
         pass
     for run in range(a.runs):
+        if a.new_lengths:
+            prompt = mx.random.randint(0, vocab, (a.prompt_len + 1 + run,))
         mx.clear_cache()
         mx.reset_peak_memory()
         t0 = time.perf_counter()
@@ -183,8 +187,8 @@ def main():
         t2 = time.perf_counter()
         print(json.dumps({
             "engine": "mlx-lm", "model": a.model or a.shape, "bits": a.bits, "run": run,
-            "prompt_tokens": a.prompt_len, "gen_tokens": n, "max_kv_size": a.max_kv_size, "kv_bits": a.kv_bits,
-            "prefill_tok_s": round(a.prompt_len / (t1 - t0), 1), "ttft_ms": round((t1 - t0) * 1e3, 2),
+            "prompt_tokens": prompt.size, "gen_tokens": n, "max_kv_size": a.max_kv_size, "kv_bits": a.kv_bits,
+            "prefill_tok_s": round(prompt.size / (t1 - t0), 1), "ttft_ms": round((t1 - t0) * 1e3, 2),
             "decode_tok_s": round((n - 1) / (t2 - t1), 2) if n > 1 else 0.0,
             "weights_gib": round(weights / 2**30, 3), "peak_gib": round(mx.get_peak_memory() / 2**30, 3),
             "device": str(mx.default_device()), "load_s": round(load_s, 3),

@@ -30,6 +30,7 @@
 //! | `MLEX_ABLATE_PREFILL_OVERLAP` | building a prompt's first step while its last prefill chunk (and its images' encoding) runs: each is waited for |
 //! | `MLEX_ABLATE_PROMPT_FOLD` | a prompt's last token in its last prefill chunk (a one-token step of its own after the prefill instead) |
 //! | `MLEX_ABLATE_GPU_PREFETCH` | moving the weights into device memory at load (CUDA) |
+//! | `MLEX_ABLATE_CUDNN_BUCKETS` | a CUDA prompt chunk's attention over the whole key/value buffers with its queries padded to a bucket (the exact shapes instead: cuDNN compiles a graph per prompt length) |
 //! | `MLEX_ABLATE_LOAD_CLEAR_CACHE` | releasing MLX's buffer cache at the end of a load (what loading freed stays cached for the first request) |
 use crate::mlx::sys;
 use std::sync::OnceLock;
@@ -46,6 +47,7 @@ pub struct Ablations {
     pub prefill_overlap: bool,
     pub prompt_fold: bool,
     pub load_clear_cache: bool,
+    pub cudnn_exact_shapes: bool,
     /// The C++ kernels' switches (`MLEX_ABLATE_KERNEL_*` bits of shim.h).
     pub kernels: u32,
 }
@@ -93,6 +95,7 @@ impl Ablations {
             gpu_prefetch: on("MLEX_ABLATE_GPU_PREFETCH"),
             prefill_overlap: on("MLEX_ABLATE_PREFILL_OVERLAP"),
             load_clear_cache: on("MLEX_ABLATE_LOAD_CLEAR_CACHE"),
+            cudnn_exact_shapes: on("MLEX_ABLATE_CUDNN_BUCKETS"),
             prompt_fold: on("MLEX_ABLATE_PROMPT_FOLD"),
             kernels,
         }

@@ -91,6 +91,9 @@ pub struct BenchSpec {
     pub kv: crate::generate::KvCacheOptions,
     /// Prompt tokens per prefill forward pass (None: the default).
     pub prefill_step_size: Option<usize>,
+    /// Run r's prompt is `prompt_len + 1 + r` tokens long: a length the process has not seen
+    /// (the warm-up is `prompt_len`), as a server's requests mostly are.
+    pub new_lengths: bool,
 }
 
 /// Runs the benchmark, calling `report` with one JSON object per measured run.
@@ -107,6 +110,11 @@ pub fn run(spec: &BenchSpec, mut report: impl FnMut(Value)) -> Result<()> {
     };
     session.generate_tokens(&prompt, opts(4), |_| true)?; // warm-up at the measured shape
     for run in 0..spec.runs {
+        let prompt = if spec.new_lengths {
+            random_prompt(session.info().vocab_size as u64, spec.prompt_len + 1 + run, 1 + run as u64)
+        } else {
+            prompt.clone()
+        };
         let r = session.generate_tokens(&prompt, opts(spec.gen), |_| true)?;
         let u = &r.usage;
         let gib = |b: f64| (b / (1u64 << 30) as f64 * 1000.0).round() / 1000.0;

@@ -177,6 +177,11 @@ struct BenchArgs {
     /// Prompt tokens per prefill forward pass (default 512).
     #[arg(long)]
     prefill_step_size: Option<usize>,
+    /// Each measured run's prompt one token longer than the last (--prompt-len + 1, + 2, …): a
+    /// length the process has not seen, as a server's requests mostly are (on CUDA a new
+    /// attention shape may compile a cuDNN graph; the warm-up is --prompt-len).
+    #[arg(long)]
+    new_lengths: bool,
     /// Time one quantized projection per shape (OUTxIN, comma-separated) instead: mlex's kernel
     /// against MLX's, µs per product and GB/s of weights (--bits, --group-size, --dtype; default
     /// 4-bit, bfloat16 on a GPU, float32 on the CPU). With --rows over 32, MLX's quantized matmul
@@ -612,6 +617,7 @@ fn bench(a: BenchArgs) -> mlex::Result<()> {
             GenerateOptions::from_json(&serde_json::Value::Object(o), Naming::Kebab).map_err(mlex::Error::InvalidArgument)?.kv_cache
         },
         prefill_step_size: a.prefill_step_size,
+        new_lengths: a.new_lengths,
     };
     let json = a.json;
     if a.graph {

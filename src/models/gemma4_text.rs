@@ -451,7 +451,7 @@ pub struct SharedKv {
 fn with_overlay(mask: Mask, overlay: &Array, s: i32) -> Result<Mask> {
     let l = overlay.dim(0);
     let base = match mask {
-        Mask::Array(a) | Mask::Short { mask: a, .. } => a,
+        Mask::Array(a) | Mask::Short { mask: a, .. } | Mask::Bucketed { mask: a } => a,
         Mask::Causal => {
             // Key c is visible to query r when c <= r + (S - L).
             let r = Array::arange(0.0, l as f64, 1.0, Dtype::Int32)?.reshape(&[l, 1])?;

@@ -195,6 +195,7 @@ impl Attention {
             }
         }
         let (k, v, mask) = cache.update_and_fetch_for_sdpa(&k, &v)?;
+        let (q, keep) = mask.pad_queries(&q)?;
         let o = match (&self.sinks, &mask) {
             (None, Mask::Padded { key_start, causal }) => {
                 fast::scaled_dot_product_attention_padded(&q, &k, &v, self.scale, *causal, key_start)?
@@ -205,6 +206,10 @@ impl Attention {
             },
             (Some(sinks), _) => fast::scaled_dot_product_attention_sinks(&q, &k, &v, self.scale, mask.as_attention()?, sinks)?,
             (None, _) => fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask.as_attention()?)?,
+        };
+        let o = match keep {
+            Some(l) => o.slice_axis(2, 0, l)?,
+            None => o,
         };
         // [B, H, L, D] → [B, L, H·D]; with one query the transpose is only a reshape.
         let o = if l == 1 { o.reshape(&[b, 1, -1])? } else { o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])? };

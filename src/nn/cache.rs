@@ -22,6 +22,10 @@ pub enum Mask {
     /// A short pass over a cache's whole buffers (`nn::kv_cache`): query i sees keys
     /// `0 ..= prev + i`, which `mask` (additive `[L, C]`) spells out for MLX's attention.
     Short { prev: usize, mask: Array },
+    /// A prompt chunk over a cache's whole buffers on CUDA (`nn::kv_cache`): as `Short`, for
+    /// `mask.dim(0)` queries, a bucket at least the chunk's own count. The caller pads the
+    /// queries with rows of zeros to that count and drops their outputs ([`Mask::pad_queries`]).
+    Bucketed { mask: Array },
 }
 
 impl Mask {
@@ -30,9 +34,22 @@ impl Mask {
         match self {
             Mask::None => Ok(AttentionMask::None),
             Mask::Causal => Ok(AttentionMask::Causal),
-            Mask::Array(a) | Mask::Short { mask: a, .. } => Ok(AttentionMask::Array(a)),
+            Mask::Array(a) | Mask::Short { mask: a, .. } | Mask::Bucketed { mask: a } => Ok(AttentionMask::Array(a)),
             Mask::Padded { .. } => Err(Error::Mlx("a padded batch's mask needs the padded attention op".into())),
         }
+    }
+
+    /// `q` (`[B, H, L, D]`) with rows of zeros up to a bucketed mask's query count, and the
+    /// count of its own rows to keep of the attention's output; `q` itself for any other mask.
+    pub fn pad_queries(&self, q: &Array) -> Result<(Array, Option<i32>)> {
+        let Mask::Bucketed { mask } = self else { return Ok((q.clone(), None)) };
+        let (l, rows) = (q.dim(2), mask.dim(0));
+        if rows == l {
+            return Ok((q.clone(), None));
+        }
+        let s = q.shape();
+        let zeros = Array::zeros(&[s[0], s[1], rows - l, s[3]], q.dtype())?;
+        Ok((Array::concatenate(&[q, &zeros], 2)?, Some(l)))
     }
 }
 

@@ -52,10 +52,12 @@ pub(crate) fn grow(buf: &Option<Array>, like: &Array, used: usize, extra: usize)
     grow_as(buf, (s[0], s[1], s[3]), like.dtype(), used, extra)
 }
 
-/// [`grow`] for tokens of `(B, H, D)` heads of `dtype`.
+/// [`grow`] for tokens of `(B, H, D)` heads of `dtype`. The new length is a multiple of
+/// [`KV_STEP`] (mlx-lm appends whole steps after the tokens used, which after a trim gives any
+/// length): on CUDA the buffers' length keys cuDNN's compiled attention (see [`KvCache::append_whole`]).
 pub(crate) fn grow_as(buf: &Option<Array>, (b, h, d): (i32, i32, i32), dtype: Dtype, used: usize, extra: usize) -> Result<Array> {
-    let steps = extra.div_ceil(KV_STEP);
-    let fresh = Array::zeros(&[b, h, (steps * KV_STEP) as i32, d], dtype)?;
+    let fresh = (used + extra).div_ceil(KV_STEP) * KV_STEP - used;
+    let fresh = Array::zeros(&[b, h, fresh as i32, d], dtype)?;
     Ok(match buf {
         Some(c) => {
             let c = if used < c.dim(2) as usize { c.slice_axis(2, 0, used as i32)? } else { c.clone() };
@@ -110,14 +112,30 @@ impl KvCache {
     }
 }
 
+/// The query count a prompt chunk of `queries` (more than [`SHORT_PASS`]) is padded to on CUDA:
+/// the next multiple of [`QUERY_BUCKET`] (a chunk of the default 512 tokens: one of 8). MLX sends several queries in 16-bit to cuDNN's attention, whose
+/// compiled graph is keyed on the query count and the key length: every prompt of a new length
+/// built a new graph, ~50 ms of its time to first token on an H100 (`tests/cuda_cache_thrashing.rs`
+/// prints it), against ~2 ms for the whole request of a length seen before. Padded to one of a
+/// few counts and over whole buffers (a multiple of [`KV_STEP`] long), chunks reuse the graphs.
+pub fn bucket_rows(queries: usize) -> usize {
+    queries.div_ceil(QUERY_BUCKET) * QUERY_BUCKET
+}
+
+/// See [`bucket_rows`].
+pub const QUERY_BUCKET: usize = 64;
+
 impl KvCache {
-    /// Appends, then returns the whole buffers and the [`short_pass_mask`] of these queries.
+    /// Appends, then returns the whole buffers and the mask of these queries over them: a short
+    /// pass's own rows ([`short_pass_mask`]), or, for more queries than [`SHORT_PASS`], the rows
+    /// of its [`bucket_rows`] (rows past the chunk's own see keys as if it went on: finite).
     fn append_whole(&mut self, k: &Array, v: &Array) -> Result<(Array, Array, Mask)> {
-        let prev = self.offset;
+        let (prev, queries) = (self.offset, k.dim(2) as usize);
         self.append(k, v)?;
         let (keys, values) = (self.keys.clone().unwrap(), self.values.clone().unwrap());
-        let mask = short_pass_mask(prev, k.dim(2) as usize, keys.dim(2) as usize, keys.dtype())?;
-        Ok((keys, values, Mask::Short { prev, mask }))
+        let rows = if queries <= SHORT_PASS { queries } else { bucket_rows(queries) };
+        let mask = short_pass_mask(prev, rows, keys.dim(2) as usize, keys.dtype())?;
+        Ok((keys, values, if queries <= SHORT_PASS { Mask::Short { prev, mask } } else { Mask::Bucketed { mask } }))
     }
 }
 
@@ -137,7 +155,9 @@ impl Cache for KvCache {
 
     fn update_and_fetch_for_sdpa(&mut self, k: &Array, v: &Array) -> Result<(Array, Array, Mask)> {
         let queries = k.dim(2) as usize;
-        if queries > 1 && queries <= SHORT_PASS && crate::mlx::on_cuda() {
+        // (Float32 attention does not go to cuDNN: MLX computes it with its own operations.)
+        let whole = queries <= SHORT_PASS || (k.dtype() != Dtype::Float32 && !crate::ablation::get().cudnn_exact_shapes);
+        if queries > 1 && whole && crate::mlx::on_cuda() {
             return self.append_whole(k, v);
         }
         self.update_and_fetch(k, v)
@@ -220,11 +240,14 @@ mod tests {
     /// Attention over the whole buffers under the short-pass mask equals attention over the
     /// tokens held with the causal flag: a first chunk, a pass after a prefix, one that fills
     /// the buffer to its end, and one after a trim (stale keys past the offset stay hidden).
+    /// Chunks of more than [`SHORT_PASS`] queries are padded to their bucket (40 → 64, 300 →
+    /// 320), and the buffers they grow stay a multiple of [`KV_STEP`] long (221 + 40 tokens: 512,
+    /// where whole steps after the tokens held would give 477).
     #[test]
     fn whole_buffers_under_the_mask_equal_the_causal_prefix() {
         let (mut whole, mut prefix) = (KvCache::new(), KvCache::new());
         let mut seed = 1;
-        for (l, trim) in [(3usize, None), (250, None), (3, None), (5, Some(200usize)), (16, None)] {
+        for (l, trim) in [(3usize, None), (250, None), (3, None), (5, Some(200usize)), (16, None), (40, None), (300, None), (17, Some(300))] {
             if let Some(n) = trim {
                 whole.trim_to(n).unwrap();
                 prefix.trim_to(n).unwrap();
@@ -234,7 +257,14 @@ mod tests {
             let (kw, vw, mw) = whole.append_whole(&k, &v).unwrap();
             let (kp, vp, mp) = prefix.update_and_fetch(&k, &v).unwrap();
             assert_eq!(kw.dim(2) as usize % KV_STEP, 0, "whole buffers");
-            let got = fast::scaled_dot_product_attention(&q, &kw, &vw, 0.3, mw.as_attention().unwrap()).unwrap();
+            let (qw, keep) = mw.pad_queries(&q).unwrap();
+            assert_eq!(matches!(mw, Mask::Bucketed { .. }), l > SHORT_PASS);
+            assert_eq!(qw.dim(2) as usize, if l > SHORT_PASS { bucket_rows(l) } else { l });
+            let got = fast::scaled_dot_product_attention(&qw, &kw, &vw, 0.3, mw.as_attention().unwrap()).unwrap();
+            let got = match keep {
+                Some(n) => got.slice_axis(2, 0, n).unwrap(),
+                None => got,
+            };
             let want = fast::scaled_dot_product_attention(&q, &kp, &vp, 0.3, mp.as_attention().unwrap()).unwrap();
             let (g, w) = (got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
             for (i, (a, b)) in g.iter().zip(&w).enumerate() {

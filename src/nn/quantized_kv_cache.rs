@@ -232,7 +232,7 @@ pub fn quantized_attention(q: &Array, kv: &QuantizedKv, scale: f32) -> Result<Ar
             let ki = Array::arange(0.0, kl as f64, 1.0, Dtype::Int32)?.reshape(&[1, -1])?;
             Some(qi.greater_equal(&ki)?)
         }
-        Mask::Array(m) | Mask::Short { mask: m, .. } => {
+        Mask::Array(m) | Mask::Short { mask: m, .. } | Mask::Bucketed { mask: m } => {
             let m = if repeats > 1 && m.ndim() > 3 { m.expand_dims(-3)? } else { m.clone() };
             if m.dtype() == Dtype::Bool {
                 Some(m)
