@@ -21,6 +21,9 @@ use mlex::{GenerateOptions, LoadOptions, Session};
 use std::process::Command;
 
 const CHILD: &str = "MLEX_TEST_THRASHING_CHILD";
+const GEMMA3: &str = r#"{"model_type": "gemma3_text", "hidden_size": 256, "num_hidden_layers": 2,
+    "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+    "vocab_size": 259, "sliding_window": 24, "sliding_window_pattern": 2}"#;
 const PART: &str = "MLEX_TEST_THRASHING_PART";
 
 fn cuda() -> bool {
@@ -28,7 +31,7 @@ fn cuda() -> bool {
 }
 
 /// Part "ops": MLX ops of many topologies and attention shapes. Part "requests": requests of
-/// 20..=31 prompt tokens through a bfloat16 model, twice (another prompt of each length the
+/// 20..=31 prompt tokens through a bfloat16 llama ("gemma3": a Gemma 3 with a sliding window), twice (another prompt of each length the
 /// second time: the prompt cache holds the first's). One line per success (with a request's
 /// time and greedy tokens) and the first error, then it stops.
 #[test]
@@ -65,7 +68,13 @@ fn child_sees_many_shapes() {
         }
         return;
     }
-    let session = Session::load_with_options(&dir, LoadOptions { dtype: Some(Dtype::Bfloat16), ..Default::default() }).unwrap();
+    let options = LoadOptions { dtype: Some(Dtype::Bfloat16), ..Default::default() };
+    let session = if std::env::var(PART).as_deref() == Ok("gemma3") {
+        // Sliding-window layers (layer 0: a window of 24) and a global one.
+        Session::load_random(GEMMA3, 7, options).unwrap()
+    } else {
+        Session::load_with_options(&dir, options).unwrap()
+    };
     for (pass, len) in (20..=31).map(|l| (0, l)).chain((20..=31).map(|l| (1, l))) {
         let prompt = pseudo_random_prompt(len as u64 + 1000 * pass, len);
         let opts = GenerateOptions { max_tokens: 4, ..Default::default() };
@@ -135,23 +144,26 @@ fn prompts_of_many_lengths_share_a_few_cudnn_graphs() {
         eprintln!("skipped: cuDNN's attention is used on CUDA only");
         return;
     }
-    // With the check on and room for one cuDNN graph, a third graph built fails the request:
-    // prompts of 20..=31 tokens (chunks of 19..=30 queries: one bucket) build one.
-    let check = [("MLX_ENABLE_CACHE_THRASHING_CHECK", "1"), ("MLX_CUDA_SDPA_CACHE_SIZE", "1")];
-    all_ok(&child("requests", &check), 24);
-    // At their exact shapes each length builds its own: the third fails.
-    thrashed(&child("requests", &[check[0], check[1], ("MLEX_ABLATE_CUDNN_BUCKETS", "1")]), "MLX_CUDA_SDPA_CACHE_SIZE");
+    // Full attention (llama) and sliding windows with a global layer (Gemma 3).
+    for part in ["requests", "gemma3"] {
+        // With the check on and room for one cuDNN graph, a third graph built fails the request:
+        // prompts of 20..=31 tokens (chunks of 19..=30 queries: one bucket) build one.
+        let check = [("MLX_ENABLE_CACHE_THRASHING_CHECK", "1"), ("MLX_CUDA_SDPA_CACHE_SIZE", "1")];
+        all_ok(&child(part, &check), 24);
+        // At their exact shapes each length builds its own: the third fails.
+        thrashed(&child(part, &[check[0], check[1], ("MLEX_ABLATE_CUDNN_BUCKETS", "1")]), "MLX_CUDA_SDPA_CACHE_SIZE");
 
-    // At MLX's own capacities: the same greedy tokens either way, logprobs within bfloat16's
-    // rounding (`--nocapture` shows each request's time).
-    let (bucketed, exact) = (child("requests", &[]), child("requests", &[("MLEX_ABLATE_CUDNN_BUCKETS", "1")]));
-    all_ok(&bucketed, 24);
-    all_ok(&exact, 24);
-    eprintln!("buckets:\n{}\nexact shapes:\n{}", bucketed.join("\n"), exact.join("\n"));
-    for ((a, la), (b, lb)) in replies(&bucketed).iter().zip(replies(&exact).iter()) {
-        assert_eq!(a, b);
-        for (x, y) in la.iter().zip(lb) {
-            assert!((x - y).abs() < 0.05, "{a}: logprob {x} vs {y}");
+        // At MLX's own capacities: the same greedy tokens either way, logprobs within
+        // bfloat16's rounding (`--nocapture` shows each request's time).
+        let (bucketed, exact) = (child(part, &[]), child(part, &[("MLEX_ABLATE_CUDNN_BUCKETS", "1")]));
+        all_ok(&bucketed, 24);
+        all_ok(&exact, 24);
+        eprintln!("{part}, buckets:\n{}\n{part}, exact shapes:\n{}", bucketed.join("\n"), exact.join("\n"));
+        for ((a, la), (b, lb)) in replies(&bucketed).iter().zip(replies(&exact).iter()) {
+            assert_eq!(a, b, "{part}");
+            for (x, y) in la.iter().zip(lb) {
+                assert!((x - y).abs() < 0.05, "{part}, {a}: logprob {x} vs {y}");
+            }
         }
     }
 }

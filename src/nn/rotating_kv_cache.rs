@@ -7,9 +7,10 @@
 //! this keeps positions `start..offset` in order and drops the front when the buffer would grow:
 //! the same keys reach attention, and masks are plain position comparisons.
 use super::cache::{Cache, Mask, SavedCache};
-use super::kv_cache::{grow, write};
+use super::kv_cache::{bucket_rows, grow, write, SHORT_PASS};
 use crate::error::{Error, Result};
 use crate::mlx::{Array, Dtype};
+use std::cell::RefCell;
 
 /// Tokens older than the window kept anyway, so that a short trim (a replaced forced token, a
 /// prompt-cache hit a few tokens back) stays possible.
@@ -56,6 +57,50 @@ impl RotatingKvCache {
     }
 }
 
+impl RotatingKvCache {
+    /// Appends `k`, `v` (`[B, H, L, D]`) and returns the whole buffers with a mask of the
+    /// chunk's [`bucket_rows`] queries over them: on CUDA, as `KvCache` does for full attention
+    /// (cuDNN compiles its attention per shape; see `kv_cache::bucket_rows`).
+    fn append_whole(&mut self, k: &Array, v: &Array) -> Result<(Array, Array, Mask)> {
+        let l = k.dim(2) as usize;
+        self.make_room(k, v, l)?;
+        let prev = self.offset;
+        let keys = write(self.keys.as_ref().unwrap(), k, prev - self.start)?;
+        let values = write(self.values.as_ref().unwrap(), v, prev - self.start)?;
+        self.offset += l;
+        self.keys = Some(keys.clone());
+        self.values = Some(values.clone());
+        let mask = window_mask(prev, l, bucket_rows(l), self.start, keys.dim(2) as usize, self.window, keys.dtype())?;
+        Ok((keys, values, Mask::Bucketed { mask }))
+    }
+}
+
+/// Additive `[rows, capacity]` in `dtype`: query i (position `prev + i`) sees buffer slot j
+/// (position `start + j`) when `prev + i - window < start + j <= prev + i`; the padding rows
+/// (`i >= queries`) see slot 0 only, so that none is all -inf. One mask serves every
+/// sliding-window layer of a pass (memoized per thread).
+fn window_mask(prev: usize, queries: usize, rows: usize, start: usize, capacity: usize, window: usize, dtype: Dtype) -> Result<Array> {
+    type Key = (usize, usize, usize, usize, usize, usize, Dtype);
+    thread_local! {
+        static LAST: RefCell<Option<(Key, Array)>> = const { RefCell::new(None) };
+    }
+    let key = (prev, queries, rows, start, capacity, window, dtype);
+    if let Some(m) = LAST.with(|l| l.borrow().as_ref().filter(|(k, _)| *k == key).map(|(_, m)| m.clone())) {
+        return Ok(m);
+    }
+    let i32s = |from: usize, to: usize, shape: &[i32]| Array::arange(from as f64, to as f64, 1.0, Dtype::Int32)?.reshape(shape);
+    let kpos = i32s(start, start + capacity, &[1, capacity as i32])?;
+    let qpos = i32s(prev, prev + rows, &[rows as i32, 1])?;
+    let w = Array::scalar_i32(window as i32, Dtype::Int32)?;
+    let seen = kpos.less_equal(&qpos)?.logical_and(&qpos.less(&kpos.add(&w)?)?)?;
+    let padding = i32s(0, rows, &[rows as i32, 1])?.greater_equal(&Array::scalar_i32(queries as i32, Dtype::Int32)?)?;
+    let first = i32s(0, capacity, &[1, capacity as i32])?.equal(&Array::scalar_i32(0, Dtype::Int32)?)?;
+    let seen = Array::where_(&padding, &first, &seen)?;
+    let mask = Array::where_(&seen, &Array::scalar_f32(0.0, dtype)?, &Array::scalar_f32(f32::NEG_INFINITY, dtype)?)?;
+    LAST.with(|l| *l.borrow_mut() = Some((key, mask.clone())));
+    Ok(mask)
+}
+
 impl Cache for RotatingKvCache {
     fn offset(&self) -> usize {
         self.offset
@@ -75,6 +120,14 @@ impl Cache for RotatingKvCache {
         }
         self.offset = n;
         Ok(())
+    }
+
+    fn update_and_fetch_for_sdpa(&mut self, k: &Array, v: &Array) -> Result<(Array, Array, Mask)> {
+        let l = k.dim(2) as usize;
+        if l > SHORT_PASS && k.dtype() != Dtype::Float32 && !crate::ablation::get().cudnn_exact_shapes && crate::mlx::on_cuda() {
+            return self.append_whole(k, v);
+        }
+        self.update_and_fetch(k, v)
     }
 
     fn update_and_fetch(&mut self, k: &Array, v: &Array) -> Result<(Array, Array, Mask)> {
@@ -137,5 +190,59 @@ impl Cache for RotatingKvCache {
             _ => return Err(saved.mismatch(format!("expected a sliding-window cache of window {}", self.window))),
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mlx::fast;
+
+    fn rand(shape: &[i32], seed: u64) -> Array {
+        let n: i32 = shape.iter().product();
+        let mut x = seed | 1;
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            })
+            .collect();
+        Array::from_slice(&v, shape).unwrap()
+    }
+
+    /// Attention over the whole buffers under the window mask, queries padded to their bucket,
+    /// equals attention over the keys `update_and_fetch` returns under its own mask: chunks
+    /// within the window, one that overflows it (keys dropped from the front, the slack kept),
+    /// and one after a trim; a window smaller than a bucket's padding (padding rows see slot 0).
+    #[test]
+    fn whole_buffers_under_the_window_mask_equal_the_windowed_keys() {
+        for window in [100usize, 40] {
+            let (mut whole, mut windowed) = (RotatingKvCache::new(window), RotatingKvCache::new(window));
+            let mut seed = window as u64;
+            for (l, trim) in [(30usize, None), (17, None), (90, None), (300, None), (20, Some(430usize)), (70, None)] {
+                if let Some(n) = trim {
+                    whole.trim_to(n).unwrap();
+                    windowed.trim_to(n).unwrap();
+                }
+                seed += 3;
+                let (k, v, q) = (rand(&[1, 2, l as i32, 8], seed), rand(&[1, 2, l as i32, 8], seed + 1), rand(&[1, 4, l as i32, 8], seed + 2));
+                let (kw, vw, mw) = whole.append_whole(&k, &v).unwrap();
+                let (ks, vs, ms) = windowed.update_and_fetch(&k, &v).unwrap();
+                assert_eq!(kw.dim(2) % 256, 0, "whole buffers");
+                let (qw, keep) = mw.pad_queries(&q).unwrap();
+                assert_eq!(qw.dim(2) as usize, bucket_rows(l));
+                let got = fast::scaled_dot_product_attention(&qw, &kw, &vw, 0.3, mw.as_attention().unwrap()).unwrap();
+                let got = got.slice_axis(2, 0, keep.unwrap_or(l as i32)).unwrap();
+                let want = fast::scaled_dot_product_attention(&q, &ks, &vs, 0.3, ms.as_attention().unwrap()).unwrap();
+                let (g, w) = (got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+                assert_eq!(g.len(), w.len());
+                for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+                    assert!((a - b).abs() <= 1e-5, "window {window}, {l} queries after {trim:?}: element {i}: {a} vs {b}");
+                }
+                assert_eq!((whole.start, whole.offset), (windowed.start, windowed.offset));
+            }
+        }
     }
 }
