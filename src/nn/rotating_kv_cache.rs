@@ -59,8 +59,9 @@ impl RotatingKvCache {
 
 impl RotatingKvCache {
     /// Appends `k`, `v` (`[B, H, L, D]`) and returns the whole buffers with a mask of the
-    /// chunk's [`bucket_rows`] queries over them: on CUDA, as `KvCache` does for full attention
-    /// (cuDNN compiles its attention per shape; see `kv_cache::bucket_rows`).
+    /// chunk's queries over them, padded to its [`bucket_rows`] past [`SHORT_PASS`]: on CUDA,
+    /// as `KvCache` does for full attention (cuDNN compiles its attention per shape; see
+    /// `kv_cache::bucket_rows`). A short pass keeps its own count (2..=16: few shapes).
     fn append_whole(&mut self, k: &Array, v: &Array) -> Result<(Array, Array, Mask)> {
         let l = k.dim(2) as usize;
         self.make_room(k, v, l)?;
@@ -70,7 +71,8 @@ impl RotatingKvCache {
         self.offset += l;
         self.keys = Some(keys.clone());
         self.values = Some(values.clone());
-        let mask = window_mask(prev, l, bucket_rows(l), self.start, keys.dim(2) as usize, self.window, keys.dtype())?;
+        let rows = if l <= SHORT_PASS { l } else { bucket_rows(l) };
+        let mask = window_mask(prev, l, rows, self.start, keys.dim(2) as usize, self.window, keys.dtype())?;
         Ok((keys, values, Mask::Bucketed { mask }))
     }
 }
@@ -124,7 +126,7 @@ impl Cache for RotatingKvCache {
 
     fn update_and_fetch_for_sdpa(&mut self, k: &Array, v: &Array) -> Result<(Array, Array, Mask)> {
         let l = k.dim(2) as usize;
-        if l > SHORT_PASS && k.dtype() != Dtype::Float32 && !crate::ablation::get().cudnn_exact_shapes && crate::mlx::on_cuda() {
+        if l > 1 && k.dtype() != Dtype::Float32 && !crate::ablation::get().cudnn_exact_shapes && crate::mlx::on_cuda() {
             return self.append_whole(k, v);
         }
         self.update_and_fetch(k, v)
@@ -215,13 +217,14 @@ mod tests {
     /// Attention over the whole buffers under the window mask, queries padded to their bucket,
     /// equals attention over the keys `update_and_fetch` returns under its own mask: chunks
     /// within the window, one that overflows it (keys dropped from the front, the slack kept),
-    /// and one after a trim; a window smaller than a bucket's padding (padding rows see slot 0).
+    /// and one after a trim; short passes (4, 16 queries: not padded); a window smaller than a
+    /// bucket's padding (padding rows see slot 0).
     #[test]
     fn whole_buffers_under_the_window_mask_equal_the_windowed_keys() {
         for window in [100usize, 40] {
             let (mut whole, mut windowed) = (RotatingKvCache::new(window), RotatingKvCache::new(window));
             let mut seed = window as u64;
-            for (l, trim) in [(30usize, None), (17, None), (90, None), (300, None), (20, Some(430usize)), (70, None)] {
+            for (l, trim) in [(30usize, None), (4, None), (17, None), (90, None), (300, None), (20, Some(430usize)), (70, None), (16, None)] {
                 if let Some(n) = trim {
                     whole.trim_to(n).unwrap();
                     windowed.trim_to(n).unwrap();
@@ -232,7 +235,7 @@ mod tests {
                 let (ks, vs, ms) = windowed.update_and_fetch(&k, &v).unwrap();
                 assert_eq!(kw.dim(2) % 256, 0, "whole buffers");
                 let (qw, keep) = mw.pad_queries(&q).unwrap();
-                assert_eq!(qw.dim(2) as usize, bucket_rows(l));
+                assert_eq!(qw.dim(2) as usize, if l > SHORT_PASS { bucket_rows(l) } else { l });
                 let got = fast::scaled_dot_product_attention(&qw, &kw, &vw, 0.3, mw.as_attention().unwrap()).unwrap();
                 let got = got.slice_axis(2, 0, keep.unwrap_or(l as i32)).unwrap();
                 let want = fast::scaled_dot_product_attention(&q, &ks, &vs, 0.3, ms.as_attention().unwrap()).unwrap();
