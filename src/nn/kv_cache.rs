@@ -113,11 +113,12 @@ impl KvCache {
 }
 
 /// The query count a prompt chunk of `queries` (more than [`SHORT_PASS`]) is padded to on CUDA:
-/// the next multiple of [`QUERY_BUCKET`] (a chunk of the default 512 tokens: one of 8). MLX sends several queries in 16-bit to cuDNN's attention, whose
-/// compiled graph is keyed on the query count and the key length: every prompt of a new length
-/// built a new graph, ~50 ms of its time to first token on an H100 (`tests/cuda_cache_thrashing.rs`
-/// prints it), against ~2 ms for the whole request of a length seen before. Padded to one of a
-/// few counts and over whole buffers (a multiple of [`KV_STEP`] long), chunks reuse the graphs.
+/// the next multiple of [`QUERY_BUCKET`] (a chunk of the default 512 tokens: one of 8). MLX
+/// sends several 16-bit queries to cuDNN's attention, whose compiled graph is keyed on the query
+/// count and the key length: every prompt of a new length built a new graph, ~50 ms of its time
+/// to first token on an H100 (`tests/cuda_cache_thrashing.rs` prints it), against ~2 ms for the
+/// whole request of a length seen before. Padded to one of a few counts and over whole buffers
+/// (a multiple of [`KV_STEP`] long), chunks reuse the graphs (BENCHMARKS.md, sixteenth session).
 pub fn bucket_rows(queries: usize) -> usize {
     queries.div_ceil(QUERY_BUCKET) * QUERY_BUCKET
 }
