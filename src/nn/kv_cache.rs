@@ -126,6 +126,26 @@ pub fn bucket_rows(queries: usize) -> usize {
 /// See [`bucket_rows`].
 pub const QUERY_BUCKET: usize = 64;
 
+/// The largest mask (padded queries × buffer length) a prompt chunk attends under on CUDA;
+/// past it, the exact shapes and the causal flag. cuDNN reads the mask once per head: a
+/// 32,000-token prompt (chunks of 512 over up to 32k keys) took 1.22 s with whole buffers
+/// against 0.92 s at the exact shapes for the qwen3-0.6b shape, 2.33 against 1.99 s for
+/// qwen2.5-7b (H100), while a graph build (~50 ms) is a small part of such a chunk. At this
+/// bound (512 queries over 8,192 keys, 128 over 32,768: a chat's next turn) the reads are
+/// ~0.1 ms a layer.
+pub const MAX_BUCKETED_MASK: usize = 1 << 22;
+
+/// Whether a pass of `queries` 16-bit queries over buffers `capacity` keys long attends to the
+/// whole buffers under a mask on CUDA ([`KvCache::append_whole`]): short passes always, prompt
+/// chunks while their mask is at most [`MAX_BUCKETED_MASK`].
+pub fn attends_whole(queries: usize, capacity: usize, dtype: Dtype) -> bool {
+    if queries <= SHORT_PASS {
+        return queries > 1;
+    }
+    // (Float32 attention does not go to cuDNN: MLX computes it with its own operations.)
+    dtype != Dtype::Float32 && !crate::ablation::get().cudnn_exact_shapes && bucket_rows(queries) * capacity <= MAX_BUCKETED_MASK
+}
+
 impl KvCache {
     /// Appends, then returns the whole buffers and the mask of these queries over them: a short
     /// pass's own rows ([`short_pass_mask`]), or, for more queries than [`SHORT_PASS`], the rows
@@ -156,9 +176,14 @@ impl Cache for KvCache {
 
     fn update_and_fetch_for_sdpa(&mut self, k: &Array, v: &Array) -> Result<(Array, Array, Mask)> {
         let queries = k.dim(2) as usize;
-        // (Float32 attention does not go to cuDNN: MLX computes it with its own operations.)
-        let whole = queries <= SHORT_PASS || (k.dtype() != Dtype::Float32 && !crate::ablation::get().cudnn_exact_shapes);
-        if queries > 1 && whole && crate::mlx::on_cuda() {
+        // The buffers' length once these keys are in (`grow_as`).
+        let capacity = self.keys.as_ref().map_or(0, |a| a.dim(2) as usize);
+        let capacity = if self.keys.is_none() || self.offset + queries > capacity {
+            (self.offset + queries).div_ceil(KV_STEP) * KV_STEP
+        } else {
+            capacity
+        };
+        if attends_whole(queries, capacity, k.dtype()) && crate::mlx::on_cuda() {
             return self.append_whole(k, v);
         }
         self.update_and_fetch(k, v)
@@ -236,6 +261,20 @@ mod tests {
             })
             .collect();
         Array::from_slice(&v, shape).unwrap()
+    }
+
+    /// Short passes always attend to whole buffers; prompt chunks in 16-bit while their mask is
+    /// at most MAX_BUCKETED_MASK elements; float32 chunks never.
+    #[test]
+    fn which_passes_attend_to_whole_buffers() {
+        assert!(!attends_whole(1, 256, Dtype::Bfloat16));
+        assert!(attends_whole(16, 32768, Dtype::Float32));
+        assert!(attends_whole(300, 512, Dtype::Bfloat16));
+        assert!(!attends_whole(300, 512, Dtype::Float32));
+        assert!(attends_whole(512, 8192, Dtype::Float16));
+        assert!(!attends_whole(512, 8448, Dtype::Float16));
+        assert!(attends_whole(100, 32768, Dtype::Bfloat16));
+        assert!(!attends_whole(129, 32768, Dtype::Bfloat16));
     }
 
     /// Attention over the whole buffers under the short-pass mask equals attention over the

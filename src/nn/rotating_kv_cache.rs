@@ -7,7 +7,7 @@
 //! this keeps positions `start..offset` in order and drops the front when the buffer would grow:
 //! the same keys reach attention, and masks are plain position comparisons.
 use super::cache::{Cache, Mask, SavedCache};
-use super::kv_cache::{bucket_rows, grow, write, SHORT_PASS};
+use super::kv_cache::{attends_whole, bucket_rows, grow, write, SHORT_PASS};
 use crate::error::{Error, Result};
 use crate::mlx::{Array, Dtype};
 use std::cell::RefCell;
@@ -126,8 +126,15 @@ impl Cache for RotatingKvCache {
 
     fn update_and_fetch_for_sdpa(&mut self, k: &Array, v: &Array) -> Result<(Array, Array, Mask)> {
         let l = k.dim(2) as usize;
-        if l > 1 && k.dtype() != Dtype::Float32 && !crate::ablation::get().cudnn_exact_shapes && crate::mlx::on_cuda() {
-            return self.append_whole(k, v);
+        // (Float32 attention never reaches cuDNN; our short-pass kernel knows no window, so
+        // here short passes take the mask too.)
+        let half = k.dtype() != Dtype::Float32 && !crate::ablation::get().cudnn_exact_shapes;
+        if l > 1 && half && crate::mlx::on_cuda() {
+            self.make_room(k, v, l)?; // (then a no-op inside either path)
+            let capacity = self.keys.as_ref().map_or(0, |a| a.dim(2) as usize);
+            if attends_whole(l, capacity, k.dtype()) {
+                return self.append_whole(k, v);
+            }
         }
         self.update_and_fetch(k, v)
     }
