@@ -195,7 +195,10 @@ impl Attention {
             }
         }
         let (k, v, mask) = cache.update_and_fetch_for_sdpa(&k, &v)?;
-        let (q, keep) = mask.pad_queries(&q)?;
+        let (q, keep) = match mask.pad_queries(&q)? {
+            Some((padded, l)) => (padded, Some(l)),
+            None => (q, None),
+        };
         let o = match (&self.sinks, &mask) {
             (None, Mask::Padded { key_start, causal }) => {
                 fast::scaled_dot_product_attention_padded(&q, &k, &v, self.scale, *causal, key_start)?

@@ -40,16 +40,17 @@ impl Mask {
     }
 
     /// `q` (`[B, H, L, D]`) with rows of zeros up to a bucketed mask's query count, and the
-    /// count of its own rows to keep of the attention's output; `q` itself for any other mask.
-    pub fn pad_queries(&self, q: &Array) -> Result<(Array, Option<i32>)> {
-        let Mask::Bucketed { mask } = self else { return Ok((q.clone(), None)) };
+    /// count of its own rows to keep of the attention's output; None where nothing is padded
+    /// (any other mask, or a chunk already of its bucket's count).
+    pub fn pad_queries(&self, q: &Array) -> Result<Option<(Array, i32)>> {
+        let Mask::Bucketed { mask } = self else { return Ok(None) };
         let (l, rows) = (q.dim(2), mask.dim(0));
         if rows == l {
-            return Ok((q.clone(), None));
+            return Ok(None);
         }
         let s = q.shape();
         let zeros = Array::zeros(&[s[0], s[1], rows - l, s[3]], q.dtype())?;
-        Ok((Array::concatenate(&[q, &zeros], 2)?, Some(l)))
+        Ok(Some((Array::concatenate(&[q, &zeros], 2)?, l)))
     }
 }
 

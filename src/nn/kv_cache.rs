@@ -56,7 +56,7 @@ pub(crate) fn grow(buf: &Option<Array>, like: &Array, used: usize, extra: usize)
 /// [`KV_STEP`] (mlx-lm appends whole steps after the tokens used, which after a trim gives any
 /// length): on CUDA the buffers' length keys cuDNN's compiled attention (see [`KvCache::append_whole`]).
 pub(crate) fn grow_as(buf: &Option<Array>, (b, h, d): (i32, i32, i32), dtype: Dtype, used: usize, extra: usize) -> Result<Array> {
-    let fresh = (used + extra).div_ceil(KV_STEP) * KV_STEP - used;
+    let fresh = grown_length(used, extra) - used;
     let fresh = Array::zeros(&[b, h, fresh as i32, d], dtype)?;
     Ok(match buf {
         Some(c) => {
@@ -65,6 +65,11 @@ pub(crate) fn grow_as(buf: &Option<Array>, (b, h, d): (i32, i32, i32), dtype: Dt
         }
         None => fresh,
     })
+}
+
+/// The length [`grow_as`] gives buffers holding `used` tokens that need room for `extra` more.
+fn grown_length(used: usize, extra: usize) -> usize {
+    (used + extra).div_ceil(KV_STEP) * KV_STEP
 }
 
 /// Writes `x` (`[B, H, L, D]`) into `buf` at token `at`.
@@ -176,12 +181,10 @@ impl Cache for KvCache {
 
     fn update_and_fetch_for_sdpa(&mut self, k: &Array, v: &Array) -> Result<(Array, Array, Mask)> {
         let queries = k.dim(2) as usize;
-        // The buffers' length once these keys are in (`grow_as`).
-        let capacity = self.keys.as_ref().map_or(0, |a| a.dim(2) as usize);
-        let capacity = if self.keys.is_none() || self.offset + queries > capacity {
-            (self.offset + queries).div_ceil(KV_STEP) * KV_STEP
-        } else {
-            capacity
+        // The buffers' length once these keys are in (`append`).
+        let capacity = match &self.keys {
+            Some(a) if self.offset + queries <= a.dim(2) as usize => a.dim(2) as usize,
+            _ => grown_length(self.offset, queries),
         };
         if attends_whole(queries, capacity, k.dtype()) && crate::mlx::on_cuda() {
             return self.append_whole(k, v);
@@ -245,11 +248,12 @@ impl Cache for KvCache {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::mlx::fast;
 
-    fn rand(shape: &[i32], seed: u64) -> Array {
+    /// Float32 values in [-0.5, 0.5) of `shape` from a xorshift seeded by `seed`.
+    pub(crate) fn rand(shape: &[i32], seed: u64) -> Array {
         let n: i32 = shape.iter().product();
         let mut x = seed | 1;
         let v: Vec<f32> = (0..n)
@@ -297,14 +301,11 @@ mod tests {
             let (kw, vw, mw) = whole.append_whole(&k, &v).unwrap();
             let (kp, vp, mp) = prefix.update_and_fetch(&k, &v).unwrap();
             assert_eq!(kw.dim(2) as usize % KV_STEP, 0, "whole buffers");
-            let (qw, keep) = mw.pad_queries(&q).unwrap();
             assert_eq!(matches!(mw, Mask::Bucketed { .. }), l > SHORT_PASS);
+            let (qw, keep) = mw.pad_queries(&q).unwrap().unwrap_or((q.clone(), l as i32));
             assert_eq!(qw.dim(2) as usize, if l > SHORT_PASS { bucket_rows(l) } else { l });
             let got = fast::scaled_dot_product_attention(&qw, &kw, &vw, 0.3, mw.as_attention().unwrap()).unwrap();
-            let got = match keep {
-                Some(n) => got.slice_axis(2, 0, n).unwrap(),
-                None => got,
-            };
+            let got = got.slice_axis(2, 0, keep).unwrap();
             let want = fast::scaled_dot_product_attention(&q, &kp, &vp, 0.3, mp.as_attention().unwrap()).unwrap();
             let (g, w) = (got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
             for (i, (a, b)) in g.iter().zip(&w).enumerate() {

@@ -58,19 +58,26 @@ impl RotatingKvCache {
 }
 
 impl RotatingKvCache {
+    /// Writes `k`, `v` (`[B, H, L, D]`) after the positions held (making room first); returns
+    /// the position of the first and the buffers.
+    fn store(&mut self, k: &Array, v: &Array) -> Result<(usize, Array, Array)> {
+        self.make_room(k, v, k.dim(2) as usize)?;
+        let prev = self.offset;
+        let keys = write(self.keys.as_ref().unwrap(), k, prev - self.start)?;
+        let values = write(self.values.as_ref().unwrap(), v, prev - self.start)?;
+        self.offset += k.dim(2) as usize;
+        self.keys = Some(keys.clone());
+        self.values = Some(values.clone());
+        Ok((prev, keys, values))
+    }
+
     /// Appends `k`, `v` (`[B, H, L, D]`) and returns the whole buffers with a mask of the
     /// chunk's queries over them, padded to its [`bucket_rows`] past [`SHORT_PASS`]: on CUDA,
     /// as `KvCache` does for full attention (cuDNN compiles its attention per shape; see
     /// `kv_cache::bucket_rows`). A short pass keeps its own count (2..=16: few shapes).
     fn append_whole(&mut self, k: &Array, v: &Array) -> Result<(Array, Array, Mask)> {
         let l = k.dim(2) as usize;
-        self.make_room(k, v, l)?;
-        let prev = self.offset;
-        let keys = write(self.keys.as_ref().unwrap(), k, prev - self.start)?;
-        let values = write(self.values.as_ref().unwrap(), v, prev - self.start)?;
-        self.offset += l;
-        self.keys = Some(keys.clone());
-        self.values = Some(values.clone());
+        let (prev, keys, values) = self.store(k, v)?;
         let rows = if l <= SHORT_PASS { l } else { bucket_rows(l) };
         let mask = window_mask(prev, l, rows, self.start, keys.dim(2) as usize, self.window, keys.dtype())?;
         Ok((keys, values, Mask::Bucketed { mask }))
@@ -128,8 +135,7 @@ impl Cache for RotatingKvCache {
         let l = k.dim(2) as usize;
         // (Float32 attention never reaches cuDNN; our short-pass kernel knows no window, so
         // here short passes take the mask too.)
-        let half = k.dtype() != Dtype::Float32 && !crate::ablation::get().cudnn_exact_shapes;
-        if l > 1 && half && crate::mlx::on_cuda() {
+        if l > 1 && k.dtype() != Dtype::Float32 && crate::mlx::on_cuda() {
             self.make_room(k, v, l)?; // (then a no-op inside either path)
             let capacity = self.keys.as_ref().map_or(0, |a| a.dim(2) as usize);
             if attends_whole(l, capacity, k.dtype()) {
@@ -141,18 +147,12 @@ impl Cache for RotatingKvCache {
 
     fn update_and_fetch(&mut self, k: &Array, v: &Array) -> Result<(Array, Array, Mask)> {
         let l = k.dim(2) as usize;
-        self.make_room(k, v, l)?;
-        let prev = self.offset;
-        let keys = write(self.keys.as_ref().unwrap(), k, prev - self.start)?;
-        let values = write(self.values.as_ref().unwrap(), v, prev - self.start)?;
-        self.offset += l;
+        let (prev, keys, values) = self.store(k, v)?;
         // The first new query (position prev) sees keys from prev+1-W on.
         let first = (prev + 1).saturating_sub(self.window).max(self.start);
         let (from, to) = ((first - self.start) as i32, (self.offset - self.start) as i32);
         let k_out = keys.slice_axis(2, from, to)?;
         let v_out = values.slice_axis(2, from, to)?;
-        self.keys = Some(keys);
-        self.values = Some(values);
         // Causal suffices while even the last query's window reaches back to `first`.
         let mask = if l == 1 {
             Mask::None
@@ -206,20 +206,7 @@ impl Cache for RotatingKvCache {
 mod tests {
     use super::*;
     use crate::mlx::fast;
-
-    fn rand(shape: &[i32], seed: u64) -> Array {
-        let n: i32 = shape.iter().product();
-        let mut x = seed | 1;
-        let v: Vec<f32> = (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-            })
-            .collect();
-        Array::from_slice(&v, shape).unwrap()
-    }
+    use crate::nn::kv_cache::tests::rand;
 
     /// Attention over the whole buffers under the window mask, queries padded to their bucket,
     /// equals attention over the keys `update_and_fetch` returns under its own mask: chunks
@@ -241,10 +228,10 @@ mod tests {
                 let (kw, vw, mw) = whole.append_whole(&k, &v).unwrap();
                 let (ks, vs, ms) = windowed.update_and_fetch(&k, &v).unwrap();
                 assert_eq!(kw.dim(2) % 256, 0, "whole buffers");
-                let (qw, keep) = mw.pad_queries(&q).unwrap();
+                let (qw, keep) = mw.pad_queries(&q).unwrap().unwrap_or((q.clone(), l as i32));
                 assert_eq!(qw.dim(2) as usize, if l > SHORT_PASS { bucket_rows(l) } else { l });
                 let got = fast::scaled_dot_product_attention(&qw, &kw, &vw, 0.3, mw.as_attention().unwrap()).unwrap();
-                let got = got.slice_axis(2, 0, keep.unwrap_or(l as i32)).unwrap();
+                let got = got.slice_axis(2, 0, keep).unwrap();
                 let want = fast::scaled_dot_product_attention(&q, &ks, &vs, 0.3, ms.as_attention().unwrap()).unwrap();
                 let (g, w) = (got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
                 assert_eq!(g.len(), w.len());
